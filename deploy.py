@@ -1,0 +1,16 @@
+"""rigkit's pyinfra entry point: `pyinfra inventory/<your-rigs>.py deploy.py`.
+
+Reads like a runbook, for each rig in the inventory:
+1. validate every rig's config (all rigs, before any rig is touched);
+2. read the GPUs and check they are the ones the rig file describes.
+"""
+
+from pyinfra import host, inventory
+
+from rigkit.hostconfig import rig_config, validate_inventory
+from roles.gpu_report import gpu_report
+
+validate_inventory(inventory)
+rig = rig_config(host)
+
+gpu_report(rig)

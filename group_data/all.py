@@ -1,0 +1,4 @@
+"""Defaults for every rig in any inventory; a host's own data overrides them."""
+
+# Where the model catalog lives: one YAML file per served model.
+catalog_dir = "inventory/models"

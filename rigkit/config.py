@@ -1,0 +1,244 @@
+"""The validated configuration every role reads: one rig file plus its model catalog.
+
+Data flows one way: YAML files -> `load_rig()` -> frozen objects. Nothing
+downstream reads raw YAML or pyinfra's host.data again. Validation is complete
+before any host is touched; `ConfigError` lists every problem at once, each with
+its file, line, field, value and what is allowed.
+
+Reference for every field and its default: docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from rigkit import gpus
+from rigkit.errors import ConfigError, Problem
+from rigkit.yamlfile import Location, format_location, load_yaml
+
+MAX_GPUS_PER_RIG = 8
+
+
+class _Strict(BaseModel):
+    # strict: a quoted "330" is a typo, not a number; extra=forbid: unknown keys are errors.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# ----- rig file ---------------------------------------------------------------
+
+
+class ClockLock(_Strict):
+    floor_mhz: int
+    ceiling_mhz: int
+
+    def as_nvidia_smi_arg(self) -> str:
+        return f"{self.floor_mhz},{self.ceiling_mhz}"
+
+
+def _parse_clock_lock(value: Any) -> Any:
+    """`2200` means [0, 2200] (floor 0 lets the card idle); or `[floor, ceiling]`."""
+    if value is None or isinstance(value, ClockLock):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("expected a ceiling in MHz (2200) or [floor, ceiling] ([0, 2200])")
+    if isinstance(value, int):
+        value = [0, value]
+    if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)):
+        raise ValueError("expected a ceiling in MHz (2200) or [floor, ceiling] ([0, 2200])")
+    floor, ceiling = value
+    if floor > ceiling:
+        raise ValueError(f"floor {floor} MHz is above ceiling {ceiling} MHz; write [floor, ceiling], e.g. [0, 2200]")
+    if not 0 <= floor <= 4000 or not 100 <= ceiling <= 4000:
+        raise ValueError("floor must be 0-4000 MHz and ceiling 100-4000 MHz")
+    return ClockLock(floor_mhz=floor, ceiling_mhz=ceiling)
+
+
+class GpuSpec(_Strict):
+    index: int = Field(ge=0, lt=MAX_GPUS_PER_RIG)
+    model: str = Field(min_length=1)
+    power_limit_w: int | None = Field(default=None, ge=1, le=1500)
+    clock_lock_mhz: Annotated[ClockLock | None, BeforeValidator(_parse_clock_lock)] = None
+
+    @field_validator("power_limit_w")
+    @classmethod
+    def _within_reference_range(cls, value: int | None, info: ValidationInfo) -> int | None:
+        known = gpus.lookup(info.data.get("model", ""))
+        if value is not None and known and not known.power_min_w <= value <= known.power_max_w:
+            raise ValueError(
+                f"{value} W is outside {known.power_min_w}-{known.power_max_w} W, "
+                f"the power-limit range of the {known.name}"
+            )
+        return value
+
+
+class RigSpec(_Strict):
+    os: Literal["linux", "windows"]
+    psu_w: int = Field(gt=0, le=10_000)
+    system_w: int = Field(ge=0, le=5_000)
+    psu_headroom_share: float = Field(default=0.20, ge=0.0, lt=1.0)
+    gpus: list[GpuSpec] = Field(min_length=1, max_length=MAX_GPUS_PER_RIG)
+    models: list[str] = Field(default_factory=list)
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_indices(cls, value: list[GpuSpec]) -> list[GpuSpec]:
+        seen = [g.index for g in value]
+        dupes = sorted({i for i in seen if seen.count(i) > 1})
+        if dupes:
+            raise ValueError(f"GPU index {dupes[0]} is listed more than once; each physical GPU once")
+        return value
+
+
+# ----- model catalog ----------------------------------------------------------
+
+_PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}|@sha256:[0-9a-f]{64})$")
+
+
+class WeightsSpec(_Strict):
+    source: str = Field(min_length=1)  # directory on the rig, or a Windows path as Docker Desktop sees it
+    storage: Literal["volume", "bind"] = "volume"
+    volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+
+
+class ParallelSpec(_Strict):
+    tensor: int = Field(default=1, ge=1, le=MAX_GPUS_PER_RIG)
+    pipeline: int = Field(default=1, ge=1, le=MAX_GPUS_PER_RIG)
+    data: int = Field(default=1, ge=1, le=MAX_GPUS_PER_RIG)
+
+
+class SpeculativeSpec(_Strict):
+    method: str = Field(min_length=1)
+    model: str | None = None
+    num_speculative_tokens: int = Field(ge=1, le=16)
+
+
+class VllmOptions(_Strict):
+    dtype: Literal["auto", "bfloat16", "float16", "half", "float32"] = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    max_model_len: int | None = Field(default=None, ge=128)
+    gpu_memory_utilization: float = Field(default=0.90, gt=0.0, le=1.0)
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    speculative: SpeculativeSpec | None = None
+    served_model_name: str | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    safetensors_load_strategy: Literal["lazy", "eager", "prefetch"] | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class ModelSpec(_Strict):
+    image: str
+    weights: WeightsSpec
+    gpus: list[int] = Field(min_length=1, max_length=MAX_GPUS_PER_RIG)
+    parallel: ParallelSpec = ParallelSpec()
+    port: int = Field(ge=1024, le=65535)
+    vllm: VllmOptions = VllmOptions()
+    expected_min_decode_tok_s: float | None = Field(default=None, gt=0)
+    active_weight_bytes: int | None = Field(default=None, gt=0)  # bytes read per decoded token
+    ready_timeout_s: int = Field(default=900, ge=30, le=7200)
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        if not _PINNED_IMAGE.match(value) or value.endswith(":latest"):
+            raise ValueError("pin the image to a tag or digest, e.g. vllm/vllm-openai:v0.11.0 (not :latest, not untagged)")
+        return value
+
+
+# ----- loading ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str  # the catalog file's stem
+    spec: ModelSpec
+    file: Path
+
+
+@dataclass(frozen=True)
+class RigConfig:
+    name: str  # the rig file's stem
+    spec: RigSpec
+    models: tuple[ModelConfig, ...]
+    file: Path
+
+
+def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
+    """Load and validate one rig file and every catalog entry it serves."""
+    rig_file, catalog_dir = Path(rig_file), Path(catalog_dir)
+    spec = _validate(RigSpec, rig_file)
+    models, problems = [], []
+    for position, name in enumerate(spec.models):
+        model_file = catalog_dir / f"{name}.yml"
+        if not model_file.is_file():
+            available = ", ".join(sorted(p.stem for p in catalog_dir.glob("*.yml"))) or "none"
+            problems.append(
+                Problem(rig_file, f"models[{position}]", name, f"no catalog file {model_file}; available: {available}")
+            )
+            continue
+        try:
+            models.append(ModelConfig(name, _validate(ModelSpec, model_file), model_file))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return RigConfig(rig_file.stem, spec, tuple(models), rig_file)
+
+
+def load_model(model_file: Path | str) -> ModelConfig:
+    model_file = Path(model_file)
+    return ModelConfig(model_file.stem, _validate(ModelSpec, model_file), model_file)
+
+
+def _validate(schema: type[BaseModel], path: Path) -> Any:
+    data, lines = load_yaml(path)
+    if data is None:
+        data = {}
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_problem(schema, path, error, lines) for error in exc.errors()]) from None
+
+
+def _problem(schema: type[BaseModel], path: Path, error: dict, lines: dict[Location, int]) -> Problem:
+    loc = tuple(error["loc"])
+    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
+    message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    if error["type"] == "extra_forbidden":
+        allowed = ", ".join(_fields_at(schema, loc[:-1]))
+        message = f"unknown key (a typo?); allowed here: {allowed}"
+        value = None
+    elif error["type"] == "missing":
+        message = "required field is missing"
+        value = None
+    elif isinstance(value, (dict, list)) and error["type"] != "value_error":
+        value = None  # the field names it; a whole mapping in the message helps nobody
+    return Problem(path, format_location(loc), value, message, line)
+
+
+def _fields_at(schema: type[BaseModel], loc: Location) -> list[str]:
+    """The keys a schema allows at a location, for 'unknown key' messages."""
+    model: Any = schema
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        model = next(_models_in(annotation), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _models_in(annotation: Any):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in get_args(annotation):
+        yield from _models_in(arg)

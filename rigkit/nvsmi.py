@@ -1,0 +1,92 @@
+"""nvidia-smi's query interface: the command line and the parser for what it prints.
+
+Pure functions; the pyinfra fact in `rigkit.facts` runs the command on the rig.
+Note what is *not* here: a clock lock cannot be read back through nvidia-smi
+or NVML (`clocks.max.graphics` is the hardware ceiling, locked or not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUERY_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "power.limit",
+    "enforced.power.limit",
+    "power.default_limit",
+    "power.min_limit",
+    "power.max_limit",
+    "persistence_mode",
+    "clocks.max.graphics",
+    "memory.total",
+)
+
+# The exit status rides on the last line so a failure is reported, not mistaken for "no GPUs".
+EXIT_MARK = "rigkit-nvidia-smi-exit="
+EXIT_NO_PERMISSION = 4  # nvidia-smi's "Insufficient Permissions"
+
+
+def query_command() -> str:
+    fields = ",".join(QUERY_FIELDS)
+    return f'nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1; echo "{EXIT_MARK}$?"'
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    index: int
+    name: str
+    uuid: str
+    power_limit_w: float
+    enforced_power_limit_w: float
+    power_default_w: float
+    power_min_w: float
+    power_max_w: float
+    persistence_mode: bool
+    clocks_max_graphics_mhz: int
+    memory_total_mib: int
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    gpus: tuple[GpuStatus, ...]
+    error: str | None = None  # nvidia-smi's own words when it failed
+    exit_code: int = 0
+
+
+def _number(text: str) -> float:
+    return float(text) if text not in ("[N/A]", "N/A", "[Not Supported]") else float("nan")
+
+
+def parse_query(lines: list[str]) -> GpuReport:
+    exit_code = 0
+    body = []
+    for line in lines:
+        if line.startswith(EXIT_MARK):
+            exit_code = int(line[len(EXIT_MARK):])
+        elif line.strip():
+            body.append(line)
+    if exit_code != 0:
+        return GpuReport((), " ".join(body) or f"nvidia-smi exited {exit_code}", exit_code)
+    gpus = []
+    for line in body:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(QUERY_FIELDS):
+            return GpuReport((), f"unexpected nvidia-smi line: {line!r}", exit_code)
+        gpus.append(
+            GpuStatus(
+                index=int(cells[0]),
+                name=cells[1],
+                uuid=cells[2],
+                power_limit_w=_number(cells[3]),
+                enforced_power_limit_w=_number(cells[4]),
+                power_default_w=_number(cells[5]),
+                power_min_w=_number(cells[6]),
+                power_max_w=_number(cells[7]),
+                persistence_mode=cells[8] == "Enabled",
+                clocks_max_graphics_mhz=int(_number(cells[9])),
+                memory_total_mib=int(_number(cells[10])),
+            )
+        )
+    return GpuReport(tuple(gpus))

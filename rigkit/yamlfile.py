@@ -1,0 +1,66 @@
+"""Read a YAML file strictly, keeping the line of every value for error messages.
+
+PyYAML silently keeps the last of two equal keys; a repeated key in a rig file
+is almost always a typo, so it is an error here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rigkit.errors import ConfigError, Problem
+
+Location = tuple[str | int, ...]
+
+
+def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
+    """Return the document and a map from field location to 1-based line number."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([Problem(path, "", None, f"cannot read the file: {exc.strerror}")]) from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        what = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        raise ConfigError([Problem(path, "", None, f"YAML syntax error: {what}", line)]) from exc
+    lines: dict[Location, int] = {}
+    problems: list[Problem] = []
+    if root is not None:
+        _walk(root, (), lines, problems, path)
+    if problems:
+        raise ConfigError(problems)
+    return data, lines
+
+
+def _walk(node: yaml.Node, loc: Location, lines: dict, problems: list, path: Path) -> None:
+    lines[loc] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                field = format_location(loc + (key,))
+                problems.append(
+                    Problem(path, field, None, f"key given twice (first on line {seen[key]}); keep one", line)
+                )
+            seen[key] = line
+            _walk(value_node, loc + (key,), lines, problems, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _walk(item, loc + (index,), lines, problems, path)
+
+
+def format_location(loc: Location) -> str:
+    """('gpus', 1, 'power_limit_w') -> 'gpus[1].power_limit_w'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

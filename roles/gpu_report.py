@@ -1,0 +1,25 @@
+"""Role gpu_report: read the rig's GPUs through nvidia-smi, print them, and stop
+the deploy for this rig if they are not the GPUs its rig file describes.
+
+Defaults: none; it reads only the validated RigConfig.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+
+from rigkit.config import RigConfig
+from rigkit.facts import NvidiaGpus
+from rigkit.gpucheck import describe, gpu_problems
+
+
+@deploy("Report GPUs")
+def gpu_report(rig: RigConfig) -> None:
+    report = host.get_fact(NvidiaGpus)
+    for gpu in report.gpus if report else ():
+        logger.info(f"{host.print_prefix}{describe(gpu)}")
+    problems = gpu_problems(rig.spec.gpus, report)
+    if problems:
+        raise DeployError(f"rig {rig.name} ({host.name}): " + "; ".join(problems))

@@ -1,0 +1,25 @@
+"""`python -m tests.simrig up|down|reboot [--name N] [--port P]`: manage a simulated rig by hand."""
+
+import argparse
+
+from tests.simrig.rig import SimRig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.simrig")
+    parser.add_argument("action", choices=["up", "down", "reboot"])
+    parser.add_argument("--name", default="rigkit-sim")
+    parser.add_argument("--port", type=int, default=2222)
+    args = parser.parse_args()
+    rig = SimRig(name=args.name, ssh_port=args.port)
+    if args.action == "up":
+        rig.start()
+        print(f"rig {rig.name} is up: ssh -i {rig.ssh_key} -p {rig.ssh_port} root@127.0.0.1")
+    elif args.action == "reboot":
+        rig.reboot()
+    else:
+        rig.remove()
+
+
+if __name__ == "__main__":
+    main()

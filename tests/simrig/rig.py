@@ -1,0 +1,162 @@
+"""Start, reboot and inspect a simulated rig. TEST INFRASTRUCTURE.
+
+A rig is a container of the image from image.py with systemd as PID 1, run the
+way `--privileged` is avoided: `--cap-add SYS_ADMIN`, host networking, the
+host's cgroups mounted read-only, tmpfs on /run, /run/lock and /tmp. sshd
+listens on 127.0.0.1:<ssh_port> only, with a key made for the test run. A
+container restart is a reboot: tmpfs is emptied, so the simulated GPU forgets
+its settings, and systemd runs enabled units again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from tests.simrig.image import ensure_image
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STATE_ROOT = Path(os.environ.get("RIGKIT_STATE", REPO_ROOT / ".state"))
+NVIDIA_SMI = Path(__file__).with_name("nvidia-smi")
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    name: str = "NVIDIA GeForce RTX 4090"
+    min_w: int = 150
+    max_w: int = 450
+    default_w: int = 450
+    max_clock_mhz: int = 3105
+    memory_mib: int = 49140
+
+
+@dataclass
+class SimRig:
+    name: str = "rigkit-sim"
+    ssh_port: int = 2222
+    gpus: list[SimGpu] = field(default_factory=lambda: [SimGpu(), SimGpu()])
+    ready_after_boot_s: float = 0.0
+
+    @property
+    def state_dir(self) -> Path:
+        return STATE_ROOT / "simrig" / self.name
+
+    @property
+    def ssh_key(self) -> Path:
+        return ssh_keypair()
+
+    def _client(self) -> docker.DockerClient:
+        return docker.from_env()
+
+    def write_gpu_config(self) -> None:
+        """Change the simulated hardware; read by nvidia-smi on its next call."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        config = {"gpus": [vars(g) for g in self.gpus], "ready_after_boot_s": self.ready_after_boot_s}
+        (self.state_dir / "gpus.json").write_text(json.dumps(config, indent=2))
+
+    def start(self, log=print) -> "SimRig":
+        """Start the rig fresh (an existing container of this name is replaced) and wait for boot."""
+        client = self._client()
+        image = ensure_image(client, log=log)
+        self.write_gpu_config()
+        (self.state_dir / "sshd.conf").write_text(
+            f"Port {self.ssh_port}\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\n"
+        )
+        authorized = self.state_dir / "authorized_keys"
+        authorized.write_text(Path(f"{self.ssh_key}.pub").read_text())
+        authorized.chmod(0o600)
+        self.remove()
+        mounts = {
+            "/sys/fs/cgroup": ("/sys/fs/cgroup", "ro"),
+            "/var/run/docker.sock": ("/run/docker.sock", "rw"),
+            str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
+            str(self.state_dir / "gpus.json"): ("/etc/rigkit-sim/gpus.json", "ro"),
+            str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
+            str(authorized): ("/root/.ssh/authorized_keys", "ro"),
+        }
+        client.containers.run(
+            image,
+            name=self.name,
+            detach=True,
+            network_mode="host",
+            cap_add=["SYS_ADMIN"],
+            tmpfs={"/run": "rw,mode=755", "/run/lock": "rw", "/tmp": "rw,mode=1777"},
+            volumes={src: {"bind": dst, "mode": mode} for src, (dst, mode) in mounts.items()},
+            environment={"container": "docker"},
+            stop_signal="SIGRTMIN+3",
+            labels={"rigkit.simrig": "1"},
+        )
+        self.wait_booted()
+        return self
+
+    def reboot(self) -> None:
+        self._client().containers.get(self.name).restart(timeout=20)
+        self.wait_booted()
+
+    def remove(self) -> None:
+        try:
+            self._client().containers.get(self.name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def exec(self, command: str, user: str = "root") -> tuple[int, str]:
+        """Run a shell command in the rig directly (not over SSH): the independent read."""
+        result = self._client().containers.get(self.name).exec_run(["/bin/sh", "-c", command], user=user)
+        return result.exit_code, result.output.decode()
+
+    def system_state(self) -> str:
+        return self.exec("systemctl is-system-running")[1].strip()
+
+    def gpu_state(self) -> list[dict]:
+        """The simulated GPUs' settings as stored, read past rigkit and nvidia-smi."""
+        code, out = self.exec("cat /run/nvidia-sim/state.json")
+        if code != 0:
+            return [{"power_limit_w": g.default_w, "clock_lock": None, "persistence": False} for g in self.gpus]
+        return json.loads(out)
+
+    def wait_booted(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.system_state() if self._running() else "not running"
+            if state in ("running", "degraded") and self._ssh_open():
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"rig {self.name} did not boot in {timeout_s} s (systemd: {state!r})")
+
+    def _running(self) -> bool:
+        try:
+            return self._client().containers.get(self.name).status == "running"
+        except docker.errors.NotFound:
+            return False
+
+    def _ssh_open(self) -> bool:
+        with socket.socket() as s:
+            s.settimeout(1)
+            return s.connect_ex(("127.0.0.1", self.ssh_port)) == 0
+
+
+def ssh_keypair() -> Path:
+    """A key made once per checkout for logging in to simulated rigs."""
+    key = STATE_ROOT / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        private = ed25519.Ed25519PrivateKey.generate()
+        key.write_bytes(
+            private.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+            )
+        )
+        key.chmod(0o600)
+        public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        Path(f"{key}.pub").write_bytes(public + b" rigkit-simrig\n")
+    return key
