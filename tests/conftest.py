@@ -1,0 +1,56 @@
+"""Shared fixtures: the simulated rig and a runner for the real `pyinfra` CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.simrig.rig import STATE_ROOT, SimRig
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_RIG_PORT = 2223  # the demo rig uses 2222; tests never touch it
+
+
+@pytest.fixture(scope="session")
+def simrig():
+    """One simulated rig for the session (tests that need it pristine call .start() again)."""
+    rig = SimRig(name="rigkit-test", ssh_port=TEST_RIG_PORT)
+    rig.start(log=lambda m: print(m, file=sys.stderr))
+    yield rig
+    rig.remove()
+
+
+@dataclass
+class DeployRun:
+    returncode: int
+    output: str
+
+    def changed_operations(self) -> int:
+        """Operations pyinfra reports as changed, from its results table."""
+        return _changed(self.output)
+
+
+def _changed(output: str) -> int:
+    # Results rows: "    <name>   <hosts>   <success>   <error>   <no change>"; changed = success - no change.
+    results = output.split("--> Results:", 1)[-1]
+    total = 0
+    for line in results.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) == 5 and cells[0] not in ("Operation", "Grand total") and cells[2].isdigit():
+            total += int(cells[2]) - (int(cells[4]) if cells[4].isdigit() else 0)
+    return total
+
+
+def run_deploy(rig: SimRig, rig_file: str | Path = "inventory/rigs/sim.yml", *extra: str) -> DeployRun:
+    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(rig_file), RIGKIT_STATE=str(STATE_ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", *extra, "inventory/sim.py", "deploy.py"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    return DeployRun(proc.returncode, proc.stdout + proc.stderr)
