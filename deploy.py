@@ -2,15 +2,22 @@
 
 Reads like a runbook, for each rig in the inventory:
 1. validate every rig's config (all rigs, before any rig is touched);
-2. read the GPUs and check they are the ones the rig file describes.
+2. read the GPUs and check they are the ones the rig file describes;
+3. GPU policy: power caps and clock locks, at boot and now (Linux).
 """
 
 from pyinfra import host, inventory
+from pyinfra.api.exceptions import DeployError
 
 from rigkit.hostconfig import rig_config, validate_inventory
+from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
 
 validate_inventory(inventory)
 rig = rig_config(host)
 
 gpu_report(rig)
+if rig.spec.os == "linux":
+    gpu_policy(rig)
+else:
+    raise DeployError(f"rig {rig.name}: Windows rigs are not deployable yet; rigkit manages Linux rigs only so far")

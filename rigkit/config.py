@@ -83,6 +83,8 @@ class RigSpec(_Strict):
     psu_headroom_share: float = Field(default=0.20, ge=0.0, lt=1.0)
     gpus: list[GpuSpec] = Field(min_length=1, max_length=MAX_GPUS_PER_RIG)
     models: list[str] = Field(default_factory=list)
+    gpu_policy: Literal["apply", "remove"] = "apply"
+    psu_budget_override: bool = False
 
     @field_validator("gpus")
     @classmethod

@@ -1,0 +1,25 @@
+"""Render files from templates/ with values from validated config objects only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    undefined=jinja2.StrictUndefined,  # a missing value is a bug, never an empty string
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+def render(template: str, **values) -> str:
+    return _env.get_template(template).render(**values)
+
+
+def template_text(name: str) -> str:
+    """A file under templates/ that is shipped as it is (a script, not a template)."""
+    return (TEMPLATES / name).read_text()

@@ -1,0 +1,114 @@
+"""Role gpu_policy (Linux): power caps and clock locks applied at boot, now, and on drift.
+
+Installs a script, the rig's policy file and a systemd oneshot unit ordered
+after nvidia-persistenced and before Docker, so the policy is in force before
+any model loads. The same unit applies it now when the policy changed or the
+rig drifted from it. With `gpu_policy: remove` in the rig file it resets the
+clocks, restores default limits and removes what it installed.
+
+Checks first (stop the run before any rig is changed): caps within the range
+the rig's driver reports, and the PSU budget (unless `psu_budget_override`).
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.files import File
+from pyinfra.operations import files, server, systemd
+
+from rigkit.config import RigConfig
+from rigkit.facts import NvidiaGpus
+from rigkit.gpucheck import gpu_problems
+from rigkit.policy import power_drift, psu_budget, range_problems
+from rigkit.render import render, template_text
+
+# Defaults: where things go on the rig, and how long the unit waits for GPUs at boot.
+UNIT = "rigkit-gpu-policy.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+SCRIPT_PATH = "/usr/local/sbin/rigkit-gpu-policy"
+POLICY_PATH = "/etc/rigkit/gpu-policy.conf"
+WAIT_FOR_GPUS_S = 120
+
+
+@deploy("GPU policy")
+def gpu_policy(rig: RigConfig) -> None:
+    report = host.get_fact(NvidiaGpus)
+    problems = gpu_problems(rig.spec.gpus, report)
+    if problems:
+        raise DeployError(f"rig {rig.name}: " + "; ".join(problems))
+    if rig.spec.gpu_policy == "remove":
+        _remove()
+        return
+    _check(rig, report)
+
+    script = files.put(
+        name="Install the GPU policy script",
+        src=StringIO(template_text("gpu_policy/rigkit-gpu-policy.sh")),
+        dest=SCRIPT_PATH, mode="755",
+    )
+    policy = files.put(
+        name="Write the rig's GPU policy",
+        src=StringIO(render("gpu_policy/gpu-policy.conf.j2", rig_name=rig.name, rig_file=rig.file, gpus=rig.spec.gpus)),
+        dest=POLICY_PATH, mode="644",
+    )
+    unit = files.put(
+        name="Install the boot-time GPU policy unit",
+        src=StringIO(render(
+            "gpu_policy/rigkit-gpu-policy.service.j2",
+            script_path=SCRIPT_PATH, policy_path=POLICY_PATH,
+            wait_for_gpus_s=WAIT_FOR_GPUS_S, before_units=[],
+        )),
+        dest=UNIT_PATH, mode="644",
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
+    systemd.service(name="Enable the GPU policy at boot", service=UNIT, enabled=True)
+
+    drift = power_drift(rig.spec, report)
+    for line in drift:
+        logger.warning(f"{host.print_prefix}drift: {line}; re-applying the policy")
+    server.shell(
+        name="Apply the GPU policy now",
+        commands=[_start_or_show_journal("restart")],
+        _if=lambda: bool(drift) or script.did_change() or policy.did_change() or unit.did_change(),
+    )
+
+
+def _check(rig: RigConfig, report) -> None:
+    problems = range_problems(rig.spec, report)
+    budget = psu_budget(rig.spec, {g.index: g.power_default_w for g in report.gpus})
+    if not budget.ok:
+        if rig.spec.psu_budget_override:
+            logger.warning(f"{host.print_prefix}PSU budget override in {rig.file}: {budget.arithmetic()}")
+        else:
+            problems.append(
+                f"PSU budget: {budget.arithmetic()}. Lower the caps, or set psu_budget_override: true "
+                "in the rig file to accept the risk of over-current trips"
+            )
+    if problems:
+        raise DeployError(f"rig {rig.name} ({rig.file}), nothing was changed: " + "; ".join(problems))
+
+
+def _remove() -> None:
+    if host.get_fact(File, path=UNIT_PATH) is None and host.get_fact(File, path=POLICY_PATH) is None:
+        host.noop("GPU policy is not installed")
+        return
+    server.shell(
+        name="Reset clocks and restore default power limits",
+        commands=[f"{SCRIPT_PATH} reset {POLICY_PATH}"],
+    )
+    systemd.service(name="Disable the GPU policy unit", service=UNIT, enabled=False, running=False)
+    for path in (UNIT_PATH, POLICY_PATH, SCRIPT_PATH):
+        files.file(name=f"Remove {path}", path=path, present=False)
+    systemd.daemon_reload(name="Reload systemd")
+
+
+def _start_or_show_journal(verb: str) -> str:
+    # On failure the unit's own journal lines say why; show them in the deploy output.
+    return (
+        f"systemctl {verb} {UNIT} || "
+        f"{{ journalctl -u {UNIT} -n 30 --no-pager -o cat; exit 1; }}"
+    )

@@ -1,0 +1,100 @@
+#!/bin/bash
+# rigkit GPU policy: caps power and locks clocks on every GPU listed in the policy file.
+# Installed by rigkit; run at boot by rigkit-gpu-policy.service and by deploys that change
+# the policy. Usage: rigkit-gpu-policy [apply|reset] [POLICY_FILE]
+#   apply  wait for every listed GPU, set persistence mode, re-apply each power limit only
+#          where it differs, lock (or reset) clocks
+#   reset  unlock clocks and restore each listed GPU's default power limit
+# Every line goes to stdout, which systemd sends to the journal. Exits non-zero on any failure.
+set -u -o pipefail
+
+ACTION=${1:-apply}
+POLICY=${2:-/etc/rigkit/gpu-policy.conf}
+WAIT_S=${RIGKIT_GPU_WAIT_S:-120}   # how long GPUs may take to answer after boot
+RETRY_S=2
+EXIT_NO_PERMISSION=4               # nvidia-smi's "Insufficient Permissions"
+
+say() { echo "rigkit-gpu-policy: $*"; }
+die() { say "FAILED: $*"; exit 1; }
+
+# $1: exit code, $2: output, $3: what was being done
+check() {
+    if [[ $1 -eq $EXIT_NO_PERMISSION ]]; then
+        die "$3: not permitted (nvidia-smi exit 4: ${2//$'\n'/ }). Run as root: the unit has no User= for this reason."
+    elif [[ $1 -ne 0 ]]; then
+        die "$3: nvidia-smi refused (exit $1): ${2//$'\n'/ }"
+    fi
+}
+
+[[ -r $POLICY ]] || die "cannot read policy file $POLICY"
+declare -a INDEX LIMIT LOCK
+while read -r index limit lock _; do
+    [[ -z $index || $index == \#* ]] && continue
+    INDEX+=("$index"); LIMIT+=("$limit"); LOCK+=("$lock")
+done < "$POLICY"
+(( ${#INDEX[@]} )) || die "no GPUs listed in $POLICY"
+
+# Wait until every listed GPU answers: at boot the driver may not be ready yet.
+declare -A CURRENT DEFAULT
+deadline=$((SECONDS + WAIT_S))
+attempt=0
+while :; do
+    attempt=$((attempt + 1))
+    out=$(nvidia-smi --query-gpu=index,power.limit,power.default_limit --format=csv,noheader,nounits 2>&1)
+    rc=$?
+    [[ $rc -eq $EXIT_NO_PERMISSION ]] && check "$rc" "$out" "reading GPUs"
+    missing=()
+    if [[ $rc -eq 0 ]]; then
+        CURRENT=(); DEFAULT=()
+        while IFS=', ' read -r i limit default; do
+            CURRENT[$i]=${limit%.*}; DEFAULT[$i]=${default%.*}
+        done <<< "$out"
+        for i in "${INDEX[@]}"; do [[ -n ${CURRENT[$i]:-} ]] || missing+=("$i"); done
+        (( ${#missing[@]} == 0 )) && break
+    fi
+    if (( SECONDS >= deadline )); then
+        die "GPU(s) ${missing[*]:-${INDEX[*]}} did not answer within ${WAIT_S} s (${attempt} attempts; last: exit $rc: ${out//$'\n'/ })"
+    fi
+    (( attempt == 1 )) && say "waiting up to ${WAIT_S} s for GPU(s) ${missing[*]:-${INDEX[*]}} (nvidia-smi: ${out//$'\n'/ })"
+    sleep "$RETRY_S"
+done
+say "found GPU(s) ${INDEX[*]} after $attempt attempt(s)"
+
+if [[ $ACTION == apply ]]; then
+    out=$(nvidia-smi -pm 1 2>&1); rc=$?
+    if [[ $rc -eq 0 ]]; then
+        say "persistence mode enabled"
+    else
+        [[ $rc -eq $EXIT_NO_PERMISSION ]] && check "$rc" "$out" "enabling persistence mode"
+        say "persistence mode not supported here, continuing (nvidia-smi exit $rc: ${out//$'\n'/ })"
+    fi
+fi
+
+for n in "${!INDEX[@]}"; do
+    i=${INDEX[$n]}
+    want=${LIMIT[$n]}; lock=${LOCK[$n]}
+    if [[ $ACTION == reset ]]; then
+        want=default; lock=default
+    fi
+    [[ $want == default ]] && want=${DEFAULT[$i]}
+    if [[ ${CURRENT[$i]} == "$want" ]]; then
+        did="power limit ${CURRENT[$i]} W as wanted, left alone"
+    else
+        out=$(nvidia-smi -i "$i" -pl "$want" 2>&1); check $? "$out" "GPU $i: setting power limit $want W"
+        did="power limit ${CURRENT[$i]} W -> $want W"
+    fi
+    if [[ $lock == default ]]; then
+        out=$(nvidia-smi -i "$i" -rgc 2>&1); check $? "$out" "GPU $i: resetting clocks"
+        did+="; clocks unlocked"
+    else
+        out=$(nvidia-smi -i "$i" -lgc "$lock" 2>&1); check $? "$out" "GPU $i: locking clocks to $lock MHz"
+        did+="; clocks locked to $lock MHz"
+    fi
+    say "GPU $i: $did"
+done
+
+if [[ $ACTION == apply ]]; then
+    say "applied; a clock lock cannot be read back, verify under load"
+else
+    say "reset: clocks unlocked and default power limits restored"
+fi
