@@ -3,7 +3,8 @@
 Reads like a runbook, for each rig in the inventory:
 1. validate every rig's config (all rigs, before any rig is touched);
 2. read the GPUs and check they are the ones the rig file describes;
-3. GPU policy: power caps and clock locks, at boot and now (Linux).
+3. GPU policy: power caps and clock locks, at boot and now (Linux);
+4. serving: one vLLM compose stack per model, rolled out with rollback.
 """
 
 from pyinfra import host, inventory
@@ -12,6 +13,7 @@ from pyinfra.api.exceptions import DeployError
 from rigkit.hostconfig import rig_config, validate_inventory
 from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
+from roles.serving import serving
 
 validate_inventory(inventory)
 rig = rig_config(host)
@@ -19,5 +21,6 @@ rig = rig_config(host)
 gpu_report(rig)
 if rig.spec.os == "linux":
     gpu_policy(rig)
+    serving(rig)
 else:
     raise DeployError(f"rig {rig.name}: Windows rigs are not deployable yet; rigkit manages Linux rigs only so far")

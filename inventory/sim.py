@@ -1,7 +1,7 @@
 """The built-in simulated rig, reached over real SSH on 127.0.0.1.
 
-`./run demo` and the tests start it (tests/simrig). RIGKIT_SIM_PORT and
-RIGKIT_RIG_FILE let the tests point this inventory at their own rig.
+`./run demo` and the tests start it (tests/simrig). RIGKIT_SIM_PORT,
+RIGKIT_RIG_FILE and RIGKIT_CATALOG_DIR let the tests point this inventory at their own rig.
 """
 
 import os
@@ -20,6 +20,7 @@ rigs = [
             "ssh_known_hosts_file": "/dev/null",
             "ssh_strict_host_key_checking": "off",
             "rig_file": os.environ.get("RIGKIT_RIG_FILE", "inventory/rigs/sim.yml"),
+            "catalog_dir": os.environ.get("RIGKIT_CATALOG_DIR", "inventory/models"),
         },
     ),
 ]

@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from rigkit import gpus
 from rigkit.errors import ConfigError, Problem
+from rigkit.serving_checks import serving_findings
 from rigkit.yamlfile import Location, format_location, load_yaml
 
 MAX_GPUS_PER_RIG = 8
@@ -85,6 +86,8 @@ class RigSpec(_Strict):
     models: list[str] = Field(default_factory=list)
     gpu_policy: Literal["apply", "remove"] = "apply"
     psu_budget_override: bool = False
+    # A file on the control machine holding the API key the vLLM servers require (mode 600).
+    api_key_file: str | None = None
 
     @field_validator("gpus")
     @classmethod
@@ -142,9 +145,22 @@ class ModelSpec(_Strict):
     parallel: ParallelSpec = ParallelSpec()
     port: int = Field(ge=1024, le=65535)
     vllm: VllmOptions = VllmOptions()
+    shared_gpus: bool = False  # allow other services on the same GPUs (each must say so)
+    env: dict[str, str] = Field(default_factory=dict)  # extra container environment; no secrets
     expected_min_decode_tok_s: float | None = Field(default=None, gt=0)
+    weight_bytes: int | None = Field(default=None, gt=0)  # checkpoint size, for "fits on one card"
     active_weight_bytes: int | None = Field(default=None, gt=0)  # bytes read per decoded token
     ready_timeout_s: int = Field(default=900, ge=30, le=7200)
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if re.search(r"KEY|TOKEN|SECRET|PASSWORD", key, re.I):
+                raise ValueError(f"{key} looks like a secret; compose files are not secret stores: use the rig's api_key_file")
+        return value
 
     @field_validator("image")
     @classmethod
@@ -170,6 +186,7 @@ class RigConfig:
     spec: RigSpec
     models: tuple[ModelConfig, ...]
     file: Path
+    warnings: tuple[str, ...] = ()  # serving-config warnings (rigkit.serving_checks)
 
 
 def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
@@ -191,7 +208,10 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
             problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    return RigConfig(rig_file.stem, spec, tuple(models), rig_file)
+    errors, warnings = serving_findings(spec, rig_file, models)
+    if errors:
+        raise ConfigError(errors)
+    return RigConfig(rig_file.stem, spec, tuple(models), rig_file, tuple(warnings))
 
 
 def load_model(model_file: Path | str) -> ModelConfig:

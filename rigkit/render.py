@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import jinja2
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
@@ -14,6 +16,14 @@ _env = jinja2.Environment(
     keep_trailing_newline=True,
     autoescape=False,
 )
+
+
+def _compose_json(value) -> str:
+    """JSON (valid YAML) with `$` doubled, so Compose interpolates nothing from the catalog."""
+    return json.dumps(value).replace("$", "$$")
+
+
+_env.filters["compose_json"] = _compose_json
 
 
 def render(template: str, **values) -> str:

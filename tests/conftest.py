@@ -47,8 +47,17 @@ def _changed(output: str) -> int:
     return total
 
 
-def run_deploy(rig: SimRig, rig_file: str | Path = "inventory/rigs/sim.yml", *extra: str) -> DeployRun:
-    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(rig_file), RIGKIT_STATE=str(STATE_ROOT))
+DATA = REPO / "tests" / "data"
+POLICY_RIG = DATA / "rigs" / "policy.yml"
+SERVING_RIG = DATA / "rigs" / "serving.yml"
+TEST_CATALOG = DATA / "models"
+
+
+def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG) -> DeployRun:
+    env = dict(
+        os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(rig_file),
+        RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT),
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "pyinfra", "-y", *extra, "inventory/sim.py", "deploy.py"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,

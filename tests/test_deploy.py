@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import REPO, run_deploy
+from tests.conftest import POLICY_RIG, run_deploy
 
-SIM_RIG = (REPO / "inventory" / "rigs" / "sim.yml").read_text()
+SIM_RIG = POLICY_RIG.read_text()
 
 pytestmark = pytest.mark.simrig
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import REPO, run_deploy
+from tests.conftest import POLICY_RIG, run_deploy
 
 pytestmark = pytest.mark.simrig
 
-SIM_RIG = (REPO / "inventory" / "rigs" / "sim.yml").read_text()
+SIM_RIG = POLICY_RIG.read_text()
 JOURNAL = "journalctl -u rigkit-gpu-policy -o cat --no-pager"
 
 

@@ -1,8 +1,16 @@
-"""`python -m tests.simrig up|down|reboot [--name N] [--port P]`: manage a simulated rig by hand."""
+"""`python -m tests.simrig up|down|reboot [--name N] [--port P]`: manage a simulated rig by hand.
+
+`up` also builds the vLLM stand-in image and the demo models' weights volumes
+that inventory/rigs/sim.yml serves.
+"""
 
 import argparse
 
 from tests.simrig.rig import SimRig
+from tests.simrig.weights import ensure_weights_volume
+from tests.vllm_standin.image import ensure_standin_image
+
+DEMO_VOLUMES = ("rigkit-weights-sim-chat", "rigkit-weights-sim-coder")
 
 
 def main() -> None:
@@ -14,6 +22,9 @@ def main() -> None:
     rig = SimRig(name=args.name, ssh_port=args.port)
     if args.action == "up":
         rig.start()
+        ensure_standin_image()
+        for volume in DEMO_VOLUMES:
+            ensure_weights_volume(volume)
         print(f"rig {rig.name} is up: ssh -i {rig.ssh_key} -p {rig.ssh_port} root@127.0.0.1")
     elif args.action == "reboot":
         rig.reboot()

@@ -1,0 +1,86 @@
+"""Role serving: one vLLM compose stack per served model, brought up only when it changed.
+
+For each model in the rig file: render its compose file and readiness settings
+into /etc/rigkit/stacks/<model>/, then run `rigkit-stack rollout <model>` when
+the wanted file is not what runs or the stack is down. rollout validates with
+`docker compose config`, brings the stack up, waits for a real completion,
+warms it up, and on failure restores the previous compose file, brings that
+back and exits non-zero so the deploy reports the rollback. Stacks of models no
+longer in the rig file are taken down and removed.
+"""
+
+from __future__ import annotations
+
+import stat
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.operations import files, server
+
+from rigkit.config import RigConfig
+from rigkit.facts import RigkitStacks
+from rigkit.render import template_text
+from rigkit.serving import SECRETS_ENV_FILE, STACKS_DIR, render_compose, stack_settings
+
+# Defaults: where the helper lives on the rig.
+HELPER_PATH = "/usr/local/sbin/rigkit-stack"
+
+
+@deploy("Serving")
+def serving(rig: RigConfig) -> None:
+    for warning in rig.warnings:
+        logger.warning(f"{host.print_prefix}serving config: {warning}")
+    api_key = _read_api_key(rig)
+    with_key = api_key is not None
+    stacks = host.get_fact(RigkitStacks, stacks_dir=STACKS_DIR) or {}
+
+    files.put(
+        name="Install the stack helper",
+        src=StringIO(template_text("serving/rigkit-stack")), dest=HELPER_PATH, mode="755",
+    )
+    if with_key:
+        files.directory(name="Secrets folder, root only", path=str(Path(SECRETS_ENV_FILE).parent), mode="700")
+        files.put(
+            name="Install the API key (root only)",
+            src=StringIO(f"VLLM_API_KEY={api_key}\n"), dest=SECRETS_ENV_FILE, mode="600",
+        )
+
+    for model in rig.models:
+        stack_dir = f"{STACKS_DIR}/{model.name}"
+        compose = files.put(
+            name=f"Compose file for {model.name}",
+            src=StringIO(render_compose(model, with_key)), dest=f"{stack_dir}/compose.next.yml", mode="644",
+        )
+        settings = files.put(
+            name=f"Readiness settings for {model.name}",
+            src=StringIO(stack_settings(model, with_key)), dest=f"{stack_dir}/stack.json", mode="644",
+        )
+        state = stacks.get(model.name, {"pending": True, "running": 0})
+        if not state["pending"] and not state["running"]:
+            logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
+        server.shell(
+            name=f"Roll out {model.name}",
+            commands=[f"{HELPER_PATH} rollout {model.name}"],
+            _if=lambda c=compose, s=settings, st=state: c.did_change() or s.did_change() or st["pending"] or not st["running"],
+        )
+
+    wanted = {m.name for m in rig.models}
+    for name in sorted(set(stacks) - wanted):
+        server.shell(name=f"Take down {name} (no longer in the rig file)", commands=[f"{HELPER_PATH} down {name}"])
+
+
+def _read_api_key(rig: RigConfig) -> str | None:
+    if not rig.spec.api_key_file:
+        return None
+    path = Path(rig.spec.api_key_file).expanduser()
+    if not path.is_file():
+        raise DeployError(f"{rig.file}: api_key_file {path} does not exist; create it (mode 600) or remove the field")
+    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise DeployError(f"{rig.file}: api_key_file {path} is readable by others; run chmod 600 {path}")
+    key = path.read_text().strip()
+    if not key or any(c.isspace() for c in key):
+        raise DeployError(f"{rig.file}: api_key_file {path} must hold one key with no spaces")
+    return key

@@ -1,0 +1,49 @@
+"""Build the vLLM stand-in image locally. TEST INFRASTRUCTURE.
+
+FROM the simulated rig's image (it has python3; no registry is reachable), plus
+server.py as the entrypoint, so the rendered compose file's command (the model
+path, then vLLM's flags) reaches it as it would reach `vllm serve`. Tagged with a
+content hash and with the stable tag `sim` that the demo's catalog names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import docker
+
+from tests.simrig.image import ensure_image
+
+REPO = "rigkit-vllm-standin"
+STABLE_TAG = f"{REPO}:sim"
+SERVER = Path(__file__).with_name("server.py")
+
+
+def ensure_standin_image(client: docker.DockerClient | None = None, log=print) -> str:
+    client = client or docker.from_env()
+    base = ensure_image(client, log=log)
+    digest = hashlib.sha256(base.encode() + SERVER.read_bytes()).hexdigest()[:16]
+    tag = f"{REPO}:{digest}"
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        log(f"building {tag}")
+        dockerfile = (
+            f"FROM {base}\n"
+            "COPY server.py /opt/vllm-standin/server.py\n"
+            'ENTRYPOINT ["python3", "-u", "/opt/vllm-standin/server.py"]\n'
+            "CMD []\n"
+        )
+        context = io.BytesIO()
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            for name, data in (("Dockerfile", dockerfile.encode()), ("server.py", SERVER.read_bytes())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        context.seek(0)
+        client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True, pull=False)
+    client.images.get(tag).tag(STABLE_TAG)
+    return tag
