@@ -26,6 +26,17 @@ def simrig():
     rig.remove()
 
 
+@pytest.fixture(scope="module")
+def fresh_rig(simrig):
+    """The session's rig, rebooted from its image before and after the module: whatever a
+    module deploys (boot units, stacks' files) does not leak into the next."""
+    simrig.ready_after_boot_s = 0
+    simrig.start()
+    yield simrig
+    simrig.ready_after_boot_s = 0
+    simrig.start()
+
+
 @dataclass
 class DeployRun:
     returncode: int

@@ -18,11 +18,8 @@ JOURNAL = "journalctl -u rigkit-gpu-policy -o cat --no-pager"
 
 
 @pytest.fixture(scope="module")
-def rig(simrig):
-    simrig.start()  # pristine: no policy installed, GPUs at defaults
-    yield simrig
-    simrig.ready_after_boot_s = 0
-    simrig.start()  # leave no boot-time policy behind for other modules
+def rig(fresh_rig):
+    return fresh_rig  # pristine: no policy installed, GPUs at defaults
 
 
 def variant(tmp_path, name, text):

@@ -1,0 +1,183 @@
+"""Role serving end to end: pyinfra over SSH to the simulated rig, the rig's docker CLI and
+Compose v2 against the real Docker Engine, the vLLM stand-in as the server.
+
+Simulated: vLLM itself (tests/vllm_standin: an OpenAI-compatible server that takes vLLM's
+flags and reproduces its traps) and the GPUs (a stand-in NVIDIA runtime hook lets dockerd
+accept the compose files' GPU reservations; there is no GPU behind them).
+"""
+
+from __future__ import annotations
+
+import json
+
+import docker
+import httpx
+import pytest
+
+from tests.conftest import SERVING_RIG, TEST_CATALOG, run_deploy
+from tests.simrig.weights import ensure_weights_volume
+from tests.vllm_standin.image import ensure_standin_image
+
+pytestmark = pytest.mark.simrig
+
+PORTS = {"test-alpha": 18101, "test-beta": 18102}
+
+
+@pytest.fixture(scope="module")
+def rig(fresh_rig):
+    ensure_standin_image()
+    for name in PORTS:
+        ensure_weights_volume(f"rigkit-weights-{name}")
+    yield fresh_rig
+    for name in PORTS:
+        fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+
+
+def container(name):
+    return docker.from_env().containers.get(f"rigkit-{name}-vllm-1")
+
+
+def started(name):
+    c = container(name)
+    return c.id, c.attrs["State"]["StartedAt"]
+
+
+def complete(name, key=None, prompt="hello there"):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(
+        f"http://127.0.0.1:{PORTS[name]}/v1/completions",
+        json={"model": name, "prompt": prompt, "max_tokens": 4}, headers=headers, timeout=10,
+    )
+
+
+def catalog(tmp_path, **changes):
+    """A copy of the test catalog with text replacements per model: name=[(old, new), ...]."""
+    folder = tmp_path / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in TEST_CATALOG.glob("*.yml"):
+        text = source.read_text()
+        for old, new in changes.get(source.stem.replace("-", "_"), []):
+            assert old in text
+            text = text.replace(old, new)
+        (folder / source.name).write_text(text)
+    return folder
+
+
+def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
+    first = run_deploy(rig, SERVING_RIG)
+    assert first.returncode == 0, first.output
+    for name in PORTS:
+        answer = complete(name)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 4
+    info = httpx.get("http://127.0.0.1:18101/standin/info", timeout=5).json()
+    assert info["nvidia_visible_devices"] == "0"  # device_ids reached Docker's NVIDIA device request
+    assert info["args"]["model"] == "/models/test-alpha"
+    before = {name: started(name) for name in PORTS}
+
+    second = run_deploy(rig, SERVING_RIG)
+    assert second.returncode == 0, second.output
+    assert second.changed_operations() == 0, second.output
+    assert {name: started(name) for name in PORTS} == before
+
+
+def test_changing_one_model_restarts_only_that_stack(rig, tmp_path):
+    before = {name: started(name) for name in PORTS}
+    changed = catalog(tmp_path, test_beta=[("STANDIN_DECODE_TOK_S: \"60\"", "STANDIN_DECODE_TOK_S: \"70\"")])
+    run = run_deploy(rig, SERVING_RIG, catalog=changed)
+    assert run.returncode == 0, run.output
+    assert started("test-alpha") == before["test-alpha"]
+    assert started("test-beta") != before["test-beta"]
+    assert httpx.get("http://127.0.0.1:18102/standin/info", timeout=5).json()["decode_tok_s"] == 70.0
+    assert run_deploy(rig, SERVING_RIG, catalog=changed).changed_operations() == 0
+
+
+def test_a_hang_with_health_200_is_caught_and_rolled_back(rig, tmp_path):
+    good = catalog(tmp_path / "good")
+    assert run_deploy(rig, SERVING_RIG, catalog=good).returncode == 0
+    hanging = catalog(tmp_path / "hang", test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
+
+    run = run_deploy(rig, SERVING_RIG, catalog=hanging)
+
+    assert run.returncode != 0
+    assert "test-alpha not ready within 30 s" in run.output
+    assert "ROLLED BACK: rigkit-test-alpha serves the previous config again" in run.output
+    assert "last 40 log lines of rigkit-test-alpha" in run.output
+    assert httpx.get("http://127.0.0.1:18101/health", timeout=5).status_code == 200
+    assert complete("test-alpha").status_code == 200  # the previous config serves again
+    env = container("test-alpha").attrs["Config"]["Env"]
+    assert not any(e.startswith("STANDIN_FAULT") for e in env)
+    # The failed config is not marked as done: the next deploy tries it again.
+    again = run_deploy(rig, SERVING_RIG, catalog=good)
+    assert again.returncode == 0 and again.changed_operations() >= 1
+
+
+def test_a_stack_that_fails_at_start_shows_its_logs(rig, tmp_path):
+    failing = catalog(tmp_path, test_beta=[("env:\n", "env:\n  STANDIN_FAULT: fail_at_start\n")])
+    rig.exec("rigkit-stack down test-beta")  # nothing to roll back to
+    run = run_deploy(rig, SERVING_RIG, catalog=failing)
+    assert run.returncode != 0
+    assert "CUDA error: out of memory (stand-in fault: fail_at_start)" in run.output
+    assert "no previous config to roll back to" in run.output
+    assert run_deploy(rig, SERVING_RIG).returncode == 0
+
+
+def test_api_key_is_root_only_on_the_rig_and_never_in_compose_or_logs(rig, tmp_path):
+    key_file = tmp_path / "api.key"
+    key_file.write_text("sk-rigkit-test-5ecret\n")
+    key_file.chmod(0o600)
+    rig_file = tmp_path / "keyed.yml"
+    rig_file.write_text(SERVING_RIG.read_text() + f"api_key_file: {key_file}\n")
+
+    run = run_deploy(rig, rig_file)
+
+    assert run.returncode == 0, run.output
+    assert "sk-rigkit-test-5ecret" not in run.output
+    assert rig.exec("stat -c '%a %U' /etc/rigkit/secrets/vllm-api-key.env")[1].strip() == "600 root"
+    assert rig.exec("grep -r sk-rigkit /etc/rigkit/stacks")[0] != 0
+    assert complete("test-alpha").status_code == 401
+    assert complete("test-alpha", key="sk-rigkit-test-5ecret").status_code == 200
+
+    key_file.chmod(0o644)
+    refused = run_deploy(rig, rig_file)
+    assert refused.returncode != 0
+    assert f"api_key_file {key_file} is readable by others; run chmod 600" in refused.output
+    assert run_deploy(rig, SERVING_RIG).returncode == 0
+
+
+def test_a_model_removed_from_the_rig_file_is_taken_down(rig, tmp_path):
+    only_alpha = tmp_path / "alpha-only.yml"
+    only_alpha.write_text(SERVING_RIG.read_text().replace("models: [test-alpha, test-beta]", "models: [test-alpha]"))
+    run = run_deploy(rig, only_alpha)
+    assert run.returncode == 0, run.output
+    with pytest.raises(docker.errors.NotFound):
+        container("test-beta")
+    assert rig.exec("test -d /etc/rigkit/stacks/test-beta")[0] != 0
+    assert run_deploy(rig, only_alpha).changed_operations() == 0
+    assert run_deploy(rig, SERVING_RIG).returncode == 0
+    assert json.loads(rig.exec("cat /etc/rigkit/stacks/test-beta/stack.json")[1])["port"] == 18102
+
+
+def test_rolling_rollout_stops_at_the_first_failing_rig(rig, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, STATE_ROOT
+
+    assert run_deploy(rig, SERVING_RIG).returncode == 0  # a working config to roll back to
+    hanging = catalog(tmp_path, test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
+    env = dict(
+        os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_CATALOG_DIR=str(hanging),
+        RIGKIT_RIG_FILE_A=str(SERVING_RIG), RIGKIT_RIG_FILE_B=str(SERVING_RIG),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "rigkit.cli", "rollout", "tests/data/two-rigs.py"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "rig 1/2: rig-a" in out
+    assert "STOPPED: rig-a failed; rigs not started: rig-b" in out
+    assert "rig 2/2" not in out
+    assert complete("test-alpha").status_code == 200  # rig-a rolled back to its working config
