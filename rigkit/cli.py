@@ -2,13 +2,17 @@
 
     rigkit check RIG_FILE [RIG_FILE ...] [--catalog DIR]   validate rig files offline
     rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
+    rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
+    rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from rigkit.config import load_rig
 from rigkit.errors import ConfigError
@@ -52,6 +56,28 @@ def rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench(args: argparse.Namespace) -> int:
+    from rigkit.bench import run_bench
+    from rigkit.report import bench_table
+
+    api_key = Path(args.api_key_file).expanduser().read_text().strip() if args.api_key_file else None
+    levels = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else ()
+    levels = tuple(c for c in levels if c > 1)
+    result = run_bench(args.url, args.model, args.prompt_tokens, args.output_tokens, levels, args.timeout, api_key,
+                       args.expect_decode)
+    print(bench_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["passed"] else 1
+
+
+def verify(args: argparse.Namespace) -> int:
+    command = [sys.executable, "-m", "pyinfra", "-y", "--data", "rigkit_verify=always"]
+    if args.limit:
+        command += ["--limit", args.limit]
+    return subprocess.run(command + [args.inventory, "verify.py"]).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +89,21 @@ def main(argv: list[str] | None = None) -> int:
     rollout_parser.add_argument("inventory")
     rollout_parser.add_argument("--deploy", default="deploy.py")
     rollout_parser.set_defaults(func=rollout)
+    verify_parser = commands.add_parser("verify", help="benchmark each served model and check GPUs under load")
+    verify_parser.add_argument("inventory")
+    verify_parser.add_argument("--limit", help="only this rig (inventory name)")
+    verify_parser.set_defaults(func=verify)
+    bench_parser = commands.add_parser("bench", help="benchmark any OpenAI-compatible server, no rig config needed")
+    bench_parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    bench_parser.add_argument("--model", required=True, help="the served model name")
+    bench_parser.add_argument("--prompt-tokens", type=int, default=512)
+    bench_parser.add_argument("--output-tokens", type=int, default=128)
+    bench_parser.add_argument("--concurrency", help="extra concurrency levels, e.g. 4,8 (single stream always runs)")
+    bench_parser.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
+    bench_parser.add_argument("--expect-decode", type=float, help="fail below this decode tok/s")
+    bench_parser.add_argument("--api-key-file")
+    bench_parser.add_argument("--json", help="write the result here")
+    bench_parser.set_defaults(func=bench)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,155 @@
+"""GPU telemetry under load from NVML: the sampler that runs on the rig while a benchmark runs.
+
+Standard library plus `pynvml` (from nvidia-ml-py) only: the deploy copies this
+file and pynvml.py to the rig and runs it there as a script:
+
+    python3 rigkit-telemetry.py --gpus 0,1 --hz 50 --out /tmp/run.json [--max-seconds 900]
+
+It samples every listed GPU until SIGTERM/SIGINT or --max-seconds, then writes
+one JSON document (see docs/verification.md). Per sample: SM and memory clock,
+instant and 1 s average power, temperature, clock event reasons (bitmask) and
+their cumulative counters, and the enforced power limit. The energy counter is a
+slow call (~4 ms), so it is read once at the start and once at the end, never polled.
+It only reads: it never sets a limit, a lock or any other setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pynvml
+
+# (name in the output, NVML field id, scale to the output's unit)
+FIELDS = (
+    ("power_instant_w", pynvml.NVML_FI_DEV_POWER_INSTANT, 1e-3),
+    ("power_average_w", pynvml.NVML_FI_DEV_POWER_AVERAGE, 1e-3),
+    ("sw_power_cap_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP, 1.0),
+    ("sw_thermal_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, 1.0),
+    ("hw_thermal_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, 1.0),
+    ("hw_power_brake_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN, 1.0),
+)
+SERIES = ("t", "sm_mhz", "mem_mhz", "temp_c", "event_reasons", "enforced_limit_w") + tuple(f[0] for f in FIELDS)
+
+
+def _field_number(value) -> float | None:
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    kind = value.valueType
+    if kind == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return value.value.dval
+    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return float(value.value.uiVal)
+    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return float(value.value.ulVal)
+    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return float(value.value.sllVal)
+    if kind == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+        return float(value.value.siVal)
+    return float(value.value.ullVal)
+
+
+def _optional(call, *args):
+    try:
+        return call(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+class Sampler:
+    """Samples the given GPUs at `hz` on a background thread between start() and stop()."""
+
+    def __init__(self, gpu_indices: list[int], hz: float = 50.0):
+        self.gpu_indices = list(gpu_indices)
+        self.period_s = 1.0 / hz
+        self.hz = hz
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Sampler":
+        pynvml.nvmlInit()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.gpu_indices]
+        self.gpus = []
+        for index, handle in zip(self.gpu_indices, self.handles):
+            name = pynvml.nvmlDeviceGetName(handle)
+            self.gpus.append({
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "default_limit_w": _scaled(_optional(pynvml.nvmlDeviceGetPowerManagementDefaultLimit, handle)),
+                "max_clock_sm_mhz": _optional(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM),
+                "samples": {key: [] for key in SERIES},
+            })
+        self.t_start = time.time()
+        for gpu, handle in zip(self.gpus, self.handles):
+            gpu["energy_start_mj"] = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        self._thread = threading.Thread(target=self._run, name="rigkit-telemetry", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        next_tick = time.monotonic()
+        field_ids = [f[1] for f in FIELDS]
+        while not self._stop.is_set():
+            for gpu, handle in zip(self.gpus, self.handles):
+                series = gpu["samples"]
+                series["t"].append(time.time())
+                series["sm_mhz"].append(_optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM))
+                series["mem_mhz"].append(_optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM))
+                series["temp_c"].append(_optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU))
+                series["event_reasons"].append(_optional(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle))
+                series["enforced_limit_w"].append(_scaled(_optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)))
+                values = _optional(pynvml.nvmlDeviceGetFieldValues, handle, field_ids)
+                for n, (key, _, scale) in enumerate(FIELDS):
+                    number = _field_number(values[n]) if values is not None else None
+                    series[key].append(None if number is None else number * scale)
+            next_tick += self.period_s
+            self._stop.wait(max(0.0, next_tick - time.monotonic()))
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self.t_end = time.time()
+        for gpu, handle in zip(self.gpus, self.handles):
+            gpu["energy_end_mj"] = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        pynvml.nvmlShutdown()
+        return {
+            "simulated": bool(getattr(pynvml, "RIGKIT_SIMULATED", False)),
+            "hz_requested": self.hz,
+            "t_start": self.t_start,
+            "t_end": self.t_end,
+            "gpus": self.gpus,
+        }
+
+
+def _scaled(milliwatts):
+    return None if milliwatts is None else milliwatts / 1000.0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Sample NVIDIA GPUs through NVML until stopped.")
+    parser.add_argument("--gpus", required=True, help="comma-separated GPU indices")
+    parser.add_argument("--hz", type=float, default=50.0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--max-seconds", type=float, default=900.0)
+    args = parser.parse_args(argv)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    sampler = Sampler([int(i) for i in args.gpus.split(",")], args.hz).start()
+    print("sampling", flush=True)
+    done.wait(args.max_seconds)
+    run = sampler.stop()
+    with open(args.out + ".tmp", "w") as f:
+        json.dump(run, f)
+    os.replace(args.out + ".tmp", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
