@@ -4,7 +4,9 @@ Reads like a runbook, for each rig in the inventory:
 1. validate every rig's config (all rigs, before any rig is touched);
 2. read the GPUs and check they are the ones the rig file describes;
 3. GPU policy: power caps and clock locks, at boot and now (Linux);
-4. serving: one vLLM compose stack per model, rolled out with rollback.
+4. serving: one vLLM compose stack per model, rolled out with rollback;
+5. verify: benchmark each model and check GPUs under load (when this deploy
+   changed the rig; `rigkit verify` runs it on demand).
 """
 
 from pyinfra import host, inventory
@@ -14,13 +16,14 @@ from rigkit.hostconfig import rig_config, validate_inventory
 from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
 from roles.serving import serving
+from roles.verify import verify
 
 validate_inventory(inventory)
 rig = rig_config(host)
 
 gpu_report(rig)
 if rig.spec.os == "linux":
-    gpu_policy(rig)
-    serving(rig)
+    changes = gpu_policy(rig) + serving(rig)
+    verify(rig, after=changes)
 else:
     raise DeployError(f"rig {rig.name}: Windows rigs are not deployable yet; rigkit manages Linux rigs only so far")

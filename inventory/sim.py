@@ -1,7 +1,7 @@
 """The built-in simulated rig, reached over real SSH on 127.0.0.1.
 
 `./run demo` and the tests start it (tests/simrig). RIGKIT_SIM_PORT,
-RIGKIT_RIG_FILE and RIGKIT_CATALOG_DIR let the tests point this inventory at their own rig.
+RIGKIT_RIG_FILE, RIGKIT_CATALOG_DIR and RIGKIT_RESULTS_DIR let the tests point this inventory at their own rig.
 """
 
 import os
@@ -21,6 +21,7 @@ rigs = [
             "ssh_strict_host_key_checking": "off",
             "rig_file": os.environ.get("RIGKIT_RIG_FILE", "inventory/rigs/sim.yml"),
             "catalog_dir": os.environ.get("RIGKIT_CATALOG_DIR", "inventory/models"),
+            "results_dir": os.environ.get("RIGKIT_RESULTS_DIR", "results"),
         },
     ),
 ]

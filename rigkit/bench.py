@@ -159,7 +159,7 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
             client, url, model, make_prompt(prompt_tokens, rng), prompt_tokens, output_tokens, timeout_s)
         after = read_spec_counters(client, url)
         levels = [_concurrent(url, headers, model, c, prompt_tokens, output_tokens, timeout_s, rng) for c in concurrency]
-    return _document(url, model, single, before, after, levels, expected_min_decode_tok_s)
+    return _document(url, model, single, output_tokens, before, after, levels, expected_min_decode_tok_s)
 
 
 def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng) -> dict:
@@ -185,7 +185,7 @@ def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, time
     return level
 
 
-def _document(url, model, single: StreamResult, before, after, levels, expected_min) -> dict:
+def _document(url, model, single: StreamResult, requested_output, before, after, levels, expected_min) -> dict:
     checks: list[Check] = []
     ok = single.error is None
     checks.append(Check("tokens_produced", ok, single.error or f"{single.completion_tokens} tokens counted from usage"))
@@ -214,6 +214,7 @@ def _document(url, model, single: StreamResult, before, after, levels, expected_
         "url": url,
         "model": model,
         "requested_prompt_tokens": single.requested_prompt_tokens,
+        "requested_output_tokens": requested_output,
         "prompt_tokens": single.prompt_tokens,
         "completion_tokens": single.completion_tokens,
         "chunks": single.chunks,

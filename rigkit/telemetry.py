@@ -25,14 +25,16 @@ import time
 
 import pynvml
 
-# (name in the output, NVML field id, scale to the output's unit)
+# (name in the output, NVML field id, scale to the output's unit). The clock-event counters are
+# cumulative time under each reason; on an H200 one rose by 1.23e10 over ~12 s of SW-power-capped
+# load, so they are nanoseconds there (the field notes said microseconds): stored raw, as `_ns`.
 FIELDS = (
     ("power_instant_w", pynvml.NVML_FI_DEV_POWER_INSTANT, 1e-3),
     ("power_average_w", pynvml.NVML_FI_DEV_POWER_AVERAGE, 1e-3),
-    ("sw_power_cap_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP, 1.0),
-    ("sw_thermal_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, 1.0),
-    ("hw_thermal_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, 1.0),
-    ("hw_power_brake_us", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN, 1.0),
+    ("sw_power_cap_ns", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP, 1.0),
+    ("sw_thermal_ns", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, 1.0),
+    ("hw_thermal_ns", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, 1.0),
+    ("hw_power_brake_ns", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN, 1.0),
 )
 SERIES = ("t", "sm_mhz", "mem_mhz", "temp_c", "event_reasons", "enforced_limit_w") + tuple(f[0] for f in FIELDS)
 

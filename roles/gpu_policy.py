@@ -35,14 +35,14 @@ WAIT_FOR_GPUS_S = 120
 
 
 @deploy("GPU policy")
-def gpu_policy(rig: RigConfig) -> None:
+def gpu_policy(rig: RigConfig) -> list:
+    """Returns the operations whose change means the GPUs' settings changed."""
     report = host.get_fact(NvidiaGpus)
     problems = gpu_problems(rig.spec.gpus, report)
     if problems:
         raise DeployError(f"rig {rig.name}: " + "; ".join(problems))
     if rig.spec.gpu_policy == "remove":
-        _remove()
-        return
+        return _remove()
     _check(rig, report)
 
     script = files.put(
@@ -70,11 +70,12 @@ def gpu_policy(rig: RigConfig) -> None:
     drift = power_drift(rig.spec, report)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the policy")
-    server.shell(
+    applied = server.shell(
         name="Apply the GPU policy now",
         commands=[_start_or_show_journal("restart")],
         _if=lambda: bool(drift) or script.did_change() or policy.did_change() or unit.did_change(),
     )
+    return [applied]
 
 
 def _check(rig: RigConfig, report) -> None:
@@ -92,11 +93,11 @@ def _check(rig: RigConfig, report) -> None:
         raise DeployError(f"rig {rig.name} ({rig.file}), nothing was changed: " + "; ".join(problems))
 
 
-def _remove() -> None:
+def _remove() -> list:
     if host.get_fact(File, path=UNIT_PATH) is None and host.get_fact(File, path=POLICY_PATH) is None:
         host.noop("GPU policy is not installed")
-        return
-    server.shell(
+        return []
+    reset = server.shell(
         name="Reset clocks and restore default power limits",
         commands=[f"{SCRIPT_PATH} reset {POLICY_PATH}"],
     )
@@ -104,6 +105,7 @@ def _remove() -> None:
     for path in (UNIT_PATH, POLICY_PATH, SCRIPT_PATH):
         files.file(name=f"Remove {path}", path=path, present=False)
     systemd.daemon_reload(name="Reload systemd")
+    return [reset]
 
 
 def _start_or_show_journal(verb: str) -> str:

@@ -30,12 +30,14 @@ HELPER_PATH = "/usr/local/sbin/rigkit-stack"
 
 
 @deploy("Serving")
-def serving(rig: RigConfig) -> None:
+def serving(rig: RigConfig) -> list:
+    """Returns the operations whose change means a stack was (re)started or removed."""
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
     api_key = _read_api_key(rig)
     with_key = api_key is not None
     stacks = host.get_fact(RigkitStacks, stacks_dir=STACKS_DIR) or {}
+    changes = []
 
     files.put(
         name="Install the stack helper",
@@ -61,15 +63,18 @@ def serving(rig: RigConfig) -> None:
         state = stacks.get(model.name, {"pending": True, "running": 0})
         if not state["pending"] and not state["running"]:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
-        server.shell(
+        changes.append(server.shell(
             name=f"Roll out {model.name}",
             commands=[f"{HELPER_PATH} rollout {model.name}"],
             _if=lambda c=compose, s=settings, st=state: c.did_change() or s.did_change() or st["pending"] or not st["running"],
-        )
+        ))
 
     wanted = {m.name for m in rig.models}
     for name in sorted(set(stacks) - wanted):
-        server.shell(name=f"Take down {name} (no longer in the rig file)", commands=[f"{HELPER_PATH} down {name}"])
+        changes.append(
+            server.shell(name=f"Take down {name} (no longer in the rig file)", commands=[f"{HELPER_PATH} down {name}"])
+        )
+    return changes
 
 
 def _read_api_key(rig: RigConfig) -> str | None:

@@ -64,13 +64,17 @@ SERVING_RIG = DATA / "rigs" / "serving.yml"
 TEST_CATALOG = DATA / "models"
 
 
-def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG) -> DeployRun:
+RESULTS = STATE_ROOT / "test-results"
+
+
+def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG,
+               entry: str = "deploy.py") -> DeployRun:
     env = dict(
         os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(rig_file),
-        RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT),
+        RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS),
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "-y", *extra, "inventory/sim.py", "deploy.py"],
+        [sys.executable, "-m", "pyinfra", "-y", *extra, "inventory/sim.py", entry],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     return DeployRun(proc.returncode, proc.stdout + proc.stderr)

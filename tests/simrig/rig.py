@@ -26,6 +26,7 @@ from tests.simrig.image import ensure_image
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("RIGKIT_STATE", REPO_ROOT / ".state"))
 NVIDIA_SMI = Path(__file__).with_name("nvidia-smi")
+FAKE_NVML = Path(__file__).with_name("pynvml.py")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class SimGpu:
     default_w: int = 450
     max_clock_mhz: int = 3105
     memory_mib: int = 49140
+    ignores_clock_lock: bool = False  # firmware that runs past a lock (seen once at 2640 MHz)
 
 
 @dataclass
@@ -79,6 +81,7 @@ class SimRig:
             "/sys/fs/cgroup": ("/sys/fs/cgroup", "ro"),
             "/var/run/docker.sock": ("/run/docker.sock", "rw"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
+            str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
             str(self.state_dir / "gpus.json"): ("/etc/rigkit-sim/gpus.json", "ro"),
             str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
             str(authorized): ("/root/.ssh/authorized_keys", "ro"),

@@ -1,0 +1,62 @@
+"""Reach a port on the rig's loopback from the control machine, through the deploy's SSH connection.
+
+vLLM binds 127.0.0.1 on the rig, so the benchmark goes through a local port
+forwarded over the existing paramiko transport (`direct-tcpip` channels), like
+`ssh -L`. Under pyinfra's gevent the threads here are greenlets.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from contextlib import contextmanager
+
+
+def _pump(source, sink) -> None:
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (source, sink):
+            try:
+                end.close()
+            except OSError:
+                pass
+
+
+@contextmanager
+def forward(transport, remote_port: int, remote_host: str = "127.0.0.1"):
+    """Yield a local port on 127.0.0.1 that connects to remote_host:remote_port on the rig."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.5)
+    stop = threading.Event()
+
+    def accept_loop():
+        while not stop.is_set():
+            try:
+                client, address = listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            try:
+                channel = transport.open_channel("direct-tcpip", (remote_host, remote_port), address)
+            except Exception:  # the rig refused: close this connection, keep serving
+                client.close()
+                continue
+            threading.Thread(target=_pump, args=(client, channel), daemon=True).start()
+            threading.Thread(target=_pump, args=(channel, client), daemon=True).start()
+
+    thread = threading.Thread(target=accept_loop, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        listener.close()

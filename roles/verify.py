@@ -1,0 +1,131 @@
+"""Role verify: benchmark each served model and check the GPUs under load.
+
+Installs the telemetry sampler (rigkit/telemetry.py, with a copy of pynvml.py
+for rigs without nvidia-ml-py), then per model: starts the sampler on the rig
+for the model's GPUs, benchmarks the model from the control machine through an
+SSH port forward (the server binds the rig's 127.0.0.1), stops the sampler,
+brings its samples back and judges. Writes results/<rig>/<model>/<time>.json
+and .png, prints a table, and fails the deploy when a check fails.
+
+Runs when this deploy changed the rig (`after`), or always with
+`--data rigkit_verify=always` (what `rigkit verify` passes).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import time
+from pathlib import Path
+
+import pynvml
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files, python
+
+import rigkit.telemetry
+from rigkit.bench import run_bench
+from rigkit.chart import draw
+from rigkit.config import ModelConfig, RigConfig
+from rigkit.report import bench_table
+from rigkit.serving import served_name
+from rigkit.sshforward import forward
+from rigkit.verification import build_result, latest_result, results_folder, save_result
+
+# Defaults
+REMOTE_DIR = "/usr/local/lib/rigkit"
+SAMPLER = f"{REMOTE_DIR}/rigkit-telemetry.py"
+SHIPPED_NVML_DIR = f"{REMOTE_DIR}/nvml"
+SAMPLE_HZ = 50
+PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small share of TTFT
+OUTPUT_TOKENS = 256
+REQUEST_TIMEOUT_S = 120
+SAMPLER_START_S = 20
+
+
+@deploy("Verify")
+def verify(rig: RigConfig, after=()) -> None:
+    if not rig.models:
+        return
+    installed = [
+        files.put(name="Install the telemetry sampler", src=rigkit.telemetry.__file__, dest=SAMPLER, mode="755"),
+        files.put(name="Ship pynvml for rigs without nvidia-ml-py", src=pynvml.__file__,
+                  dest=f"{SHIPPED_NVML_DIR}/pynvml.py", mode="644"),
+    ]
+    always = host.data.get("rigkit_verify") == "always"
+    results_dir = Path(host.data.get("results_dir") or "results")
+    for model in rig.models:
+        python.call(
+            name=f"Verify {model.name}: benchmark and GPUs under load",
+            function=_verify_model, rig=rig, model=model, results_dir=results_dir,
+            _if=lambda: always or any(op.did_change() for op in [*after, *installed]),
+        )
+
+
+def _run(command: str) -> str:
+    ok, output = host.run_shell_command(command=command)
+    text = "\n".join(output.stdout_lines + output.stderr_lines) if hasattr(output, "stdout_lines") else str(output)
+    if not ok:
+        raise OperationError(f"on the rig, `{command}` failed: {text}")
+    return text
+
+
+def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None:
+    remote_out = f"/tmp/rigkit-telemetry-{model.name}.json"
+    gpus = ",".join(str(i) for i in model.spec.gpus)
+    # Prefer the rig's own nvidia-ml-py; fall back to the copy rigkit ships.
+    start = (
+        f"rm -f {remote_out}; if python3 -c 'import pynvml' 2>/dev/null; then P=; else P={SHIPPED_NVML_DIR}; fi; "
+        f"PYTHONPATH=$P nohup python3 {SAMPLER} --gpus {gpus} --hz {SAMPLE_HZ} --out {remote_out} "
+        f"--max-seconds 900 > {remote_out}.log 2>&1 & echo $!"
+    )
+    pid = _run(start).strip().splitlines()[-1]
+    _run(f"for i in $(seq 1 {SAMPLER_START_S * 10}); do grep -q sampling {remote_out}.log && exit 0; "
+         f"kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; cat {remote_out}.log; exit 1")
+    try:
+        with forward(host.connector.client.get_transport(), model.spec.port) as local_port:
+            bench = run_bench(
+                f"http://127.0.0.1:{local_port}", served_name(model), PROMPT_TOKENS, OUTPUT_TOKENS,
+                timeout_s=REQUEST_TIMEOUT_S, api_key=_api_key(rig),
+                expected_min_decode_tok_s=model.spec.expected_min_decode_tok_s,
+            )
+    finally:
+        _run(f"kill -TERM {pid}; for i in $(seq 1 100); do [ -f {remote_out} ] && exit 0; sleep 0.1; done; "
+             f"cat {remote_out}.log; exit 1")
+    buffer = io.BytesIO()
+    if not host.get_file(remote_out, buffer):
+        raise OperationError(f"could not fetch {remote_out} from the rig")
+    telemetry = json.loads(buffer.getvalue())
+
+    folder = results_folder(results_dir, rig.name, model.name)
+    result = build_result(rig, model, bench, telemetry, latest_result(folder))
+    path = save_result(folder, result)
+    draw(path.with_suffix(".png"), rig, model.name, telemetry)
+    logger.info(f"{host.print_prefix}{_summary(result, path)}")
+    if not result["passed"]:
+        failed = "; ".join(f"{c['name']}: {c['message']}" for c in result["checks"] if not c["passed"])
+        raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
+
+
+def _api_key(rig: RigConfig) -> str | None:
+    if not rig.spec.api_key_file:
+        return None
+    return Path(rig.spec.api_key_file).expanduser().read_text().strip()
+
+
+def _summary(result: dict, path: Path) -> str:
+    f = result["figures"]
+    lines = [f"verification of {result['model']}{' (SIMULATED telemetry)' if result['telemetry_simulated'] else ''}:",
+             bench_table(result["bench"])]
+    for name in ("joules_per_token", "decode_tok_s_per_watt", "roofline_share"):
+        if f.get(name) is not None:
+            lines.append(f"{name}: {f[name]:.3f}")
+    for c in result["checks"]:
+        if c["name"].startswith("gpu"):
+            lines.append(f"{'PASS' if c['passed'] else 'FAIL'}  {c['name']}: {c['message']}")
+    for r in result["regressions"]:
+        lines.append(f"REGRESSION {r['figure']}: {r['previous']:.3g} -> {r['now']:.3g} ({r['change']:+.0%})")
+    lines.append(f"result: {path} (+ .png)")
+    return "\n".join(lines)

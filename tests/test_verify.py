@@ -1,0 +1,107 @@
+"""Verification end to end on the simulated rig: deploy ends with a benchmark of each model and
+checks of the GPUs under load; `rigkit verify` (verify.py) runs it on demand.
+
+Simulated: vLLM (tests/vllm_standin), the GPUs behind nvidia-smi, and NVML (tests/simrig/pynvml.py:
+steady load at 92% of the enforced limit, SM clock one step below the lock ceiling, an energy counter
+consistent with that power). Results say so: telemetry_simulated is true. Real: pyinfra over SSH, the
+sampler running on the rig, the SSH port forward the benchmark goes through, the JSON and PNG files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import RESULTS, SERVING_RIG, TEST_CATALOG, run_deploy
+from tests.simrig.weights import ensure_weights_volume
+from tests.vllm_standin.image import ensure_standin_image
+
+pytestmark = pytest.mark.simrig
+
+MODELS = ("test-alpha", "test-beta")
+
+
+@pytest.fixture(scope="module")
+def rig(fresh_rig):
+    ensure_standin_image()
+    for name in MODELS:
+        ensure_weights_volume(f"rigkit-weights-{name}")
+    shutil.rmtree(RESULTS, ignore_errors=True)
+    yield fresh_rig
+    for name in MODELS:
+        fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+
+
+def runs(model):
+    return sorted((RESULTS / "serving" / model).glob("*.json"))
+
+
+def verify(rig):
+    return run_deploy(rig, SERVING_RIG, "--data", "rigkit_verify=always", entry="verify.py")
+
+
+def test_deploy_ends_with_verification_of_both_models(rig):
+    run = run_deploy(rig, SERVING_RIG)
+    assert run.returncode == 0, run.output
+    for model in MODELS:
+        [path] = runs(model)
+        result = json.loads(path.read_text())
+        assert path.with_suffix(".png").stat().st_size > 10_000
+        assert result["telemetry_simulated"] is True
+        assert result["passed"], result["checks"]
+        names = {c["name"] for c in result["checks"]}
+        assert {"tokens_produced", "context_readback", "decode_min"} <= names
+        gpu = 0 if model == "test-alpha" else 1
+        assert {f"gpu{gpu}_clock_lock", f"gpu{gpu}_enforced_power_limit", f"gpu{gpu}_power_under_load"} <= names
+        assert result["gpus"][0]["max_sm_mhz"] == 2190
+        assert result["figures"]["joules_per_token"] > 0
+    alpha = json.loads(runs("test-alpha")[0].read_text())
+    assert alpha["bench"]["decode_tok_s"] == pytest.approx(100, rel=0.02)
+    assert alpha["bench"]["acceptance_length"] == pytest.approx(2.4, rel=0.05)
+    assert "verification of test-alpha (SIMULATED telemetry)" in run.output
+
+
+def test_a_deploy_that_changes_nothing_does_not_re_verify(rig):
+    run = run_deploy(rig, SERVING_RIG)
+    assert run.returncode == 0, run.output
+    assert run.changed_operations() == 0, run.output
+    assert [len(runs(m)) for m in MODELS] == [1, 1]
+
+
+def test_a_clock_above_the_lock_ceiling_fails_lock_not_in_effect(rig):
+    rig.gpus[0] = type(rig.gpus[0])(ignores_clock_lock=True)
+    rig.write_gpu_config()
+    try:
+        run = verify(rig)
+    finally:
+        rig.gpus[0] = type(rig.gpus[0])()
+        rig.write_gpu_config()
+    assert run.returncode != 0
+    assert ("gpu0_clock_lock: lock not in effect: max SM clock under load 2640 MHz is above the lock ceiling "
+            "2200 MHz") in run.output
+
+
+def test_an_enforced_limit_off_the_policy_fails(rig):
+    assert rig.exec("nvidia-smi -i 1 -pl 300")[0] == 0
+    try:
+        run = verify(rig)
+    finally:
+        rig.exec("nvidia-smi -i 1 -pl 330")
+    assert run.returncode != 0
+    assert "gpu1_enforced_power_limit: enforced limit 300 W, policy 330 W" in run.output
+
+
+def test_a_slower_model_is_flagged_as_a_regression(rig, tmp_path):
+    folder = tmp_path / "models"
+    shutil.copytree(TEST_CATALOG, folder)
+    beta = folder / "test-beta.yml"
+    beta.write_text(beta.read_text().replace('STANDIN_DECODE_TOK_S: "60"', 'STANDIN_DECODE_TOK_S: "51"'))
+    run = run_deploy(rig, SERVING_RIG, catalog=folder)
+    assert run.returncode == 0, run.output
+    latest = json.loads(runs("test-beta")[-1].read_text())
+    [regression] = [r for r in latest["regressions"] if r["figure"] == "decode_tok_s"]
+    assert regression["change"] == pytest.approx(-0.15, abs=0.02)
+    assert latest["previous"]["figures"]["decode_tok_s"] == pytest.approx(60, rel=0.02)
+    assert "REGRESSION decode_tok_s" in run.output
