@@ -4,8 +4,9 @@ Reads like a runbook, for each rig in the inventory:
 1. validate every rig's config (all rigs, before any rig is touched);
 2. read the GPUs and check they are the ones the rig file describes;
 3. GPU policy: power caps and clock locks, at boot and now (Linux);
-4. serving: one vLLM compose stack per model, rolled out with rollback;
-5. verify: benchmark each model and check GPUs under load (when this deploy
+4. weights: each model's weights copied onto its Docker volume, verified;
+5. serving: one vLLM compose stack per model, rolled out with rollback;
+6. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand).
 """
 
@@ -17,13 +18,16 @@ from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
 from roles.serving import serving
 from roles.verify import verify
+from roles.weights import weights
 
 validate_inventory(inventory)
 rig = rig_config(host)
 
 gpu_report(rig)
 if rig.spec.os == "linux":
-    changes = gpu_policy(rig) + serving(rig)
+    policy_changes = gpu_policy(rig)
+    copied = weights(rig)
+    changes = policy_changes + list(copied.values()) + serving(rig, copied)
     verify(rig, after=changes)
 else:
     raise DeployError(f"rig {rig.name}: Windows rigs are not deployable yet; rigkit manages Linux rigs only so far")

@@ -1,6 +1,7 @@
 """The `rigkit` command.
 
     rigkit check RIG_FILE [RIG_FILE ...] [--catalog DIR]   validate rig files offline
+    rigkit deploy INVENTORY [--verify-weights]             pyinfra -y INVENTORY deploy.py
     rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
     rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
     rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
@@ -71,6 +72,13 @@ def bench(args: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def deploy(args: argparse.Namespace) -> int:
+    command = [sys.executable, "-m", "pyinfra", "-y"]
+    if args.verify_weights:
+        command += ["--data", "rigkit_weights_verify=1"]
+    return subprocess.run(command + [args.inventory, "deploy.py"]).returncode
+
+
 def verify(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "pyinfra", "-y", "--data", "rigkit_verify=always"]
     if args.limit:
@@ -85,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("rig_files", nargs="+")
     check_parser.add_argument("--catalog", default=DEFAULT_CATALOG_DIR, help="model catalog folder")
     check_parser.set_defaults(func=check)
+    deploy_parser = commands.add_parser("deploy", help="run deploy.py on every rig of an inventory")
+    deploy_parser.add_argument("inventory")
+    deploy_parser.add_argument("--verify-weights", action="store_true",
+                               help="re-hash every weights volume against its manifest; copy again what differs")
+    deploy_parser.set_defaults(func=deploy)
     rollout_parser = commands.add_parser("rollout", help="deploy one rig at a time, stop at the first failure")
     rollout_parser.add_argument("inventory")
     rollout_parser.add_argument("--deploy", default="deploy.py")

@@ -108,6 +108,7 @@ class WeightsSpec(_Strict):
     source: str = Field(min_length=1)  # directory on the rig, or a Windows path as Docker Desktop sees it
     storage: Literal["volume", "bind"] = "volume"
     volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+    helper_image: str | None = None  # image with python3 that copies; default: the serving image
 
 
 class ParallelSpec(_Strict):

@@ -2,7 +2,8 @@
 
 vLLM binds 127.0.0.1 on the rig, so the benchmark goes through a local port
 forwarded over the existing paramiko transport (`direct-tcpip` channels), like
-`ssh -L`. Under pyinfra's gevent the threads here are greenlets.
+`ssh -L`; the rig's Docker Engine is reached the same way through `docker system
+dial-stdio`. Under pyinfra's gevent the threads here are greenlets.
 """
 
 from __future__ import annotations
@@ -32,6 +33,26 @@ def _pump(source, sink) -> None:
 @contextmanager
 def forward(transport, remote_port: int, remote_host: str = "127.0.0.1"):
     """Yield a local port on 127.0.0.1 that connects to remote_host:remote_port on the rig."""
+    with _serve(lambda address: transport.open_channel("direct-tcpip", (remote_host, remote_port), address)) as port:
+        yield port
+
+
+@contextmanager
+def forward_docker(transport):
+    """Yield a local port that speaks to the rig's Docker Engine, as `ssh host docker system dial-stdio`
+    does for the docker CLI: use it as docker.DockerClient(base_url=f"tcp://127.0.0.1:{port}")."""
+
+    def dial(address):
+        channel = transport.open_session()
+        channel.exec_command("docker system dial-stdio")
+        return channel
+
+    with _serve(dial) as port:
+        yield port
+
+
+@contextmanager
+def _serve(open_channel):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -45,7 +66,7 @@ def forward(transport, remote_port: int, remote_host: str = "127.0.0.1"):
             except (socket.timeout, OSError):
                 continue
             try:
-                channel = transport.open_channel("direct-tcpip", (remote_host, remote_port), address)
+                channel = open_channel(address)
             except Exception:  # the rig refused: close this connection, keep serving
                 client.close()
                 continue

@@ -30,8 +30,10 @@ HELPER_PATH = "/usr/local/sbin/rigkit-stack"
 
 
 @deploy("Serving")
-def serving(rig: RigConfig) -> list:
-    """Returns the operations whose change means a stack was (re)started or removed."""
+def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
+    """Returns the operations whose change means a stack was (re)started or removed.
+    `weights_ops`: {model: op}; a model whose weights were copied again is restarted on them."""
+    weights_ops = weights_ops or {}
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
     api_key = _read_api_key(rig)
@@ -63,11 +65,18 @@ def serving(rig: RigConfig) -> list:
         state = stacks.get(model.name, {"pending": True, "running": 0})
         if not state["pending"] and not state["running"]:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
-        changes.append(server.shell(
+        rollout = server.shell(
             name=f"Roll out {model.name}",
             commands=[f"{HELPER_PATH} rollout {model.name}"],
             _if=lambda c=compose, s=settings, st=state: c.did_change() or s.did_change() or st["pending"] or not st["running"],
-        ))
+        )
+        changes.append(rollout)
+        if model.name in weights_ops:
+            changes.append(server.shell(
+                name=f"Restart {model.name} on its new weights",
+                commands=[f"{HELPER_PATH} rollout {model.name} recreate"],
+                _if=lambda w=weights_ops[model.name], r=rollout: w.did_change() and not r.did_change(),
+            ))
 
     wanted = {m.name for m in rig.models}
     for name in sorted(set(stacks) - wanted):

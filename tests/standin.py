@@ -26,6 +26,7 @@ def standin(tmp_path, *flags: str, name: str = "m", **env: str):
     """Yield the base URL of a running stand-in serving `name` with vLLM `flags` and STANDIN_* `env`."""
     model_dir = tmp_path / "model"
     model_dir.mkdir(exist_ok=True)
+    (model_dir / "config.json").write_text("{}")
     port = free_port()
     environment = dict(os.environ, STANDIN_LOAD_S="0", **{k.upper(): v for k, v in env.items()})
     proc = subprocess.Popen(

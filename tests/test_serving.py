@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import SERVING_RIG, TEST_CATALOG, run_deploy
-from tests.simrig.weights import ensure_weights_volume
+from tests.simrig.weights import ensure_checkpoint
 from tests.vllm_standin.image import ensure_standin_image
 
 pytestmark = pytest.mark.simrig
@@ -27,7 +27,7 @@ PORTS = {"test-alpha": 18101, "test-beta": 18102}
 def rig(fresh_rig):
     ensure_standin_image()
     for name in PORTS:
-        ensure_weights_volume(f"rigkit-weights-{name}")
+        ensure_checkpoint(name)
     yield fresh_rig
     for name in PORTS:
         fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
@@ -181,3 +181,22 @@ def test_rolling_rollout_stops_at_the_first_failing_rig(rig, tmp_path):
     assert "STOPPED: rig-a failed; rigs not started: rig-b" in out
     assert "rig 2/2" not in out
     assert complete("test-alpha").status_code == 200  # rig-a rolled back to its working config
+
+
+def test_new_weights_are_copied_and_the_model_restarted_on_them(rig):
+    from tests.simrig.weights import ensure_checkpoint
+
+    assert run_deploy(rig, SERVING_RIG).returncode == 0
+    before = {name: started(name) for name in PORTS}
+    extra = ensure_checkpoint("test-beta") / "generation_config.json"
+    extra.write_text('{"temperature": 0.6}')
+    try:
+        run = run_deploy(rig, SERVING_RIG)
+        assert run.returncode == 0, run.output
+        assert "test-beta: copied 20 B of" in run.output  # only the new file
+        assert started("test-beta") != before["test-beta"] and started("test-alpha") == before["test-alpha"]
+        listing = container("test-beta").exec_run(["ls", "/models/test-beta"]).output.decode().split()
+        assert "generation_config.json" in listing
+        assert run_deploy(rig, SERVING_RIG).changed_operations() == 0
+    finally:
+        extra.unlink()

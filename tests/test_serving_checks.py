@@ -79,9 +79,9 @@ def test_shared_gpus_must_be_explicit_on_both(tmp_path):
     "replacements, expected",
     [
         ([("  dtype: bfloat16", "  dtype: bfloat16\n  enforce_eager: true")], "--enforce-eager disables CUDA graphs"),
-        ([("  source: /srv/models/test-alpha", "  source: 'C:\\models\\alpha'\n  storage: bind")],
+        ([("  source: /srv/rigkit-sim-models/test-alpha", "  source: 'C:\\models\\alpha'\n  storage: bind")],
          "bind-mounted from Windows path C:\\models\\alpha"),
-        ([("  source: /srv/models/test-alpha", "  source: /mnt/d/models/alpha\n  storage: bind"),
+        ([("  source: /srv/rigkit-sim-models/test-alpha", "  source: /mnt/d/models/alpha\n  storage: bind"),
           ("  dtype: bfloat16", "  dtype: bfloat16\n  safetensors_load_strategy: lazy")], "use prefetch (1028 s -> 756 s)"),
         ([("gpus: [0]", "gpus: [0, 1]\nshared_gpus: true\nparallel: {tensor: 2}\nweight_bytes: 8000000000")],
          "tensor parallel 2 for 7.5 GiB of weights that fit on one 24 GiB card"),

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from tests.conftest import RESULTS, SERVING_RIG, TEST_CATALOG, run_deploy
-from tests.simrig.weights import ensure_weights_volume
+from tests.simrig.weights import ensure_checkpoint
 from tests.vllm_standin.image import ensure_standin_image
 
 pytestmark = pytest.mark.simrig
@@ -27,7 +27,7 @@ MODELS = ("test-alpha", "test-beta")
 def rig(fresh_rig):
     ensure_standin_image()
     for name in MODELS:
-        ensure_weights_volume(f"rigkit-weights-{name}")
+        ensure_checkpoint(name)
     shutil.rmtree(RESULTS, ignore_errors=True)
     yield fresh_rig
     for name in MODELS:

@@ -7,7 +7,8 @@
 with python3 (by default the model's own serving image, which the rig has).
 
 State in the volume, under /dst/.rigkit/:
-  progress.jsonl  one line per file copied: path, size, mtime_ns, sha256 (hashed while copying)
+  progress.jsonl  one line per file copied: path, size, mtime_ns, sha256 (hashed while copying);
+                  on resume each listed file is re-hashed in the volume before it is trusted
   manifest.json   every file: path, size, mtime_ns, sha256; written when all files are in
   complete        the completion marker, written last; removed first by every copy
 
@@ -22,7 +23,9 @@ import errno
 import hashlib
 import json
 import os
+import queue
 import sys
+import threading
 import time
 
 SRC, DST = "/src", "/dst"
@@ -70,10 +73,19 @@ def check():
     return 0
 
 
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_progress(source):
-    """Files a previous (possibly interrupted) copy finished, still matching the source and present."""
+    """Files a previous, interrupted copy finished that still match the source. Each is re-hashed
+    in the volume first: after a crash, a file can have its size but not all its bytes on disk."""
     wanted = {(p, s, m) for p, s, m in source}
-    done = {}
+    done, rehashed = {}, 0
     if os.path.exists(PROGRESS):
         with open(PROGRESS) as f:
             for line in f:
@@ -84,27 +96,69 @@ def read_progress(source):
                 key = (e["path"], e["size"], e["mtime_ns"])
                 dst = os.path.join(DST, e["path"])
                 if key in wanted and os.path.isfile(dst) and os.path.getsize(dst) == e["size"]:
-                    done[e["path"]] = e
-    return done
+                    rehashed += e["size"]
+                    if sha256_of(dst) == e["sha256"]:
+                        done[e["path"]] = e
+    return done, rehashed
 
 
-def copy_file(path, size, mtime_ns):
+def copy_file(path, mtime_ns):
+    """Read once, in a three-stage pipeline: a reader thread, hashing here, a writer thread
+    (file I/O and hashlib release the GIL, so the three overlap)."""
     src, dst = os.path.join(SRC, path), os.path.join(DST, path)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     digest = hashlib.sha256()
     tmp = dst + PARTIAL
-    with open(src, "rb") as fin, open(tmp, "wb") as fout:
-        while True:
-            chunk = fin.read(CHUNK)
-            if not chunk:
-                break
+    read_q, write_q = queue.Queue(maxsize=4), queue.Queue(maxsize=4)
+    failure = []
+
+    def read():
+        try:
+            with open(src, "rb") as fin:
+                for chunk in iter(lambda: fin.read(CHUNK), b""):
+                    read_q.put(chunk)
+        except OSError as exc:
+            failure.append(exc)
+        finally:
+            read_q.put(None)
+
+    def write():
+        try:
+            with open(tmp, "wb") as fout:
+                for chunk in iter(write_q.get, None):
+                    if not failure:
+                        fout.write(chunk)
+        except OSError as exc:
+            failure.append(exc)
+            for _ in iter(write_q.get, None):  # drain so the pipeline never blocks
+                pass
+
+    stages = [threading.Thread(target=read), threading.Thread(target=write)]
+    for stage in stages:
+        stage.start()
+    try:
+        for chunk in iter(read_q.get, None):
             digest.update(chunk)
-            fout.write(chunk)
-        fout.flush()
-        os.fsync(fout.fileno())
+            write_q.put(chunk)
+    finally:
+        write_q.put(None)
+        for stage in stages:
+            stage.join()
+    if failure:
+        raise failure[0]
     os.utime(tmp, ns=(mtime_ns, mtime_ns))
     os.replace(tmp, dst)
     return digest.hexdigest()
+
+
+def sync_files(paths):
+    """Everything on disk before the manifest and marker say it is."""
+    for path in paths:
+        fd = os.open(os.path.join(DST, path), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def copy():
@@ -113,7 +167,7 @@ def copy():
     os.makedirs(STATE, exist_ok=True)
     if os.path.exists(MARKER):
         os.remove(MARKER)  # from here until the end, the volume is not complete
-    done = read_progress(source)
+    done, rehashed = read_progress(source)
     todo = [(p, s, m) for p, s, m in source if p not in done]
     needed = sum(s for _, s, _ in todo)
     stat = os.statvfs(DST)
@@ -133,7 +187,7 @@ def copy():
     with open(PROGRESS, "a") as progress:
         for path, size, mtime_ns in todo:
             try:
-                sha = copy_file(path, size, mtime_ns)
+                sha = copy_file(path, mtime_ns)
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     report(status="error", error="no space", needed_bytes=needed, copied_bytes=copied, file=path)
@@ -147,6 +201,7 @@ def copy():
     if listing() != source:
         report(status="error", error="the source changed during the copy; run again")
         return 2
+    sync_files(p for p, _, _ in source)
     manifest = {"files": [done[p] for p, _, _ in source]}
     with open(MANIFEST + ".tmp", "w") as f:
         json.dump(manifest, f)
@@ -154,7 +209,7 @@ def copy():
     with open(MARKER, "w") as f:
         f.write(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     total = sum(s for _, s, _ in source)
-    report(status="copied", files=len(source), bytes=total, copied_bytes=copied, hashed_bytes=copied,
+    report(status="copied", files=len(source), bytes=total, copied_bytes=copied, hashed_bytes=copied + rehashed,
            resumed_files=len(source) - len(todo), seconds=time.monotonic() - started)
     return 0
 
@@ -168,16 +223,11 @@ def verify():
     bad, hashed = [], 0
     for e in manifest["files"]:
         dst = os.path.join(DST, e["path"])
-        digest = hashlib.sha256()
-        try:
-            with open(dst, "rb") as f:
-                for chunk in iter(lambda: f.read(CHUNK), b""):
-                    digest.update(chunk)
-                    hashed += len(chunk)
-        except FileNotFoundError:
+        if not os.path.isfile(dst):
             bad.append(e["path"])
             continue
-        if digest.hexdigest() != e["sha256"]:
+        hashed += os.path.getsize(dst)
+        if sha256_of(dst) != e["sha256"]:
             bad.append(e["path"])
     if bad:
         for path in bad:  # the next copy fetches these again

@@ -1,16 +1,16 @@
 """`python -m tests.simrig up|down|reboot [--name N] [--port P]`: manage a simulated rig by hand.
 
-`up` also builds the vLLM stand-in image and the demo models' weights volumes
-that inventory/rigs/sim.yml serves.
+`up` also builds the vLLM stand-in image and the demo models' stand-in
+checkpoints that inventory/rigs/sim.yml serves (the deploy copies them onto volumes).
 """
 
 import argparse
 
 from tests.simrig.rig import SimRig
-from tests.simrig.weights import ensure_weights_volume
+from tests.simrig.weights import ensure_checkpoint
 from tests.vllm_standin.image import ensure_standin_image
 
-DEMO_VOLUMES = ("rigkit-weights-sim-chat", "rigkit-weights-sim-coder")
+DEMO_MODELS = ("sim-chat", "sim-coder")
 
 
 def main() -> None:
@@ -23,8 +23,8 @@ def main() -> None:
     if args.action == "up":
         rig.start()
         ensure_standin_image()
-        for volume in DEMO_VOLUMES:
-            ensure_weights_volume(volume)
+        for model in DEMO_MODELS:
+            ensure_checkpoint(model)
         print(f"rig {rig.name} is up: ssh -i {rig.ssh_key} -p {rig.ssh_port} root@127.0.0.1")
     elif args.action == "reboot":
         rig.reboot()

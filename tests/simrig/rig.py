@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tests.simrig.image import ensure_image
+from tests.simrig.weights import SIM_MODELS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("RIGKIT_STATE", REPO_ROOT / ".state"))
@@ -77,7 +78,9 @@ class SimRig:
         authorized.write_text(Path(f"{self.ssh_key}.pub").read_text())
         authorized.chmod(0o600)
         self.remove()
+        SIM_MODELS.mkdir(parents=True, exist_ok=True)
         mounts = {
+            str(SIM_MODELS): (str(SIM_MODELS), "ro"),  # same path in the rig as on the host (see weights.py)
             "/sys/fs/cgroup": ("/sys/fs/cgroup", "ro"),
             "/var/run/docker.sock": ("/run/docker.sock", "rw"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),

@@ -1,25 +1,26 @@
-"""Docker volumes holding a tiny stand-in checkpoint. TEST INFRASTRUCTURE.
+"""Tiny stand-in checkpoints for the simulated rig's models. TEST INFRASTRUCTURE.
 
-The vLLM stand-in only needs its model path to be a directory; a config.json
-makes it look like a checkpoint to a person listing it.
+They live under SIM_MODELS on the host, which SimRig mounts into the rig at the
+same path: the rig's docker CLI drives the host's dockerd, which resolves bind
+sources on the host, so the rig's paths and the host's must agree.
 """
 
 from __future__ import annotations
 
-import docker
+import json
+import struct
+from pathlib import Path
 
-from tests.simrig.image import ensure_image
+SIM_MODELS = Path("/srv/rigkit-sim-models")
 
 
-def ensure_weights_volume(name: str, client: docker.DockerClient | None = None) -> None:
-    client = client or docker.from_env()
-    try:
-        client.volumes.get(name)
-        return
-    except docker.errors.NotFound:
-        pass
-    client.volumes.create(name, labels={"rigkit.test": "1"})
-    client.containers.run(
-        ensure_image(client), ["/bin/sh", "-c", 'echo \'{"model_type": "standin"}\' > /w/config.json'],
-        volumes={name: {"bind": "/w", "mode": "rw"}}, remove=True, entrypoint=[],
-    )
+def ensure_checkpoint(name: str) -> Path:
+    """A model folder the vLLM stand-in accepts: config.json and one safetensors-shaped shard."""
+    folder = SIM_MODELS / name
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "config.json"
+    if not config.exists():
+        header = json.dumps({"w": {"dtype": "BF16", "shape": [512], "data_offsets": [0, 1024]}}).encode()
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(1024))
+        config.write_text(json.dumps({"model_type": "standin", "name": name}))
+    return folder

@@ -22,6 +22,7 @@ What it fakes, and the traps it reproduces:
 - /metrics exposes vLLM's metric names, including
   vllm:spec_decode_num_drafts_total and vllm:spec_decode_num_accepted_tokens_total.
 - The API key (--api-key or VLLM_API_KEY) is enforced on /v1/* as vLLM does.
+- The model path must hold a config.json, as vLLM needs one: the weights must really be mounted.
 - GET /standin/info reports the parsed flags and NVIDIA_VISIBLE_DEVICES as set by
   Docker's NVIDIA device request, so tests can see what the compose file asked for.
 """
@@ -270,8 +271,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     fault = os.environ.get("STANDIN_FAULT", "")
     print(f"INFO vllm-standin: serving {args.model} on {args.host}:{args.port}", flush=True)
-    if not os.path.isdir(args.model):
-        print(f"ERROR: model path {args.model} does not exist or is not a directory", flush=True)
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        print(f"ERROR: no config.json in model path {args.model}: not a checkpoint", flush=True)
         sys.exit(1)
     if fault == "fail_at_start":
         print("ERROR: RuntimeError: CUDA error: out of memory (stand-in fault: fail_at_start)", flush=True)

@@ -1,0 +1,147 @@
+"""Model weights onto Docker volumes, through the rig's Docker Engine (docker SDK).
+
+A short-lived helper container mounts the source read-only at /src and the
+volume at /dst and runs templates/weights/rigkit-copy.py (check, copy, verify):
+one read of each source file both copies and hashes it; a manifest and then a
+completion marker are written last, so an interrupted copy is never complete
+and the next run resumes it. The helper image is any image with python3; by
+default the model's own serving image, which the rig pulls anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import docker
+
+from rigkit.config import ModelConfig
+from rigkit.render import template_text
+from rigkit.serving import volume_name
+
+COPY_TIMEOUT_S = 6 * 3600  # tens of GB over a slow mount still end
+
+
+class WeightsError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    model: str
+    volume: str
+    status: str  # unchanged | copied | verified | corrupt | needed
+    files: int = 0
+    bytes: int = 0
+    copied_bytes: int = 0
+    hashed_bytes: int = 0
+    seconds: float = 0.0
+    bad: tuple[str, ...] = ()
+
+    @property
+    def mb_per_s(self) -> float | None:
+        return self.copied_bytes / 1e6 / self.seconds if self.seconds > 0 and self.copied_bytes else None
+
+    def line(self) -> str:
+        if self.status == "copied":
+            rate = f", {self.mb_per_s:.0f} MB/s" if self.mb_per_s else ""
+            return (f"{self.model}: copied {_size(self.copied_bytes)} of {_size(self.bytes)}, "
+                    f"{self.files} files, in {self.seconds:.1f} s{rate} into volume {self.volume}")
+        if self.status == "corrupt":
+            return f"{self.model}: volume {self.volume} has files that differ from the manifest: {', '.join(self.bad)}"
+        return f"{self.model}: volume {self.volume} {self.status}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def helper_image(model: ModelConfig) -> str:
+    return model.spec.weights.helper_image or model.spec.image
+
+
+def helper_name(model: ModelConfig) -> str:
+    return f"rigkit-weights-{model.name}-helper"
+
+
+def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> dict:
+    """Run the copier in `mode` and return its JSON report. Any earlier helper for this model is
+    stopped first: the copy protocol makes a second start a resume, never a second writer."""
+    try:
+        client.containers.get(helper_name(model)).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    container = client.containers.run(
+        helper_image(model),
+        ["python3", "-c", template_text("weights/rigkit-copy.py"), mode],
+        entrypoint=[],
+        name=helper_name(model),
+        volumes={
+            model.spec.weights.source: {"bind": "/src", "mode": "ro"},
+            volume_name(model): {"bind": "/dst", "mode": "rw"},
+        },
+        network_mode="none",
+        labels={"rigkit.weights-helper": model.name},
+        detach=True,
+    )
+    try:
+        status = container.wait(timeout=COPY_TIMEOUT_S)
+        output = container.logs().decode(errors="replace").strip()
+    finally:
+        container.remove(force=True)
+    last = output.splitlines()[-1] if output else ""
+    try:
+        result = json.loads(last)
+    except ValueError:
+        raise WeightsError(f"{model.name}: the weights helper exited {status.get('StatusCode')}: {output[-500:]}") from None
+    if result.get("status") == "error":
+        if result.get("error") == "no space":
+            raise WeightsError(
+                f"{model.name}: volume {volume_name(model)} is out of space: the copy needs "
+                f"{result['needed_bytes'] / 1e9:.2f} GB more (free: {result.get('free_bytes', 0) / 1e9:.2f} GB). "
+                "Free space on the Docker data disk and deploy again; the copy resumes"
+            )
+        raise WeightsError(f"{model.name}: {result.get('error')}")
+    return result
+
+
+def needs_copy(client: docker.DockerClient, model: ModelConfig) -> bool:
+    """Reads only metadata: no volume yet, no completion marker, or the source's paths, sizes and
+    mtimes differ from the manifest. Creates nothing."""
+    try:
+        client.volumes.get(volume_name(model))
+    except docker.errors.NotFound:
+        return True
+    return run_helper(client, model, "check")["status"] != "unchanged"
+
+
+def copy(client: docker.DockerClient, model: ModelConfig, verify: bool = False) -> list[CopyReport]:
+    """Make the volume hold the source: verify first if asked (corrupt files are removed), then copy."""
+    name = volume_name(model)
+    try:
+        client.volumes.get(name)
+        fresh = False
+    except docker.errors.NotFound:
+        client.volumes.create(name, labels={"rigkit.model": model.name})
+        fresh = True
+    reports = []
+    if verify and not fresh:
+        result = run_helper(client, model, "verify")
+        reports.append(_report(model, result))
+    result = {"status": "needed"} if fresh else run_helper(client, model, "check")
+    if result["status"] != "unchanged":
+        result = run_helper(client, model, "copy")
+    reports.append(_report(model, result))
+    return reports
+
+
+def _report(model: ModelConfig, result: dict) -> CopyReport:
+    return CopyReport(
+        model=model.name, volume=volume_name(model), status=result["status"],
+        files=result.get("files", 0), bytes=result.get("bytes", 0),
+        copied_bytes=result.get("copied_bytes", 0), hashed_bytes=result.get("hashed_bytes", 0),
+        seconds=result.get("seconds", 0.0), bad=tuple(result.get("bad", ())),
+    )

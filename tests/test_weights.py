@@ -1,0 +1,179 @@
+"""Weights onto Docker volumes, against the real local Docker Engine.
+
+Real: Docker volumes, the helper container (the vLLM stand-in's image stands in for the
+serving image: any image with python3 works), the copy, kill and verify. The checkpoint
+is generated here: safetensors-shaped files (an 8-byte header length, a JSON header,
+tensor bytes) plus config JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from rigkit.config import ModelConfig, ModelSpec
+from rigkit.weights import WeightsError, copy, needs_copy
+from tests.vllm_standin.image import STABLE_TAG, ensure_standin_image
+
+pytestmark = pytest.mark.simrig
+
+SOURCE_ROOT = Path("/srv/rigkit-test-weights")
+
+
+def make_checkpoint(folder: Path, shards: int, shard_bytes: int, seed: int = 0) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    block = hashlib.sha256(str(seed).encode()).digest() * (1 << 15)  # 1 MiB of non-repeating-looking bytes
+    for n in range(shards):
+        header = json.dumps({"w": {"dtype": "BF16", "shape": [shard_bytes // 2], "data_offsets": [0, shard_bytes]}}).encode()
+        with open(folder / f"model-{n + 1:05d}-of-{shards:05d}.safetensors", "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+            left = shard_bytes
+            while left:
+                piece = block[: min(left, len(block))]
+                f.write(piece)
+                left -= len(piece)
+    (folder / "config.json").write_text(json.dumps({"model_type": "standin", "shards": shards}))
+    (folder / "tokenizer").mkdir(exist_ok=True)
+    (folder / "tokenizer" / "tokenizer.json").write_text("{}")
+
+
+def sha256s(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def client():
+    ensure_standin_image()
+    return docker.from_env()
+
+
+@pytest.fixture
+def model(client, request):
+    name = f"wtest-{request.node.name[5:30].replace('_', '-')}"
+    source = SOURCE_ROOT / name
+    spec = ModelSpec.model_validate({
+        "image": STABLE_TAG, "weights": {"source": str(source)}, "gpus": [0], "port": 18900,
+    })
+    config = ModelConfig(name, spec, Path(f"{name}.yml"))
+    yield config
+    for volume in client.volumes.list(filters={"name": f"rigkit-weights-{name}"}):
+        volume.remove(force=True)
+    for path in sorted(source.rglob("*"), reverse=True) if source.exists() else []:
+        path.unlink() if path.is_file() else path.rmdir()
+
+
+def volume_files(client, model) -> dict[str, str]:
+    """Hashes of the files in the volume, read by a separate container (not by rigkit's helper)."""
+    out = client.containers.run(
+        STABLE_TAG, ["sh", "-c", "cd /v && find . -type f ! -path './.rigkit/*' -exec sha256sum {} +"],
+        entrypoint=[], volumes={f"rigkit-weights-{model.name}": {"bind": "/v", "mode": "ro"}}, remove=True,
+    ).decode()
+    return {line.split()[1][2:]: line.split()[0] for line in out.splitlines()}
+
+
+def marker_present(client, model) -> bool:
+    code = client.containers.run(
+        STABLE_TAG, ["sh", "-c", "test -f /v/.rigkit/complete && echo yes || echo no"], entrypoint=[],
+        volumes={f"rigkit-weights-{model.name}": {"bind": "/v", "mode": "ro"}}, remove=True,
+    ).decode().strip()
+    return code == "yes"
+
+
+def test_copy_verifies_and_a_rerun_reads_no_file_contents(client, model):
+    source = Path(model.spec.weights.source)
+    make_checkpoint(source, shards=4, shard_bytes=3 << 20)
+    assert needs_copy(client, model)
+
+    [report] = copy(client, model)
+    assert report.status == "copied" and report.files == 6
+    assert report.copied_bytes == report.bytes == sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    assert volume_files(client, model) == sha256s(source)
+    assert marker_present(client, model)
+    assert "copied" in report.line() and "MB/s" in report.line()
+
+    # Same size and mtime, different bytes: a rerun that read contents would notice. It must not.
+    shard = source / "model-00001-of-00004.safetensors"
+    stat = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert not needs_copy(client, model)
+    [again] = copy(client, model)
+    assert again.status == "unchanged" and again.hashed_bytes == 0 and again.copied_bytes == 0
+
+
+def test_killed_copy_leaves_no_marker_and_the_next_run_completes(client, model):
+    source = Path(model.spec.weights.source)
+    make_checkpoint(source, shards=6, shard_bytes=96 << 20)
+    before = sha256s(source)
+    errors = []
+    worker = threading.Thread(target=lambda: _copy_catching(client, model, errors))
+    worker.start()
+    helper = f"rigkit-weights-{model.name}-helper"
+    for _ in range(600):  # until the copy has written its first file, bounded
+        time.sleep(0.05)
+        try:
+            out = client.containers.get(helper).exec_run(["sh", "-c", "wc -l < /dst/.rigkit/progress.jsonl"])
+            if out.exit_code == 0 and int(out.output.strip() or 0) >= 1:
+                break
+        except (docker.errors.NotFound, docker.errors.APIError, ValueError):
+            continue
+    client.containers.get(helper).kill()
+    worker.join(timeout=60)
+    assert errors, "the killed copy must not report success"
+    assert not marker_present(client, model)
+    assert sha256s(source) == before
+
+    [report] = copy(client, model)
+    assert report.status == "copied"
+    assert 0 < report.copied_bytes < report.bytes  # resumed: finished files were not copied again
+    assert marker_present(client, model)
+    assert volume_files(client, model) == before == sha256s(source)
+
+
+def _copy_catching(client, model, errors):
+    try:
+        copy(client, model)
+    except Exception as exc:  # the helper was killed under it
+        errors.append(exc)
+
+
+def test_a_flipped_byte_is_caught_by_verify_and_repaired(client, model):
+    source = Path(model.spec.weights.source)
+    make_checkpoint(source, shards=3, shard_bytes=2 << 20)
+    copy(client, model)
+    client.containers.run(
+        STABLE_TAG,
+        ["python3", "-c", "f=open('/v/model-00002-of-00003.safetensors','r+b'); f.seek(1000); b=f.read(1); f.seek(1000); f.write(bytes([b[0]^1]))"],
+        entrypoint=[], volumes={f"rigkit-weights-{model.name}": {"bind": "/v", "mode": "rw"}}, remove=True,
+    )
+    assert not needs_copy(client, model)  # metadata cannot see it
+    verified, repaired = copy(client, model, verify=True)
+    assert verified.status == "corrupt" and verified.bad == ("model-00002-of-00003.safetensors",)
+    assert repaired.status == "copied"
+    assert repaired.copied_bytes == (source / "model-00002-of-00003.safetensors").stat().st_size  # only that file
+    assert volume_files(client, model) == sha256s(source)
+    [clean, unchanged] = copy(client, model, verify=True)
+    assert clean.status == "verified" and unchanged.status == "unchanged"
+
+
+def test_a_full_disk_names_the_volume_and_the_space_needed(client, model):
+    source = Path(model.spec.weights.source)
+    make_checkpoint(source, shards=2, shard_bytes=8 << 20)
+    client.volumes.create(f"rigkit-weights-{model.name}", driver="local",
+                          driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=4m"})
+    with pytest.raises(WeightsError) as caught:
+        copy(client, model)
+    message = str(caught.value)
+    assert f"volume rigkit-weights-{model.name} is out of space: the copy needs 0.02 GB more" in message
+    assert not marker_present(client, model)
