@@ -5,6 +5,7 @@
     rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
     rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
     rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
+    rigkit windows-bundle RIG_FILE --out DIR               scheduled tasks + scripts + install.ps1 for a Windows rig
 """
 
 from __future__ import annotations
@@ -86,6 +87,23 @@ def verify(args: argparse.Namespace) -> int:
     return subprocess.run(command + [args.inventory, "verify.py"]).returncode
 
 
+def windows_bundle(args: argparse.Namespace) -> int:
+    from rigkit.windows import write_bundle
+
+    try:
+        rig = load_rig(args.rig_file, args.catalog)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+    if rig.spec.os != "windows":
+        print(f"{args.rig_file}: os is {rig.spec.os}; the bundle is for Windows rigs", file=sys.stderr)
+        return 1
+    for path in write_bundle(rig, Path(args.out)):
+        print(path)
+    print(f"copy {args.out} to the rig and run install.ps1 from an elevated PowerShell")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rigkit", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     bench_parser.add_argument("--api-key-file")
     bench_parser.add_argument("--json", help="write the result here")
     bench_parser.set_defaults(func=bench)
+    bundle_parser = commands.add_parser("windows-bundle", help="offline install folder for a Windows rig")
+    bundle_parser.add_argument("rig_file")
+    bundle_parser.add_argument("--out", required=True)
+    bundle_parser.add_argument("--catalog", default=DEFAULT_CATALOG_DIR)
+    bundle_parser.set_defaults(func=windows_bundle)
     args = parser.parse_args(argv)
     return args.func(args)
 

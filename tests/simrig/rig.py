@@ -28,6 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("RIGKIT_STATE", REPO_ROOT / ".state"))
 NVIDIA_SMI = Path(__file__).with_name("nvidia-smi")
 FAKE_NVML = Path(__file__).with_name("pynvml.py")
+FAKE_POWERSHELL = Path(__file__).with_name("powershell.exe")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class SimRig:
             "/var/run/docker.sock": ("/run/docker.sock", "rw"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
+            str(FAKE_POWERSHELL): ("/usr/local/bin/powershell.exe", "ro"),
             str(self.state_dir / "gpus.json"): ("/etc/rigkit-sim/gpus.json", "ro"),
             str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
             str(authorized): ("/root/.ssh/authorized_keys", "ro"),

@@ -1,0 +1,59 @@
+"""pyinfra connector for Windows rigs over Windows' own OpenSSH server: `@winssh/HOST`.
+
+An administrator's SSH session on Windows 11 is elevated. Every command is run as
+`powershell.exe -EncodedCommand <base64 of UTF-16LE>`, so nothing depends on how
+cmd.exe or PowerShell would re-parse quotes; files move over SFTP, straight to
+their destination. Connection data are pyinfra's `ssh_*` keys (it extends the SSH
+connector), registered through the `pyinfra.connectors` entry point.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from pyinfra.connectors.ssh import SSHConnector
+from pyinfra.connectors.util import read_output_buffers
+
+# Progress records would arrive on stderr as CLIXML; a failing script must exit non-zero.
+_PRELUDE = "$ProgressPreference = 'SilentlyContinue'\n$ErrorActionPreference = 'Stop'\n"
+_EPILOGUE = "\nif ($LASTEXITCODE) { exit $LASTEXITCODE }\n"
+
+
+def encode_powershell(script: str) -> str:
+    """PowerShell's -EncodedCommand form: base64 of the script's UTF-16LE bytes."""
+    return base64.b64encode(script.encode("utf-16-le")).decode("ascii")
+
+
+def powershell_command_line(script: str) -> str:
+    wrapped = f"{_PRELUDE}try {{\n{script}\n}} catch {{ Write-Error $_; exit 1 }}{_EPILOGUE}"
+    return f"powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand {encode_powershell(wrapped)}"
+
+
+class WindowsSSHConnector(SSHConnector):
+    """Windows over OpenSSH: PowerShell -EncodedCommand for commands, SFTP for files."""
+
+    @staticmethod
+    def make_names_data(name):
+        yield f"@winssh/{name}", {"ssh_hostname": name}, []
+
+    def run_shell_command(self, command, print_output=False, print_input=False, **arguments):
+        timeout = arguments.pop("_timeout", None)
+        success_codes = arguments.pop("_success_exit_codes", None) or [0]
+        script = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+        if print_input:
+            print(f"{self.host.print_prefix}>>> {script}")
+        stdin, stdout, stderr = self.client.exec_command(powershell_command_line(script))
+        stdin.close()
+        output = read_output_buffers(stdout, stderr, timeout=timeout, print_output=print_output,
+                                     print_prefix=self.host.print_prefix)
+        return stdout.channel.recv_exit_status() in success_codes, output
+
+    def put_file(self, filename_or_io, remote_filename, remote_temp_filename=None, print_output=False,
+                 print_input=False, **arguments):
+        self._put_file(filename_or_io, remote_filename)
+        return True
+
+    def get_file(self, remote_filename, filename_or_io, remote_temp_filename=None, print_output=False,
+                 print_input=False, **arguments):
+        self._get_file(remote_filename, filename_or_io)
+        return True

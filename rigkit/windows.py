@@ -1,0 +1,96 @@
+"""Windows rigs: the two scheduled tasks (Task Scheduler XML), the PowerShell they run, and the
+offline bundle a person installs with one elevated `install.ps1`. Pure rendering; nothing here
+talks to a rig.
+
+Values reach PowerShell only as single-quoted literals (`ps_quote`) or validated integers,
+and XML only through Jinja's XML autoescaping.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path, PureWindowsPath
+
+from rigkit.config import RigConfig
+from rigkit.render import render
+from rigkit.serving import render_compose, served_name
+
+INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
+LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
+DOCKER_DESKTOP = PureWindowsPath(r"C:\Program Files\Docker\Docker\Docker Desktop.exe")
+DOCKER_WAIT_S = 180
+TASK_POWER = "GPU-PowerPolicy"
+TASK_BOOTSTRAP = "LocalLLM-Bootstrap"
+# Filled with the installing user by install.ps1 (the task runs as the logged-in user).
+USER_PLACEHOLDER = "RIGKIT-INSTALLING-USER"
+_TASK_NS = "{http://schemas.microsoft.com/windows/2004/02/mit/task}"
+
+
+def render_bundle(rig: RigConfig) -> dict[str, str]:
+    """{path inside the bundle: content}."""
+    gpus = rig.spec.gpus
+    stacks = [
+        {
+            "name": m.name,
+            "compose_file": str(INSTALL_DIR / "stacks" / m.name / "compose.yml"),
+            "port": m.spec.port,
+            "served_name": served_name(m),
+            "ready_timeout_s": m.spec.ready_timeout_s,
+        }
+        for m in rig.models
+    ]
+    files = {
+        "scripts/gpu-power-policy.ps1": render(
+            "windows/gpu-power-policy.ps1.j2", rig_name=rig.name, log_path=str(LOG_PATH), gpus=gpus),
+        "scripts/llm-bootstrap.ps1": render(
+            "windows/llm-bootstrap.ps1.j2", rig_name=rig.name, log_path=str(LOG_PATH), gpus=gpus, stacks=stacks,
+            docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S),
+        f"tasks/{TASK_POWER}.xml": render(
+            "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
+            script_path=str(INSTALL_DIR / "gpu-power-policy.ps1")),
+        f"tasks/{TASK_BOOTSTRAP}.xml": render(
+            "windows/task-llm-bootstrap.xml.j2", rig_name=rig.name, task_name=TASK_BOOTSTRAP, user=USER_PLACEHOLDER,
+            script_path=str(INSTALL_DIR / "llm-bootstrap.ps1")),
+        "install.ps1": render(
+            "windows/install.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
+            task_names=[TASK_POWER, TASK_BOOTSTRAP]),
+    }
+    for model in rig.models:
+        files[f"scripts/stacks/{model.name}/compose.yml"] = render_compose(model, with_api_key=False)
+    return files
+
+
+def write_bundle(rig: RigConfig, out_dir: Path) -> list[Path]:
+    written = []
+    for relative, content in render_bundle(rig).items():
+        path = Path(out_dir) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # CRLF and a BOM: what Windows PowerShell 5.1 reads as UTF-8 without guessing.
+        data = content.replace("\r\n", "\n").replace("\n", "\r\n")
+        path.write_bytes((b"\xef\xbb\xbf" if relative.endswith(".ps1") else b"") + data.encode("utf-8"))
+        written.append(path)
+    return written
+
+
+def same_task(exported_xml: str, rendered_xml: str) -> bool:
+    """Whether an installed task (Export-ScheduledTask) is the rendered one. Windows adds
+    RegistrationInfo/Date and Author and reformats, so both are canonicalised first; the
+    principal's user is not compared (install fills it in)."""
+    return _canonical(exported_xml) == _canonical(rendered_xml)
+
+
+def _canonical(text: str) -> str:
+    # Export-ScheduledTask declares UTF-16; as text, the declaration only gets in the way.
+    root = ET.fromstring(re.sub(r"^\s*<\?xml[^>]*\?>", "", text))
+    info = root.find(f"{_TASK_NS}RegistrationInfo")
+    if info is not None:
+        for name in ("Date", "Author", "Version", "SecurityDescriptor", "Source", "Documentation"):
+            for element in info.findall(f"{_TASK_NS}{name}"):
+                info.remove(element)
+    for user in root.iter(f"{_TASK_NS}UserId"):
+        user.text = ""
+    for element in root.iter():
+        element.text = (element.text or "").strip() or None
+        element.tail = None
+    return ET.tostring(root, encoding="unicode")

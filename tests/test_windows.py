@@ -1,0 +1,120 @@
+"""Windows rigs: rendered scheduled tasks, PowerShell and the offline bundle.
+
+Nothing here runs on Windows. The PowerShell is parsed with a real PowerShell grammar
+(tree-sitter-powershell); the task XML is parsed and its settings asserted. What was and
+was not verified on a real Windows machine: README, "Windows rigs".
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+import tree_sitter_powershell
+from tree_sitter import Language, Parser
+
+from rigkit.config import load_rig
+from rigkit.render import ps_quote
+from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, render_bundle, same_task, write_bundle
+from tests.conftest import REPO
+
+NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
+PARSER = Parser(Language(tree_sitter_powershell.language()))
+WIN_RIG = REPO / "inventory/rigs/win-2x4090-48gb.yml"
+CATALOG = REPO / "inventory/models"
+
+
+def bundle(tmp_path=None, rig_text=None):
+    rig_file = WIN_RIG
+    if rig_text is not None:
+        rig_file = tmp_path / "it's ‘odd’ $(rm -rf x).yml"
+        rig_file.write_text(rig_text)
+    return render_bundle(load_rig(rig_file, CATALOG))
+
+
+def parse_errors(source: str) -> list[str]:
+    tree = PARSER.parse(source.encode())
+    errors, stack = [], [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node.type == "ERROR" or node.is_missing:
+            errors.append(f"line {node.start_point[0] + 1}: {node.text[:60]!r}")
+        stack.extend(node.children)
+    return errors
+
+
+@pytest.mark.parametrize("name", ["scripts/gpu-power-policy.ps1", "scripts/llm-bootstrap.ps1", "install.ps1"])
+def test_every_rendered_powershell_file_parses(name):
+    source = bundle()[name]
+    assert parse_errors(source) == []
+
+
+def test_the_grammar_catches_a_broken_script():
+    assert parse_errors("$x = @{ a = 1\nif ($x) {") != []
+
+
+def test_hostile_names_stay_inside_single_quoted_literals(tmp_path):
+    files = bundle(tmp_path, WIN_RIG.read_text())
+    script = files["scripts/llm-bootstrap.ps1"]
+    assert parse_errors(script) == []
+    assert "'it''s ‘‘odd’’ $(rm -rf x)'" in script  # quotes doubled, nothing expandable left outside
+    assert ps_quote("a'b\u2019c") == "'a''b\u2019\u2019c'"
+
+
+def task(xml: str) -> ET.Element:
+    return ET.fromstring(xml)
+
+
+def test_power_policy_task_is_elevated_at_logon_with_no_delay():
+    root = task(bundle()[f"tasks/{TASK_POWER}.xml"])
+    trigger = root.find("t:Triggers/t:LogonTrigger", NS)
+    assert trigger is not None and trigger.find("t:Delay", NS) is None
+    assert root.find("t:Principals/t:Principal/t:RunLevel", NS).text == "HighestAvailable"
+    assert "gpu-power-policy.ps1" in root.find("t:Actions/t:Exec/t:Arguments", NS).text
+
+
+def test_bootstrap_task_delay_limit_restart_and_user_context():
+    root = task(bundle()[f"tasks/{TASK_BOOTSTRAP}.xml"])
+    assert root.find("t:Triggers/t:LogonTrigger/t:Delay", NS).text == "PT20S"
+    principal = root.find("t:Principals/t:Principal", NS)
+    assert principal.find("t:RunLevel", NS).text == "HighestAvailable"
+    assert principal.find("t:LogonType", NS).text == "InteractiveToken"  # the logged-in user's Docker context
+    settings = root.find("t:Settings", NS)
+    assert settings.find("t:ExecutionTimeLimit", NS).text == "PT15M"
+    assert settings.find("t:RestartOnFailure/t:Interval", NS).text == "PT2M"
+    assert settings.find("t:RestartOnFailure/t:Count", NS).text == "1"
+
+
+def test_bootstrap_script_does_what_the_field_notes_ask():
+    script = bundle()["scripts/llm-bootstrap.ps1"]
+    assert "applied (not queryable - verify under load)" in script
+    assert "not elevated?" in script
+    assert "@{ Index = 0; PowerLimitW = 330; ClockLock = '0,2200' }" in script
+    assert "'-lgc'" in script and "Start-Process -FilePath $DockerDesktop" in script
+    assert "max_tokens = 1" in script and "-TimeoutSec 30" in script
+
+
+def test_xml_values_are_escaped(tmp_path):
+    root = task(bundle(tmp_path, WIN_RIG.read_text())[f"tasks/{TASK_POWER}.xml"])
+    assert root.find("t:RegistrationInfo/t:Description", NS).text.endswith("it's ‘odd’ $(rm -rf x)")
+
+
+def test_same_task_ignores_what_windows_adds_and_sees_real_differences():
+    rendered = bundle()[f"tasks/{TASK_BOOTSTRAP}.xml"]
+    exported = rendered.replace('<?xml version="1.0"?>', '<?xml version="1.0" encoding="UTF-16"?>').replace(
+        "<RegistrationInfo>", "<RegistrationInfo>\n    <Date>2026-11-29T10:00:00</Date><Author>RIG\\owner</Author>"
+    ).replace("RIGKIT-INSTALLING-USER", "RIG\\owner").replace("    ", "  ")
+    assert same_task(exported, rendered)
+    assert not same_task(exported.replace("PT20S", "PT30S"), rendered)
+
+
+def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
+    from rigkit.cli import main
+
+    assert main(["windows-bundle", str(WIN_RIG), "--out", str(tmp_path), "--catalog", str(CATALOG)]) == 0
+    script = (tmp_path / "scripts/llm-bootstrap.ps1").read_bytes()
+    assert script.startswith(b"\xef\xbb\xbf") and b"\r\n" in script
+    assert (tmp_path / "scripts/stacks/qwen3-27b-awq/compose.yml").is_file()
+    assert (tmp_path / "install.ps1").is_file() and (tmp_path / f"tasks/{TASK_POWER}.xml").is_file()
+    assert main(["windows-bundle", str(REPO / "inventory/rigs/linux-4x3090.yml"), "--out", str(tmp_path / "x"),
+                 "--catalog", str(CATALOG)]) == 1
