@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import shlex
-import time
 from pathlib import Path
 
 import pynvml
@@ -66,7 +64,7 @@ def verify(rig: RigConfig, after=()) -> None:
 
 def _run(command: str) -> str:
     ok, output = host.run_shell_command(command=command)
-    text = "\n".join(output.stdout_lines + output.stderr_lines) if hasattr(output, "stdout_lines") else str(output)
+    text = "\n".join(output.stdout_lines + output.stderr_lines)
     if not ok:
         raise OperationError(f"on the rig, `{command}` failed: {text}")
     return text

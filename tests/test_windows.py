@@ -15,7 +15,7 @@ from tree_sitter import Language, Parser
 
 from rigkit.config import load_rig
 from rigkit.render import ps_quote
-from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, render_bundle, same_task, write_bundle
+from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, render_bundle, same_task
 from tests.conftest import REPO
 
 NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
