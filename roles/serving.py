@@ -11,7 +11,6 @@ longer in the rig file are taken down and removed.
 
 from __future__ import annotations
 
-import stat
 from io import StringIO
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from pyinfra.operations import files, server
 from rigkit.config import RigConfig
 from rigkit.facts import RigkitStacks
 from rigkit.render import template_text
+from rigkit.secrets import SecretFileError, read_api_key
 from rigkit.serving import SECRETS_ENV_FILE, STACKS_DIR, render_compose, stack_settings
 
 # Defaults: where the helper lives on the rig.
@@ -36,7 +36,10 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
     weights_ops = weights_ops or {}
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
-    api_key = _read_api_key(rig)
+    try:
+        api_key = read_api_key(rig)
+    except SecretFileError as exc:
+        raise DeployError(str(exc)) from None
     with_key = api_key is not None
     stacks = host.get_fact(RigkitStacks, stacks_dir=STACKS_DIR) or {}
     changes = []
@@ -84,17 +87,3 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
             server.shell(name=f"Take down {name} (no longer in the rig file)", commands=[f"{HELPER_PATH} down {name}"])
         )
     return changes
-
-
-def _read_api_key(rig: RigConfig) -> str | None:
-    if not rig.spec.api_key_file:
-        return None
-    path = Path(rig.spec.api_key_file).expanduser()
-    if not path.is_file():
-        raise DeployError(f"{rig.file}: api_key_file {path} does not exist; create it (mode 600) or remove the field")
-    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise DeployError(f"{rig.file}: api_key_file {path} is readable by others; run chmod 600 {path}")
-    key = path.read_text().strip()
-    if not key or any(c.isspace() for c in key):
-        raise DeployError(f"{rig.file}: api_key_file {path} must hold one key with no spaces")
-    return key

@@ -28,6 +28,7 @@ from rigkit.bench import run_bench
 from rigkit.chart import draw
 from rigkit.config import ModelConfig, RigConfig
 from rigkit.report import bench_table
+from rigkit.secrets import read_api_key
 from rigkit.serving import served_name
 from rigkit.sshforward import forward
 from rigkit.verification import build_result, latest_result, results_folder, save_result
@@ -86,7 +87,7 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
         with forward(host.connector.client.get_transport(), model.spec.port) as local_port:
             bench = run_bench(
                 f"http://127.0.0.1:{local_port}", served_name(model), PROMPT_TOKENS, OUTPUT_TOKENS,
-                timeout_s=REQUEST_TIMEOUT_S, api_key=_api_key(rig),
+                timeout_s=REQUEST_TIMEOUT_S, api_key=read_api_key(rig),
                 expected_min_decode_tok_s=model.spec.expected_min_decode_tok_s,
             )
     finally:
@@ -105,12 +106,6 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     if not result["passed"]:
         failed = "; ".join(f"{c['name']}: {c['message']}" for c in result["checks"] if not c["passed"])
         raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
-
-
-def _api_key(rig: RigConfig) -> str | None:
-    if not rig.spec.api_key_file:
-        return None
-    return Path(rig.spec.api_key_file).expanduser().read_text().strip()
 
 
 def _summary(result: dict, path: Path) -> str:

@@ -17,7 +17,6 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from rigkit.config import ModelConfig, RigConfig
-from rigkit.serving_checks import is_windows_path
 from rigkit.sshforward import forward_docker
 from rigkit.weights import WeightsError, copy, needs_copy
 
@@ -27,10 +26,7 @@ def weights(rig: RigConfig) -> dict:
     """Returns {model name: the copy operation}, so serving can restart a model whose weights changed."""
     verify = bool(host.data.get("rigkit_weights_verify"))
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
-    for model in rig.models:
-        if model.spec.weights.storage == "bind" and is_windows_path(model.spec.weights.source):
-            logger.warning(f"{host.print_prefix}{model.name}: weights stay on a Windows bind mount; "
-                           "loading reads through 9P (763 s vs 203 s from a volume)")
+    # Weights left on a bind mount are warned about by the serving checks (rig.warnings).
     if not on_volumes:
         return {}
     with _docker() as client:
