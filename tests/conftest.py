@@ -67,6 +67,20 @@ TEST_CATALOG = DATA / "models"
 RESULTS = STATE_ROOT / "test-results"
 
 
+def copy_catalog(tmp_path: Path, **changes: list[tuple[str, str]]) -> Path:
+    """A copy of the test catalog under tmp_path/models, with text replacements per model
+    (test_alpha=[(old, new), ...]); each `old` must be in the file."""
+    folder = tmp_path / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in TEST_CATALOG.glob("*.yml"):
+        text = source.read_text()
+        for old, new in changes.get(source.stem.replace("-", "_"), []):
+            assert old in text, old
+            text = text.replace(old, new)
+        (folder / source.name).write_text(text)
+    return folder
+
+
 def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG,
                entry: str = "deploy.py") -> DeployRun:
     env = dict(

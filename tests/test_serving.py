@@ -14,7 +14,7 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import SERVING_RIG, TEST_CATALOG, run_deploy
+from tests.conftest import SERVING_RIG, copy_catalog, run_deploy
 from tests.simrig.weights import ensure_checkpoint
 from tests.vllm_standin.image import ensure_standin_image
 
@@ -50,19 +50,6 @@ def complete(name, key=None, prompt="hello there"):
     )
 
 
-def catalog(tmp_path, **changes):
-    """A copy of the test catalog with text replacements per model: name=[(old, new), ...]."""
-    folder = tmp_path / "models"
-    folder.mkdir(parents=True, exist_ok=True)
-    for source in TEST_CATALOG.glob("*.yml"):
-        text = source.read_text()
-        for old, new in changes.get(source.stem.replace("-", "_"), []):
-            assert old in text
-            text = text.replace(old, new)
-        (folder / source.name).write_text(text)
-    return folder
-
-
 def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
     first = run_deploy(rig, SERVING_RIG)
     assert first.returncode == 0, first.output
@@ -83,7 +70,7 @@ def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
 
 def test_changing_one_model_restarts_only_that_stack(rig, tmp_path):
     before = {name: started(name) for name in PORTS}
-    changed = catalog(tmp_path, test_beta=[("STANDIN_DECODE_TOK_S: \"60\"", "STANDIN_DECODE_TOK_S: \"70\"")])
+    changed = copy_catalog(tmp_path, test_beta=[("STANDIN_DECODE_TOK_S: \"60\"", "STANDIN_DECODE_TOK_S: \"70\"")])
     run = run_deploy(rig, SERVING_RIG, catalog=changed)
     assert run.returncode == 0, run.output
     assert started("test-alpha") == before["test-alpha"]
@@ -93,9 +80,9 @@ def test_changing_one_model_restarts_only_that_stack(rig, tmp_path):
 
 
 def test_a_hang_with_health_200_is_caught_and_rolled_back(rig, tmp_path):
-    good = catalog(tmp_path / "good")
+    good = copy_catalog(tmp_path / "good")
     assert run_deploy(rig, SERVING_RIG, catalog=good).returncode == 0
-    hanging = catalog(tmp_path / "hang", test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
+    hanging = copy_catalog(tmp_path / "hang", test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
 
     run = run_deploy(rig, SERVING_RIG, catalog=hanging)
 
@@ -113,7 +100,7 @@ def test_a_hang_with_health_200_is_caught_and_rolled_back(rig, tmp_path):
 
 
 def test_a_stack_that_fails_at_start_shows_its_logs(rig, tmp_path):
-    failing = catalog(tmp_path, test_beta=[("env:\n", "env:\n  STANDIN_FAULT: fail_at_start\n")])
+    failing = copy_catalog(tmp_path, test_beta=[("env:\n", "env:\n  STANDIN_FAULT: fail_at_start\n")])
     rig.exec("rigkit-stack down test-beta")  # nothing to roll back to
     run = run_deploy(rig, SERVING_RIG, catalog=failing)
     assert run.returncode != 0
@@ -166,7 +153,7 @@ def test_rolling_rollout_stops_at_the_first_failing_rig(rig, tmp_path):
     from tests.conftest import REPO, STATE_ROOT
 
     assert run_deploy(rig, SERVING_RIG).returncode == 0  # a working config to roll back to
-    hanging = catalog(tmp_path, test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
+    hanging = copy_catalog(tmp_path, test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
     env = dict(
         os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_CATALOG_DIR=str(hanging),
         RIGKIT_RIG_FILE_A=str(SERVING_RIG), RIGKIT_RIG_FILE_B=str(SERVING_RIG),

@@ -11,24 +11,14 @@ import yaml
 from rigkit.config import load_rig
 from rigkit.errors import ConfigError
 from rigkit.serving import render_compose, vllm_args
-from tests.conftest import REPO, SERVING_RIG, TEST_CATALOG
-
-
-def catalog_with(tmp_path: Path, name: str, text: str) -> Path:
-    folder = tmp_path / "models"
-    folder.mkdir(exist_ok=True)
-    for source in TEST_CATALOG.glob("*.yml"):
-        (folder / source.name).write_text(source.read_text())
-    (folder / f"{name}.yml").write_text(text)
-    return folder
+from tests.conftest import REPO, SERVING_RIG, TEST_CATALOG, copy_catalog
 
 
 def alpha_with(tmp_path, *replacements, append=""):
-    text = (TEST_CATALOG / "test-alpha.yml").read_text()
-    for old, new in replacements:
-        assert old in text, old
-        text = text.replace(old, new)
-    return catalog_with(tmp_path, "test-alpha", text + append)
+    folder = copy_catalog(tmp_path, test_alpha=list(replacements))
+    if append:
+        (folder / "test-alpha.yml").write_text((folder / "test-alpha.yml").read_text() + append)
+    return folder
 
 
 def errors_for(catalog) -> str:

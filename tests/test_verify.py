@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import RESULTS, SERVING_RIG, TEST_CATALOG, run_deploy
+from tests.conftest import RESULTS, SERVING_RIG, copy_catalog, run_deploy
 from tests.simrig.weights import ensure_checkpoint
 from tests.vllm_standin.image import ensure_standin_image
 
@@ -94,10 +94,7 @@ def test_an_enforced_limit_off_the_policy_fails(rig):
 
 
 def test_a_slower_model_is_flagged_as_a_regression(rig, tmp_path):
-    folder = tmp_path / "models"
-    shutil.copytree(TEST_CATALOG, folder)
-    beta = folder / "test-beta.yml"
-    beta.write_text(beta.read_text().replace('STANDIN_DECODE_TOK_S: "60"', 'STANDIN_DECODE_TOK_S: "51"'))
+    folder = copy_catalog(tmp_path, test_beta=[('STANDIN_DECODE_TOK_S: "60"', 'STANDIN_DECODE_TOK_S: "51"')])
     run = run_deploy(rig, SERVING_RIG, catalog=folder)
     assert run.returncode == 0, run.output
     latest = json.loads(runs("test-beta")[-1].read_text())
