@@ -28,9 +28,12 @@ EXIT_MARK = "rigkit-nvidia-smi-exit="
 EXIT_NO_PERMISSION = 4  # nvidia-smi's "Insufficient Permissions"
 
 
+def query_arguments() -> list[str]:
+    return [f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
+
+
 def query_command() -> str:
-    fields = ",".join(QUERY_FIELDS)
-    return f'nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1; echo "{EXIT_MARK}$?"'
+    return f'nvidia-smi {" ".join(query_arguments())} 2>&1; echo "{EXIT_MARK}$?"'
 
 
 @dataclass(frozen=True)

@@ -74,11 +74,29 @@ def wanted_limits_w(spec: RigSpec, report: GpuReport) -> dict[int, float]:
     return {g.index: float(g.power_limit_w) if g.power_limit_w is not None else defaults[g.index] for g in spec.gpus}
 
 
-def power_drift(spec: RigSpec, report: GpuReport) -> list[str]:
-    """GPUs whose current power limit is not the policy's, as lines for the deploy log."""
+def power_drift(spec: RigSpec, report: GpuReport, capped_only: bool = False) -> list[str]:
+    """GPUs whose current power limit is not the policy's, as lines for the deploy log.
+    `capped_only`: ignore GPUs without a cap (Windows rigs leave those as they are)."""
     current = {g.index: g.power_limit_w for g in report.gpus}
+    capped = {g.index for g in spec.gpus if g.power_limit_w is not None}
     return [
         f"GPU {index}: power limit is {current[index]:.0f} W, policy says {want:.0f} W"
         for index, want in wanted_limits_w(spec, report).items()
-        if abs(current[index] - want) >= 0.5
+        if abs(current[index] - want) >= 0.5 and (index in capped or not capped_only)
     ]
+
+
+def policy_problems(spec: RigSpec, report: GpuReport) -> tuple[list[str], str | None]:
+    """Why the policy must not be applied (caps outside the driver's range, PSU budget), and the
+    warning to log when the rig file overrides the PSU check."""
+    problems = range_problems(spec, report)
+    budget = psu_budget(spec, {g.index: g.power_default_w for g in report.gpus})
+    if budget.ok:
+        return problems, None
+    if spec.psu_budget_override:
+        return problems, f"PSU budget override in the rig file: {budget.arithmetic()}"
+    problems.append(
+        f"PSU budget: {budget.arithmetic()}. Lower the caps, or set psu_budget_override: true "
+        "in the rig file to accept the risk of over-current trips"
+    )
+    return problems, None

@@ -23,7 +23,7 @@ from pyinfra.operations import files, server, systemd
 from rigkit.config import RigConfig
 from rigkit.facts import NvidiaGpus
 from rigkit.gpucheck import gpu_problems
-from rigkit.policy import power_drift, psu_budget, range_problems
+from rigkit.policy import policy_problems, power_drift
 from rigkit.render import render, template_text
 
 # Defaults: where things go on the rig, and how long the unit waits for GPUs at boot.
@@ -43,7 +43,7 @@ def gpu_policy(rig: RigConfig) -> list:
         raise DeployError(f"rig {rig.name}: " + "; ".join(problems))
     if rig.spec.gpu_policy == "remove":
         return _remove()
-    _check(rig, report)
+    check_policy(rig, report)
 
     script = files.put(
         name="Install the GPU policy script",
@@ -78,17 +78,11 @@ def gpu_policy(rig: RigConfig) -> list:
     return [applied]
 
 
-def _check(rig: RigConfig, report) -> None:
-    problems = range_problems(rig.spec, report)
-    budget = psu_budget(rig.spec, {g.index: g.power_default_w for g in report.gpus})
-    if not budget.ok:
-        if rig.spec.psu_budget_override:
-            logger.warning(f"{host.print_prefix}PSU budget override in {rig.file}: {budget.arithmetic()}")
-        else:
-            problems.append(
-                f"PSU budget: {budget.arithmetic()}. Lower the caps, or set psu_budget_override: true "
-                "in the rig file to accept the risk of over-current trips"
-            )
+def check_policy(rig: RigConfig, report) -> None:
+    """Stop the run for this rig, before any change, if its policy must not be applied."""
+    problems, override = policy_problems(rig.spec, report)
+    if override:
+        logger.warning(f"{host.print_prefix}{override} ({rig.file})")
     if problems:
         raise DeployError(f"rig {rig.name} ({rig.file}), nothing was changed: " + "; ".join(problems))
 
