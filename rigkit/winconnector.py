@@ -3,19 +3,31 @@
 An administrator's SSH session on Windows 11 is elevated. Every command is run as
 `powershell.exe -EncodedCommand <base64 of UTF-16LE>`, so nothing depends on how
 cmd.exe or PowerShell would re-parse quotes; files move over SFTP, straight to
-their destination. Connection data are pyinfra's `ssh_*` keys (it extends the SSH
-connector), registered through the `pyinfra.connectors` entry point.
+their destination (Windows paths such as `C:\\ProgramData\\rigkit\\x.ps1` are sent in
+Win32-OpenSSH's SFTP form `/C:/ProgramData/rigkit/x.ps1`; missing folders are made over SFTP
+too). Connection data are pyinfra's `ssh_*` keys (it extends the SSH connector), registered
+through the `pyinfra.connectors` entry point.
 """
 
 from __future__ import annotations
 
 import base64
+import re
+from pathlib import PurePosixPath
 
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import read_output_buffers
 
-# Progress records would arrive on stderr as CLIXML; a failing script must exit non-zero.
-_PRELUDE = "$ProgressPreference = 'SilentlyContinue'\n$ErrorActionPreference = 'Stop'\n"
+# Progress records would arrive on stderr as CLIXML; output must be UTF-8 (redirected, Windows
+# PowerShell writes the OEM code page, which would mangle non-ASCII text such as an exported
+# task; without a BOM in front); a failing script must exit non-zero with its message on stderr.
+_PRELUDE = (
+    "$ProgressPreference = 'SilentlyContinue'\n"
+    "$utf8 = New-Object System.Text.UTF8Encoding $false\n"
+    "[Console]::OutputEncoding = $utf8\n"
+    "$OutputEncoding = $utf8\n"
+    "$ErrorActionPreference = 'Stop'\n"
+)
 _EPILOGUE = "\nif ($LASTEXITCODE) { exit $LASTEXITCODE }\n"
 
 
@@ -25,8 +37,15 @@ def encode_powershell(script: str) -> str:
 
 
 def powershell_command_line(script: str) -> str:
-    wrapped = f"{_PRELUDE}try {{\n{script}\n}} catch {{ Write-Error $_; exit 1 }}{_EPILOGUE}"
+    wrapped = f"{_PRELUDE}try {{\n{script}\n}} catch {{ [Console]::Error.WriteLine($_.Exception.Message); exit 1 }}{_EPILOGUE}"
     return f"powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand {encode_powershell(wrapped)}"
+
+
+def sftp_path(path: str) -> str:
+    """Win32-OpenSSH's SFTP spelling of a Windows path: `C:\\a\\b` -> `/C:/a/b`. A bare `C:/a`
+    would be taken as relative to the user's home."""
+    path = str(path).replace("\\", "/")
+    return f"/{path}" if re.match(r"^[A-Za-z]:/", path) else path
 
 
 class WindowsSSHConnector(SSHConnector):
@@ -50,10 +69,22 @@ class WindowsSSHConnector(SSHConnector):
 
     def put_file(self, filename_or_io, remote_filename, remote_temp_filename=None, print_output=False,
                  print_input=False, **arguments):
-        self._put_file(filename_or_io, remote_filename)
+        remote = sftp_path(remote_filename)
+        self._make_parents(remote)
+        self._put_file(filename_or_io, remote)
         return True
 
     def get_file(self, remote_filename, filename_or_io, remote_temp_filename=None, print_output=False,
                  print_input=False, **arguments):
-        self._get_file(remote_filename, filename_or_io)
+        self._get_file(sftp_path(remote_filename), filename_or_io)
         return True
+
+    def _make_parents(self, remote: str) -> None:
+        sftp = self.get_file_transfer_connection()
+        for parent in reversed(PurePosixPath(remote).parents):
+            if str(parent) in ("/", "."):
+                continue
+            try:
+                sftp.stat(str(parent))
+            except FileNotFoundError:
+                sftp.mkdir(str(parent))

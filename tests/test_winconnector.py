@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from rigkit.winconnector import encode_powershell, powershell_command_line
+from rigkit.winconnector import encode_powershell, powershell_command_line, sftp_path
 from tests.conftest import REPO, STATE_ROOT
 
 NASTY = "Write-Output 'it''s \"quoted\"'\n$x = \"a`tb\" # naïve ünïcødé ✓ 🚀\r\nexit 0; & { echo $(whoami) }"
@@ -34,6 +34,12 @@ def test_encoding_round_trips_as_powershell_decodes_it(script):
     encoded = command.rsplit(" ", 1)[1]
     assert set(encoded) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
     assert script in decode_as_powershell(encoded)
+
+
+def test_windows_paths_take_win32_openssh_sftp_form():
+    assert sftp_path("C:\\ProgramData\\rigkit\\x y.ps1") == "/C:/ProgramData/rigkit/x y.ps1"
+    assert sftp_path("d:/models") == "/d:/models"
+    assert sftp_path("/tmp/x") == "/tmp/x"  # not a Windows path: left alone
 
 
 @pytest.fixture(scope="module")
@@ -86,4 +92,7 @@ def test_connector_output_exit_codes_and_sftp(rig):
     back = io.BytesIO()
     assert host.get_file("/tmp/rigkit-winconnector-test.txt", back)
     assert back.getvalue() == payload
+    # A Windows path: sent as /C:/..., its missing folders made over SFTP.
+    assert host.put_file(io.BytesIO(payload), "C:\\rigkit-test\\new folder\\x.txt")
+    assert rig.exec("cat '/C:/rigkit-test/new folder/x.txt'")[1].encode() == payload
     host.disconnect()
