@@ -3,15 +3,17 @@
 Reads like a runbook, for each rig in the inventory:
 1. validate every rig's config (all rigs, before any rig is touched);
 2. read the GPUs and check they are the ones the rig file describes;
-3. GPU policy: power caps and clock locks, at boot and now (Linux);
+Linux rigs (systemd, over SSH):
+3. GPU policy: power caps and clock locks, at boot and now;
 4. weights: each model's weights copied onto its Docker volume, verified;
 5. serving: one vLLM compose stack per model, rolled out with rollback;
 6. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand).
+Windows rigs (`@winssh/HOST`): the two elevated logon tasks and their scripts,
+installed and run now (roles/windows.py).
 """
 
-from pyinfra import host, inventory
-from pyinfra.api.exceptions import DeployError
+from pyinfra import host, inventory, logger
 
 from rigkit.hostconfig import rig_config, validate_inventory
 from roles.gpu_policy import gpu_policy
@@ -19,6 +21,7 @@ from roles.gpu_report import gpu_report
 from roles.serving import serving
 from roles.verify import verify
 from roles.weights import weights
+from roles.windows import windows
 
 validate_inventory(inventory)
 rig = rig_config(host)
@@ -30,4 +33,6 @@ if rig.spec.os == "linux":
     changes = policy_changes + list(copied.values()) + serving(rig, copied)
     verify(rig, after=changes)
 else:
-    raise DeployError(f"rig {rig.name}: Windows rigs are not deployable yet; rigkit manages Linux rigs only so far")
+    windows(rig)
+    # Not built yet for Windows: the benchmark and GPU telemetry of roles/verify.py (they run Python on the rig).
+    logger.warning(f"{host.print_prefix}verification is not built for Windows rigs yet: benchmark the models yourself")

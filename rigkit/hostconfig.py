@@ -13,6 +13,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from rigkit.config import RigConfig, load_rig
 from rigkit.errors import ConfigError
+from rigkit.winconnector import WindowsSSHConnector
 
 DEFAULT_CATALOG_DIR = "inventory/models"
 
@@ -38,5 +39,20 @@ def rig_config(host) -> RigConfig:
 
 
 def validate_inventory(inventory) -> dict[str, RigConfig]:
-    """Validate every active host's config up front, so one bad file stops all rigs."""
-    return {host.name: rig_config(host) for host in inventory.get_active_hosts()}
+    """Validate every active host's config up front, so one bad file stops all rigs; a
+    Windows rig must be reached through the Windows connector, a Linux rig must not."""
+    rigs = {}
+    for host in inventory.get_active_hosts():
+        rig = rigs[host.name] = rig_config(host)
+        through_winssh = issubclass(host.connector_cls, WindowsSSHConnector)
+        if rig.spec.os == "windows" and not through_winssh:
+            raise RigConfigError(
+                f"rig {host.name} ({rig.file}) has os: windows, but its inventory entry uses the "
+                f"{host.connector_cls.__name__}; name it @winssh/<address> to use rigkit's Windows connector"
+            )
+        if rig.spec.os == "linux" and through_winssh:
+            raise RigConfigError(
+                f"rig {host.name} ({rig.file}) has os: linux, but its inventory entry uses the Windows "
+                "connector (@winssh/); name it by its address"
+            )
+    return rigs

@@ -1,6 +1,6 @@
-"""Windows rigs: the two scheduled tasks (Task Scheduler XML), the PowerShell they run, and the
-offline bundle a person installs with one elevated `install.ps1`. Pure rendering; nothing here
-talks to a rig.
+"""Windows rigs: the two scheduled tasks (Task Scheduler XML), the PowerShell they run, the
+offline bundle a person installs with one elevated `install.ps1`, and the same files laid out
+as a deploy over SSH installs them. Pure rendering; nothing here talks to a rig.
 
 Values reach PowerShell only as single-quoted literals (`ps_quote`) or validated integers,
 and XML only through Jinja's XML autoescaping.
@@ -61,16 +61,35 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
     return files
 
 
+def file_bytes(relative: str, content: str) -> bytes:
+    """A bundle file as it lands on Windows: CRLF, and for scripts a BOM, which is what
+    Windows PowerShell 5.1 needs to read them as UTF-8 rather than the ANSI code page."""
+    data = content.replace("\r\n", "\n").replace("\n", "\r\n").encode("utf-8")
+    return (b"\xef\xbb\xbf" if relative.endswith(".ps1") else b"") + data
+
+
 def write_bundle(rig: RigConfig, out_dir: Path) -> list[Path]:
     written = []
     for relative, content in render_bundle(rig).items():
         path = Path(out_dir) / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        # CRLF and a BOM: what Windows PowerShell 5.1 reads as UTF-8 without guessing.
-        data = content.replace("\r\n", "\n").replace("\n", "\r\n")
-        path.write_bytes((b"\xef\xbb\xbf" if relative.endswith(".ps1") else b"") + data.encode("utf-8"))
+        path.write_bytes(file_bytes(relative, content))
         written.append(path)
     return written
+
+
+def installed_files(rig: RigConfig) -> dict[str, bytes]:
+    """{Windows path: bytes} a deploy over SSH puts on the rig: the bundle's scripts and compose
+    files where install.ps1 copies them, and the tasks' XML beside them in `tasks`."""
+    return {
+        str(INSTALL_DIR / PureWindowsPath(relative.removeprefix("scripts/"))): file_bytes(relative, content)
+        for relative, content in render_bundle(rig).items()
+        if relative != "install.ps1"
+    }
+
+
+def task_xml_path(task_name: str) -> str:
+    return str(INSTALL_DIR / "tasks" / f"{task_name}.xml")
 
 
 def same_task(exported_xml: str, rendered_xml: str) -> bool:

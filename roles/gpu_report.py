@@ -1,4 +1,4 @@
-"""Role gpu_report: read the rig's GPUs through nvidia-smi, print them, and stop
+"""Role gpu_report: read the rig's GPUs through nvidia-smi (nvidia-smi.exe on Windows), print them, and stop
 the deploy for this rig if they are not the GPUs its rig file describes.
 
 Defaults: none; it reads only the validated RigConfig.
@@ -13,11 +13,12 @@ from pyinfra.api.exceptions import DeployError
 from rigkit.config import RigConfig
 from rigkit.facts import NvidiaGpus
 from rigkit.gpucheck import describe, gpu_problems
+from rigkit.winfacts import WindowsNvidiaGpus
 
 
 @deploy("Report GPUs")
 def gpu_report(rig: RigConfig) -> None:
-    report = host.get_fact(NvidiaGpus)
+    report = host.get_fact(WindowsNvidiaGpus if rig.spec.os == "windows" else NvidiaGpus)
     for gpu in report.gpus if report else ():
         logger.info(f"{host.print_prefix}{describe(gpu)}")
     problems = gpu_problems(rig.spec.gpus, report)

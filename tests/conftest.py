@@ -82,13 +82,13 @@ def copy_catalog(tmp_path: Path, **changes: list[tuple[str, str]]) -> Path:
 
 
 def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG,
-               entry: str = "deploy.py") -> DeployRun:
+               entry: str = "deploy.py", inventory: str = "inventory/sim.py") -> DeployRun:
     env = dict(
         os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(rig_file),
         RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS),
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "-y", *extra, "inventory/sim.py", entry],
+        [sys.executable, "-m", "pyinfra", "-y", *extra, inventory, entry],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     return DeployRun(proc.returncode, proc.stdout + proc.stderr)

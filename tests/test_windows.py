@@ -15,7 +15,7 @@ from tree_sitter import Language, Parser
 
 from rigkit.config import load_rig
 from rigkit.render import ps_quote
-from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, render_bundle, same_task
+from rigkit.windows import INSTALL_DIR, TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle, same_task, task_xml_path
 from tests.conftest import REPO
 
 NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
@@ -118,3 +118,18 @@ def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
     assert (tmp_path / "install.ps1").is_file() and (tmp_path / f"tasks/{TASK_POWER}.xml").is_file()
     assert main(["windows-bundle", str(REPO / "inventory/rigs/linux-4x3090.yml"), "--out", str(tmp_path / "x"),
                  "--catalog", str(CATALOG)]) == 1
+
+
+def test_a_deploy_over_ssh_installs_what_the_tasks_and_scripts_refer_to():
+    rig = load_rig(WIN_RIG, CATALOG)
+    installed = installed_files(rig)
+    files = bundle()
+    for task in (TASK_POWER, TASK_BOOTSTRAP):
+        assert installed[task_xml_path(task)] == files[f"tasks/{task}.xml"].replace("\n", "\r\n").encode()
+        arguments = ET.fromstring(files[f"tasks/{task}.xml"]).find(".//t:Exec/t:Arguments", NS).text
+        assert arguments.split('-File "', 1)[1].rstrip('"') in installed  # the task runs a script that is put there
+    for stack in rig.models:
+        assert str(INSTALL_DIR / "stacks" / stack.name / "compose.yml") in installed  # where the bootstrap looks
+        assert str(INSTALL_DIR / "stacks" / stack.name / "compose.yml") in files["scripts/llm-bootstrap.ps1"]
+    assert "install.ps1" not in " ".join(installed)
+    assert all(data.startswith(b"\xef\xbb\xbf") for path, data in installed.items() if path.endswith(".ps1"))

@@ -1,0 +1,93 @@
+"""pyinfra operations for Windows rigs (through the `@winssh` connector).
+
+- `file`: put bytes at a Windows path unless the file there already has their SHA-256;
+- `scheduled_task`: register a task from its XML unless the installed one, exported,
+  is the same task (`rigkit.windows.same_task`);
+- `run_task`: run a task now, as logon would, unless it already ran successfully on the
+  same inputs. Success is recorded on the rig only after the task finished with result 0,
+  so a failed run is run again by the next deploy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from io import BytesIO
+from pathlib import PureWindowsPath
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, operation
+
+from rigkit.render import ps_quote
+from rigkit.windows import INSTALL_DIR, same_task
+from rigkit.winfacts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
+
+APPLIED_DIR = INSTALL_DIR / "applied"  # <task>.txt: digest of the inputs of its last successful run
+TASK_START_S = 20  # a task that has not started by then will not (e.g. its user is not logged on)
+
+
+@operation()
+def file(dest: str, data: bytes):
+    if host.get_fact(WindowsFileSha256, path=dest) == hashlib.sha256(data).hexdigest():
+        host.noop(f"{dest} is up to date")
+        return
+    yield FileUploadCommand(BytesIO(data), dest)
+
+
+@operation()
+def scheduled_task(task_name: str, xml: str, xml_path: str):
+    """`xml_path`: where `xml` was put on the rig. The task runs as the connecting user
+    (its UserId is filled in on the rig, as install.ps1 does)."""
+    exported = host.get_fact(ScheduledTaskXml, task_name=task_name)
+    if exported is not None and same_task(exported, xml):
+        host.noop(f"scheduled task {task_name} is as rendered")
+        return
+    name, path = ps_quote(task_name), ps_quote(xml_path)
+    yield (
+        f"# rigkit: register-task {name} {path}\n"
+        f"$xml = [xml] (Get-Content -Raw -Encoding UTF8 -LiteralPath {path})\n"
+        "$xml.Task.Principals.Principal.UserId = '{0}\\{1}' -f $env:USERDOMAIN, $env:USERNAME\n"
+        f"Register-ScheduledTask -TaskName {name} -Xml $xml.OuterXml -Force | Out-Null\n"
+        f"'{{0}}: registered for {{1}}' -f {name}, $xml.Task.Principals.Principal.UserId"
+    )
+
+
+def inputs_digest(files: dict[str, bytes]) -> str:
+    """What a task's run depends on: {path: bytes} of its scripts, XML and compose files."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    return digest.hexdigest()
+
+
+@operation()
+def run_task(task_name: str, inputs: str, wait_s: int, log_path: str, force: bool = False):
+    """Start the task and wait, bounded, for it to finish; fail with its result and the tail of
+    rigkit's log. Skipped when its last successful run had these `inputs` (`inputs_digest`),
+    unless `force` (the GPUs drifted)."""
+    applied = str(APPLIED_DIR / f"{task_name}.txt")
+    if not force and host.get_fact(WindowsTextFile, path=applied) == inputs:
+        host.noop(f"{task_name} already ran on these files")
+        return
+    name, wait_s = ps_quote(task_name), int(wait_s)
+    yield (
+        f"# rigkit: run-task {name} {ps_quote(applied)} {ps_quote(inputs)}\n"
+        f"Remove-Item -LiteralPath {ps_quote(applied)} -ErrorAction SilentlyContinue\n"
+        f"$before = (Get-ScheduledTaskInfo -TaskName {name}).LastRunTime\n"
+        f"Start-ScheduledTask -TaskName {name}\n"
+        f"function Test-Started {{ (Get-ScheduledTask -TaskName {name}).State -eq 'Running' -or "
+        f"(Get-ScheduledTaskInfo -TaskName {name}).LastRunTime -ne $before }}\n"
+        f"$deadline = (Get-Date).AddSeconds({TASK_START_S})\n"
+        "while (-not (Test-Started) -and (Get-Date) -lt $deadline) { Start-Sleep -Seconds 1 }\n"
+        f"if (-not (Test-Started)) {{ throw ('{{0}} did not start within {TASK_START_S} s: it runs in its "
+        f"user''s session; is that user logged on?' -f {name}) }}\n"
+        f"$deadline = (Get-Date).AddSeconds({wait_s})\n"
+        f"while ((Get-ScheduledTask -TaskName {name}).State -eq 'Running' -and (Get-Date) -lt $deadline) "
+        "{ Start-Sleep -Seconds 2 }\n"
+        f"Get-Content -LiteralPath {ps_quote(log_path)} -Tail 30 -ErrorAction SilentlyContinue\n"
+        f"if ((Get-ScheduledTask -TaskName {name}).State -eq 'Running') "
+        f"{{ throw ('{{0}} still running after {wait_s} s; its log is above' -f {name}) }}\n"
+        f"$result = (Get-ScheduledTaskInfo -TaskName {name}).LastTaskResult\n"
+        f"if ($result -ne 0) {{ throw ('{{0}} failed with result {{1}}; its log is above' -f {name}, $result) }}\n"
+        f"New-Item -ItemType Directory -Force -Path {ps_quote(PureWindowsPath(applied).parent)} | Out-Null\n"
+        f"Set-Content -LiteralPath {ps_quote(applied)} -Value {ps_quote(inputs)} -Encoding ASCII"
+    )

@@ -1,0 +1,61 @@
+"""Role windows (a Windows 11 rig over the `@winssh` connector): the offline bundle's
+work, done over SSH and idempotently.
+
+Puts the two tasks' scripts, their XML and the models' compose files under
+C:\\ProgramData\\rigkit (each only if its SHA-256 differs), registers `GPU-PowerPolicy`
+and `LocalLLM-Bootstrap` (only if the exported task differs from the rendered one),
+then runs them now, the way logon would: each task unless it already ran successfully
+on exactly these files (recorded on the rig after a successful run only), and both
+when a power limit drifted. The bootstrap locks clocks, waits for Docker, brings up
+the stacks and warms each model.
+The SSH user should be the administrator who logs on at the rig: the tasks run as
+that user (Docker Desktop's context is per user).
+
+Checks first, as on Linux: the GPUs are the rig file's, caps within the driver's
+range, PSU budget.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from rigkit import winops
+from rigkit.config import RigConfig
+from rigkit.policy import power_drift
+from rigkit.windows import INSTALL_DIR, LOG_PATH, TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle, task_xml_path
+from rigkit.winfacts import WindowsNvidiaGpus
+from roles.gpu_policy import check_policy
+
+# Defaults: how long a deploy waits for each task it runs (the bootstrap's own limit is 15 min).
+POWER_TASK_WAIT_S = 300
+BOOTSTRAP_TASK_WAIT_S = 960
+
+
+@deploy("Windows rig")
+def windows(rig: RigConfig) -> None:
+    report = host.get_fact(WindowsNvidiaGpus)
+    check_policy(rig, report)
+
+    installed = installed_files(rig)
+    for path, data in installed.items():
+        winops.file(name=f"Put {path}", dest=path, data=data)
+    bundle = render_bundle(rig)
+    for task in (TASK_POWER, TASK_BOOTSTRAP):
+        winops.scheduled_task(
+            name=f"Register scheduled task {task}", task_name=task,
+            xml=bundle[f"tasks/{task}.xml"], xml_path=task_xml_path(task),
+        )
+
+    drift = power_drift(rig.spec, report, capped_only=True)
+    for line in drift:
+        logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
+    power_files = {p: installed[p] for p in (str(INSTALL_DIR / "gpu-power-policy.ps1"), task_xml_path(TASK_POWER))}
+    winops.run_task(
+        name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
+        wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
+    )
+    winops.run_task(
+        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(installed),
+        wait_s=BOOTSTRAP_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
+    )

@@ -1,0 +1,125 @@
+"""Deploying a Windows rig over SSH: `pyinfra tests/data/windows-rig.py deploy.py`.
+
+Real: pyinfra's CLI and deploy.py choosing the Windows role from the rig file's OS; rigkit's
+`@winssh` connector over real SSH to the simulated rig's sshd on 127.0.0.1; SFTP (files land
+in the rig's /C:/ tree, where Win32-OpenSSH's SFTP form of `C:\\...` paths points); rigkit's
+Windows facts, operations and role; the simulated nvidia-smi's answers.
+
+Simulated: Windows. powershell.exe on the rig is tests/simrig/powershell.exe. It runs no
+PowerShell: it fakes the answers of Get-FileHash, Get-Content, Export-/Register-ScheduledTask
+(re-serialising the XML as Task Scheduler's export does), Start-ScheduledTask (recording the
+run; a test can make it fail) and nvidia-smi.exe from the rig's files. So these tests show
+the deploy's decisions and plumbing, not that the PowerShell does what it says on Windows;
+every script rigkit sent is parsed with a real PowerShell grammar (tree-sitter-powershell).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from rigkit.config import load_rig
+from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, installed_files
+from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, run_deploy
+from tests.test_windows import parse_errors
+
+WIN_RIG = DATA / "rigs" / "windows.yml"
+INVENTORY = "tests/data/windows-rig.py"
+STORE = "/var/lib/rigkit-winsim"
+
+pytestmark = pytest.mark.simrig
+
+
+@pytest.fixture(scope="module")
+def rig(fresh_rig):
+    return fresh_rig
+
+
+def deploy(rig, rig_file=WIN_RIG):
+    return run_deploy(rig, rig_file, inventory=INVENTORY)
+
+
+def on_rig(rig, command: str) -> str:
+    code, out = rig.exec(command)
+    assert code == 0, out
+    return out
+
+
+def runs(rig) -> list[str]:
+    return rig.exec(f"cat {STORE}/runs.log")[1].split()
+
+
+def sent_scripts(rig) -> list[str]:
+    names = on_rig(rig, "ls /var/log/rigkit-winsim").split()
+    return [rig.exec(f"cat /var/log/rigkit-winsim/{name}")[1] for name in names]
+
+
+def test_first_deploy_installs_registers_and_runs_both_tasks(rig):
+    run = deploy(rig)
+    assert run.returncode == 0, run.output
+    assert "NVIDIA GeForce RTX 4090" in run.output  # GPU facts came through nvidia-smi.exe's query
+
+    for path, data in installed_files(load_rig(WIN_RIG, TEST_CATALOG)).items():
+        on_rig_path = "/" + path.replace("\\", "/")
+        assert rig.exec(f"base64 -w0 '{on_rig_path}'")[1].strip() == base64.b64encode(data).decode(), path
+    tasks = on_rig(rig, f"ls {STORE}/tasks").split()
+    assert sorted(tasks) == sorted([f"{TASK_POWER}.xml", f"{TASK_BOOTSTRAP}.xml"])
+    assert runs(rig) == [TASK_POWER, TASK_BOOTSTRAP]
+    # The fake ran no policy script: set the limits GPU-PowerPolicy would have set.
+    on_rig(rig, "nvidia-smi -pl 330")
+
+
+def test_second_deploy_changes_nothing(rig):
+    run = deploy(rig)
+    assert run.returncode == 0, run.output
+    assert run.changed_operations() == 0, run.output
+    assert runs(rig) == [TASK_POWER, TASK_BOOTSTRAP]
+
+
+def test_every_script_sent_parses_as_powershell(rig):
+    scripts = sent_scripts(rig)
+    kinds = {line.split()[2] for s in scripts for line in s.splitlines() if line.startswith("# rigkit: ")}
+    assert kinds == {"nvidia-smi", "file-sha256", "export-task", "register-task", "read-text", "run-task"}
+    for script in scripts:
+        assert parse_errors(script) == [], script
+
+
+def test_an_edited_task_is_re_registered_and_drift_re_runs_the_policy(rig):
+    # Someone raised the bootstrap's time limit in Task Scheduler, and a GPU lost its cap.
+    on_rig(rig, f"sed -i 's|<ExecutionTimeLimit>PT15M<|<ExecutionTimeLimit>PT1H<|' {STORE}/tasks/{TASK_BOOTSTRAP}.xml")
+    on_rig(rig, "nvidia-smi -i 1 -pl 450")
+    run = deploy(rig)
+    assert run.returncode == 0, run.output
+    assert "drift: GPU 1: power limit is 450 W, policy says 330 W" in run.output
+    assert "PT15M" in on_rig(rig, f"cat {STORE}/tasks/{TASK_BOOTSTRAP}.xml")
+    assert runs(rig)[2:] == [TASK_POWER, TASK_BOOTSTRAP]
+    # The fake does not run the policy script, so the limit is restored by hand: the next deploy is clean.
+    on_rig(rig, "nvidia-smi -i 1 -pl 330")
+    assert deploy(rig).changed_operations() == 0
+
+
+def test_a_failed_task_fails_the_deploy_and_is_run_again_by_the_next(rig, tmp_path):
+    changed = tmp_path / "rig.yml"
+    changed.write_text(WIN_RIG.read_text().replace("[0, 2200]", "[0, 2100]"))
+    on_rig(rig, f"echo 2147942401 > {STORE}/task-result-{TASK_BOOTSTRAP}")
+    failed = deploy(rig, changed)
+    assert failed.returncode != 0
+    assert f"{TASK_BOOTSTRAP} failed with result" in failed.output
+
+    on_rig(rig, f"rm {STORE}/task-result-{TASK_BOOTSTRAP}")
+    before = len(runs(rig))
+    retried = deploy(rig, changed)  # every file is already in place; only the failed run is left
+    assert retried.returncode == 0, retried.output
+    assert runs(rig)[before:] == [TASK_BOOTSTRAP]
+    assert deploy(rig, changed).changed_operations() == 0
+
+
+def test_a_windows_rig_reached_as_linux_is_refused_before_any_change(rig):
+    run = run_deploy(rig, WIN_RIG)  # inventory/sim.py: plain SSH
+    assert run.returncode != 0
+    assert "has os: windows, but its inventory entry uses the SSHConnector; name it @winssh/<address>" in run.output
+    linux = run_deploy(rig, POLICY_RIG, inventory=INVENTORY)
+    assert linux.returncode != 0
+    assert "has os: linux, but its inventory entry uses the Windows connector" in linux.output
+    assert rig.exec("ls /C:/ProgramData/rigkit/stacks")[1].split() == ["test-alpha"]  # nothing new was put
