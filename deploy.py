@@ -34,5 +34,9 @@ if rig.spec.os == "linux":
     verify(rig, after=changes)
 else:
     windows(rig)
-    # Not built yet for Windows: the benchmark and GPU telemetry of roles/verify.py (they run Python on the rig).
-    logger.warning(f"{host.print_prefix}verification is not built for Windows rigs yet: benchmark the models yourself")
+    # Not built yet for Windows: roles/verify.py's sampler runs Python + NVML on the rig.
+    logger.warning(
+        f"{host.print_prefix}verification is not built for Windows rigs yet: forward a model's port "
+        "(ssh -L 8000:127.0.0.1:PORT) and run `rigkit bench --url http://127.0.0.1:8000 --model NAME`; "
+        "GPU clocks and power under load are not checked"
+    )
