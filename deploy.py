@@ -26,14 +26,14 @@ from roles.windows import windows
 validate_inventory(inventory)
 rig = rig_config(host)
 
-gpu_report(rig)
+gpus = gpu_report(rig)
 if rig.spec.os == "linux":
-    policy_changes = gpu_policy(rig)
+    policy_changes = gpu_policy(rig, gpus)
     copied = weights(rig)
     changes = policy_changes + list(copied.values()) + serving(rig, copied)
     verify(rig, after=changes)
 else:
-    windows(rig)
+    windows(rig, gpus)
     # Not built yet for Windows: roles/verify.py's sampler runs Python + NVML on the rig.
     logger.warning(
         f"{host.print_prefix}verification is not built for Windows rigs yet: forward a model's port "

@@ -18,6 +18,8 @@ from rigkit.serving import render_compose, served_name
 
 INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
+POWER_SCRIPT = INSTALL_DIR / "gpu-power-policy.ps1"
+BOOTSTRAP_SCRIPT = INSTALL_DIR / "llm-bootstrap.ps1"
 DOCKER_DESKTOP = PureWindowsPath(r"C:\Program Files\Docker\Docker\Docker Desktop.exe")
 DOCKER_WAIT_S = 180
 TASK_POWER = "GPU-PowerPolicy"
@@ -48,10 +50,10 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S),
         f"tasks/{TASK_POWER}.xml": render(
             "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
-            script_path=str(INSTALL_DIR / "gpu-power-policy.ps1")),
+            script_path=str(POWER_SCRIPT)),
         f"tasks/{TASK_BOOTSTRAP}.xml": render(
             "windows/task-llm-bootstrap.xml.j2", rig_name=rig.name, task_name=TASK_BOOTSTRAP, user=USER_PLACEHOLDER,
-            script_path=str(INSTALL_DIR / "llm-bootstrap.ps1")),
+            script_path=str(BOOTSTRAP_SCRIPT)),
         "install.ps1": render(
             "windows/install.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
             task_names=[TASK_POWER, TASK_BOOTSTRAP]),
@@ -78,12 +80,12 @@ def write_bundle(rig: RigConfig, out_dir: Path) -> list[Path]:
     return written
 
 
-def installed_files(rig: RigConfig) -> dict[str, bytes]:
-    """{Windows path: bytes} a deploy over SSH puts on the rig: the bundle's scripts and compose
-    files where install.ps1 copies them, and the tasks' XML beside them in `tasks`."""
+def installed_files(bundle: dict[str, str]) -> dict[str, bytes]:
+    """{Windows path: bytes} a deploy over SSH puts on the rig, from `render_bundle`: the bundle's
+    scripts and compose files where install.ps1 copies them, the tasks' XML beside them in `tasks`."""
     return {
         str(INSTALL_DIR / PureWindowsPath(relative.removeprefix("scripts/"))): file_bytes(relative, content)
-        for relative, content in render_bundle(rig).items()
+        for relative, content in bundle.items()
         if relative != "install.ps1"
     }
 

@@ -21,8 +21,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
 from rigkit.config import RigConfig
-from rigkit.facts import NvidiaGpus
-from rigkit.gpucheck import gpu_problems
+from rigkit.nvsmi import GpuReport
 from rigkit.policy import policy_problems, power_drift
 from rigkit.render import render, template_text
 
@@ -35,12 +34,9 @@ WAIT_FOR_GPUS_S = 120
 
 
 @deploy("GPU policy")
-def gpu_policy(rig: RigConfig) -> list:
-    """Returns the operations whose change means the GPUs' settings changed."""
-    report = host.get_fact(NvidiaGpus)
-    problems = gpu_problems(rig.spec.gpus, report)
-    if problems:
-        raise DeployError(f"rig {rig.name}: " + "; ".join(problems))
+def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
+    """`report`: the rig's GPUs, already checked against the rig file (roles/gpu_report.py).
+    Returns the operations whose change means the GPUs' settings changed."""
     if rig.spec.gpu_policy == "remove":
         return _remove()
     check_policy(rig, report)

@@ -22,9 +22,9 @@ from pyinfra.api import deploy
 
 from rigkit import winops
 from rigkit.config import RigConfig
+from rigkit.nvsmi import GpuReport
 from rigkit.policy import power_drift
-from rigkit.windows import INSTALL_DIR, LOG_PATH, TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle, task_xml_path
-from rigkit.winfacts import WindowsNvidiaGpus
+from rigkit.windows import LOG_PATH, POWER_SCRIPT, TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle, task_xml_path
 from roles.gpu_policy import check_policy
 
 # Defaults: how long a deploy waits for each task it runs (the bootstrap's own limit is 15 min).
@@ -33,14 +33,14 @@ BOOTSTRAP_TASK_WAIT_S = 960
 
 
 @deploy("Windows rig")
-def windows(rig: RigConfig) -> None:
-    report = host.get_fact(WindowsNvidiaGpus)
+def windows(rig: RigConfig, report: GpuReport) -> None:
+    """`report`: the rig's GPUs, already checked against the rig file (roles/gpu_report.py)."""
     check_policy(rig, report)
 
-    installed = installed_files(rig)
+    bundle = render_bundle(rig)
+    installed = installed_files(bundle)
     for path, data in installed.items():
         winops.file(name=f"Put {path}", dest=path, data=data)
-    bundle = render_bundle(rig)
     for task in (TASK_POWER, TASK_BOOTSTRAP):
         winops.scheduled_task(
             name=f"Register scheduled task {task}", task_name=task,
@@ -50,7 +50,7 @@ def windows(rig: RigConfig) -> None:
     drift = power_drift(rig.spec, report, capped_only=True)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
-    power_files = {p: installed[p] for p in (str(INSTALL_DIR / "gpu-power-policy.ps1"), task_xml_path(TASK_POWER))}
+    power_files = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
     winops.run_task(
         name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),

@@ -122,7 +122,7 @@ def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
 
 def test_a_deploy_over_ssh_installs_what_the_tasks_and_scripts_refer_to():
     rig = load_rig(WIN_RIG, CATALOG)
-    installed = installed_files(rig)
+    installed = installed_files(render_bundle(rig))
     files = bundle()
     for task in (TASK_POWER, TASK_BOOTSTRAP):
         assert installed[task_xml_path(task)] == files[f"tasks/{task}.xml"].replace("\n", "\r\n").encode()

@@ -20,7 +20,7 @@ import base64
 import pytest
 
 from rigkit.config import load_rig
-from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, installed_files
+from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle
 from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, run_deploy
 from tests.test_windows import parse_errors
 
@@ -60,7 +60,7 @@ def test_first_deploy_installs_registers_and_runs_both_tasks(rig):
     assert run.returncode == 0, run.output
     assert "NVIDIA GeForce RTX 4090" in run.output  # GPU facts came through nvidia-smi.exe's query
 
-    for path, data in installed_files(load_rig(WIN_RIG, TEST_CATALOG)).items():
+    for path, data in installed_files(render_bundle(load_rig(WIN_RIG, TEST_CATALOG))).items():
         on_rig_path = "/" + path.replace("\\", "/")
         assert rig.exec(f"base64 -w0 '{on_rig_path}'")[1].strip() == base64.b64encode(data).decode(), path
     tasks = on_rig(rig, f"ls {STORE}/tasks").split()
