@@ -2,20 +2,20 @@
 
 Reads like a runbook, for each rig in the inventory:
 1. validate every rig's config (all rigs, before any rig is touched);
-2. read the GPUs and check they are the ones the rig file describes;
 Linux rigs (systemd, over SSH):
+2. read the GPUs and check they are the ones the rig file describes;
 3. GPU policy: power caps and clock locks, at boot and now;
 4. weights: each model's weights copied onto its Docker volume, verified;
 5. serving: one vLLM compose stack per model, rolled out with rollback;
 6. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand).
-Windows rigs (`@winssh/HOST`): the two elevated logon tasks and their scripts,
-installed and run now (roles/windows.py).
+Windows rigs (`@winssh/HOST`): the same GPU checks, then the two elevated logon
+tasks and their scripts, installed and run now (roles/windows.py).
 """
 
 from pyinfra import host, inventory, logger
 
-from rigkit.hostconfig import rig_config, validate_inventory
+from rigkit.config.inventory import rig_config, run_options, validate_inventory
 from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
 from roles.serving import serving
@@ -25,15 +25,16 @@ from roles.windows import windows
 
 validate_inventory(inventory)
 rig = rig_config(host)
+options = run_options(host)
 
-gpus = gpu_report(rig)
 if rig.spec.os == "linux":
+    gpus = gpu_report(rig)
     policy_changes = gpu_policy(rig, gpus)
-    copied = weights(rig)
+    copied = weights(rig, verify=options.verify_weights)
     changes = policy_changes + list(copied.values()) + serving(rig, copied)
-    verify(rig, after=changes)
+    verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
 else:
-    windows(rig, gpus)
+    windows(rig)
     # Not built yet for Windows: roles/verify.py's sampler runs Python + NVML on the rig.
     logger.warning(
         f"{host.print_prefix}verification is not built for Windows rigs yet: forward a model's port "

@@ -7,8 +7,9 @@ without changing anything else.
 
 from pyinfra import host, inventory
 
-from rigkit.hostconfig import rig_config, validate_inventory
+from rigkit.config.inventory import rig_config, run_options, validate_inventory
 from roles.verify import verify
 
 validate_inventory(inventory)
-verify(rig_config(host))
+options = run_options(host)
+verify(rig_config(host), results_dir=options.results_dir, always=options.verify_always)

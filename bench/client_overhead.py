@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rigkit.bench import run_bench  # noqa: E402
+from rigkit.verify.client import run_bench  # noqa: E402
 from tests.standin import standin  # noqa: E402
 
 LEVELS = [(200, 1), (1000, 1), (2000, 1), (1000, 4), (2000, 4), (1000, 16), (2000, 16), (4000, 16), (2000, 32)]
@@ -33,10 +33,10 @@ def main() -> None:
                 result = run_bench(url, "m", prompt_tokens=32, output_tokens=OUTPUT_TOKENS,
                                    concurrency=(streams,) if streams > 1 else (), seed=streams)
             if streams == 1:
-                measured = result["decode_tok_s"] or 0.0
+                measured = result.decode_tok_s or 0.0
             else:
-                level = result["concurrency"][0]
-                measured = (level["per_stream_decode_tok_s"] or 0.0) * (streams - len(level["errors"]))
+                level = result.concurrency[0]
+                measured = (level.per_stream_decode_tok_s or 0.0) * (streams - len(level.errors))
             truth = rate * streams
             ratio = measured / truth
             if abs(ratio - 1) <= TOLERANCE:

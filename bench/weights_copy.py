@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import docker  # noqa: E402
 
-from rigkit.config import ModelConfig, ModelSpec  # noqa: E402
-from rigkit.weights import copy, needs_copy  # noqa: E402
+from rigkit.config.loader import ModelSpec  # noqa: E402
+from rigkit.config.schema import ModelConfig
+from rigkit.weights.volumes import copy, needs_copy  # noqa: E402
 from tests.test_weights import make_checkpoint  # noqa: E402
 from tests.vllm_standin.image import STABLE_TAG, ensure_standin_image  # noqa: E402
 

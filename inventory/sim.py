@@ -9,6 +9,8 @@ from pathlib import Path
 
 _state = Path(os.environ.get("RIGKIT_STATE", Path(__file__).resolve().parent.parent / ".state"))
 
+_overrides = {"catalog_dir": "RIGKIT_CATALOG_DIR", "results_dir": "RIGKIT_RESULTS_DIR"}
+
 rigs = [
     (
         "sim-rig",
@@ -20,8 +22,8 @@ rigs = [
             "ssh_known_hosts_file": "/dev/null",
             "ssh_strict_host_key_checking": "off",
             "rig_file": os.environ.get("RIGKIT_RIG_FILE", "inventory/rigs/sim.yml"),
-            "catalog_dir": os.environ.get("RIGKIT_CATALOG_DIR", "inventory/models"),
-            "results_dir": os.environ.get("RIGKIT_RESULTS_DIR", "results"),
+            # Tests point these at their own folders; otherwise group_data/all.py's defaults apply.
+            **{key: os.environ[var] for key, var in _overrides.items() if var in os.environ},
         },
     ),
 ]

@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rigkit.config import load_rig
-from rigkit.errors import ConfigError
-from rigkit.hostconfig import DEFAULT_CATALOG_DIR
+from rigkit.config.errors import ConfigError
+from rigkit.config.inventory import DEFAULT_CATALOG_DIR
+from rigkit.config.loader import load_rig
 
 
 def check(args: argparse.Namespace) -> int:
@@ -59,8 +59,8 @@ def rollout(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from rigkit.bench import run_bench
-    from rigkit.report import bench_table
+    from rigkit.verify.client import run_bench
+    from rigkit.verify.table import bench_table
 
     api_key = Path(args.api_key_file).expanduser().read_text().strip() if args.api_key_file else None
     levels = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else ()
@@ -69,8 +69,8 @@ def bench(args: argparse.Namespace) -> int:
                        args.expect_decode)
     print(bench_table(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if result["passed"] else 1
+        Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return 0 if result.passed else 1
 
 
 def deploy(args: argparse.Namespace) -> int:
@@ -88,7 +88,7 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def windows_bundle(args: argparse.Namespace) -> int:
-    from rigkit.windows import write_bundle
+    from rigkit.windows.bundle import write_bundle
 
     try:
         rig = load_rig(args.rig_file, args.catalog)

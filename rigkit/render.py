@@ -1,14 +1,21 @@
-"""Render files from templates/ with values from validated config objects only."""
+"""Render files from templates/ with values from validated config objects only, and find
+the scripts rigkit ships to rigs as they are.
+
+`template_path` is the one way to a file under templates/: a checkout (or an editable
+install) reads the repository's templates/ folder; an installed wheel carries the same
+folder as `rigkit/_templates` (pyproject.toml maps it), so both behave the same.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
+from pathlib import Path
 
 import jinja2
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+_CHECKOUT_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+_INSTALLED_TEMPLATES = Path(__file__).resolve().parent / "_templates"
+TEMPLATES = _INSTALLED_TEMPLATES if _INSTALLED_TEMPLATES.is_dir() else _CHECKOUT_TEMPLATES
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
@@ -40,6 +47,14 @@ def render(template: str, **values) -> str:
     return _env.get_template(template).render(**values)
 
 
+def template_path(name: str) -> Path:
+    """A file under templates/ (`serving/rigkit-stack`); an error names it if it is missing."""
+    path = TEMPLATES / name
+    if not path.is_file():
+        raise FileNotFoundError(f"rigkit's template {name} is missing from {TEMPLATES}: a broken install?")
+    return path
+
+
 def template_text(name: str) -> str:
     """A file under templates/ that is shipped as it is (a script, not a template)."""
-    return (TEMPLATES / name).read_text()
+    return template_path(name).read_text()

@@ -16,13 +16,13 @@ from io import StringIO
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
-from rigkit.config import RigConfig
-from rigkit.nvsmi import GpuReport
-from rigkit.policy import policy_problems, power_drift
+from rigkit.config.schema import RigConfig
+from rigkit.gpu.gate import check_policy
+from rigkit.gpu.nvsmi import GpuReport
+from rigkit.gpu.policy import power_drift
 from rigkit.render import render, template_text
 
 # Defaults: where things go on the rig, and how long the unit waits for GPUs at boot.
@@ -72,15 +72,6 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
         _if=lambda: bool(drift) or script.did_change() or policy.did_change() or unit.did_change(),
     )
     return [applied]
-
-
-def check_policy(rig: RigConfig, report) -> None:
-    """Stop the run for this rig, before any change, if its policy must not be applied."""
-    problems, override = policy_problems(rig.spec, report)
-    if override:
-        logger.warning(f"{host.print_prefix}{override} ({rig.file})")
-    if problems:
-        raise DeployError(f"rig {rig.name} ({rig.file}), nothing was changed: " + "; ".join(problems))
 
 
 def _remove() -> list:

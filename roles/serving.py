@@ -19,11 +19,16 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server
 
-from rigkit.config import RigConfig
-from rigkit.facts import RigkitStacks
+from rigkit.config.schema import RigConfig
 from rigkit.render import template_text
-from rigkit.secrets import SecretFileError, read_api_key
-from rigkit.serving import SECRETS_ENV_FILE, STACKS_DIR, render_compose, stack_settings
+from rigkit.serving.api_key import SecretFileError, read_api_key
+from rigkit.serving.compose import (
+    SECRETS_ENV_FILE,
+    STACKS_DIR,
+    render_compose,
+    stack_settings,
+)
+from rigkit.serving.facts import RigkitStacks
 
 # Defaults: where the helper lives on the rig.
 HELPER_PATH = "/usr/local/sbin/rigkit-stack"

@@ -7,8 +7,7 @@ SSH port forward (the server binds the rig's 127.0.0.1), stops the sampler,
 brings its samples back and judges. Writes results/<rig>/<model>/<time>.json
 and .png, prints a table, and fails the deploy when a check fails.
 
-Runs when this deploy changed the rig (`after`), or always with
-`--data rigkit_verify=always` (what `rigkit verify` passes).
+Runs when this deploy changed the rig (`after`), or `always` (`rigkit verify`).
 """
 
 from __future__ import annotations
@@ -23,15 +22,21 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files, python
 
-import rigkit.telemetry
-from rigkit.bench import run_bench
-from rigkit.chart import draw
-from rigkit.config import ModelConfig, RigConfig
-from rigkit.report import bench_table
-from rigkit.secrets import read_api_key
-from rigkit.serving import served_name
+import rigkit.verify.telemetry
+from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.serving.api_key import read_api_key
+from rigkit.serving.compose import served_name
 from rigkit.sshforward import forward
-from rigkit.verification import build_result, latest_result, results_folder, save_result
+from rigkit.verify.chart import draw
+from rigkit.verify.client import run_bench
+from rigkit.verify.result import (
+    VerificationResult,
+    build_result,
+    latest_result,
+    results_folder,
+    save_result,
+)
+from rigkit.verify.table import bench_table
 
 # Defaults
 REMOTE_DIR = "/usr/local/lib/rigkit"
@@ -45,16 +50,15 @@ SAMPLER_START_S = 20
 
 
 @deploy("Verify")
-def verify(rig: RigConfig, after=()) -> None:
+def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) -> None:
+    """`after`: the deploy's operations; verification runs if any changed, or `always`."""
     if not rig.models:
         return
     installed = [
-        files.put(name="Install the telemetry sampler", src=rigkit.telemetry.__file__, dest=SAMPLER, mode="755"),
+        files.put(name="Install the telemetry sampler", src=rigkit.verify.telemetry.__file__, dest=SAMPLER, mode="755"),
         files.put(name="Ship pynvml for rigs without nvidia-ml-py", src=pynvml.__file__,
                   dest=f"{SHIPPED_NVML_DIR}/pynvml.py", mode="644"),
     ]
-    always = host.data.get("rigkit_verify") == "always"
-    results_dir = Path(host.data.get("results_dir") or "results")
     for model in rig.models:
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
@@ -103,22 +107,22 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     path = save_result(folder, result)
     draw(path.with_suffix(".png"), rig, model.name, telemetry)
     logger.info(f"{host.print_prefix}{_summary(result, path)}")
-    if not result["passed"]:
-        failed = "; ".join(f"{c['name']}: {c['message']}" for c in result["checks"] if not c["passed"])
+    if not result.passed:
+        failed = "; ".join(f"{c.name}: {c.message}" for c in result.failed_checks)
         raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
 
 
-def _summary(result: dict, path: Path) -> str:
-    f = result["figures"]
-    lines = [f"verification of {result['model']}{' (SIMULATED telemetry)' if result['telemetry_simulated'] else ''}:",
-             bench_table(result["bench"])]
+def _summary(result: VerificationResult, path: Path) -> str:
+    f = result.figures
+    lines = [f"verification of {result.model}{' (SIMULATED telemetry)' if result.telemetry_simulated else ''}:",
+             bench_table(result.bench)]
     for name in ("joules_per_token", "decode_tok_s_per_watt", "roofline_share"):
         if f.get(name) is not None:
             lines.append(f"{name}: {f[name]:.3f}")
-    for c in result["checks"]:
-        if c["name"].startswith("gpu"):
-            lines.append(f"{'PASS' if c['passed'] else 'FAIL'}  {c['name']}: {c['message']}")
-    for r in result["regressions"]:
-        lines.append(f"REGRESSION {r['figure']}: {r['previous']:.3g} -> {r['now']:.3g} ({r['change']:+.0%})")
+    for c in result.checks:
+        if c.name.startswith("gpu"):
+            lines.append(f"{'PASS' if c.passed else 'FAIL'}  {c.name}: {c.message}")
+    for r in result.regressions:
+        lines.append(f"REGRESSION {r.figure}: {r.previous:.3g} -> {r.now:.3g} ({r.change:+.0%})")
     lines.append(f"result: {path} (+ .png)")
     return "\n".join(lines)

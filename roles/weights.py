@@ -4,8 +4,8 @@ For models with `weights.storage: volume` (the default). Talks to the rig's Dock
 Engine with the docker SDK through the deploy's SSH connection (`docker system
 dial-stdio`, as the docker CLI does over ssh://). The check before copying reads
 only metadata, so an unchanged model costs one short helper run and no change.
-`--data rigkit_weights_verify=1` (or `rigkit deploy --verify-weights`) re-hashes
-every volume against its manifest first; files that differ are copied again.
+`verify` (`rigkit deploy --verify-weights`) re-hashes every volume against its
+manifest first; files that differ are copied again.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from rigkit.config import ModelConfig, RigConfig
+from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.sshforward import forward_docker
-from rigkit.weights import WeightsError, copy, needs_copy
+from rigkit.weights.volumes import WeightsError, copy, needs_copy
 
 
 @deploy("Weights")
-def weights(rig: RigConfig) -> dict:
-    """Returns {model name: the copy operation}, so serving can restart a model whose weights changed."""
-    verify = bool(host.data.get("rigkit_weights_verify"))
+def weights(rig: RigConfig, verify: bool = False) -> dict:
+    """Returns {model name: the copy operation}, so serving can restart a model whose weights changed.
+    `verify`: re-hash every volume against its manifest first (`rigkit deploy --verify-weights`)."""
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     # Weights left on a bind mount are warned about by the serving checks (rig.warnings).
     if not on_volumes:

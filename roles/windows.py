@@ -11,7 +11,7 @@ the stacks and warms each model.
 The SSH user should be the administrator who logs on at the rig: the tasks run as
 that user (Docker Desktop's context is per user).
 
-Checks first, as on Linux: the GPUs are the rig file's, caps within the driver's
+Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps within the driver's
 range, PSU budget.
 """
 
@@ -20,12 +20,20 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from rigkit import winops
-from rigkit.config import RigConfig
-from rigkit.nvsmi import GpuReport
-from rigkit.policy import power_drift
-from rigkit.windows import LOG_PATH, POWER_SCRIPT, TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle, task_xml_path
-from roles.gpu_policy import check_policy
+from rigkit.config.schema import RigConfig
+from rigkit.gpu.gate import accept_gpus, check_policy
+from rigkit.windows import operations as winops
+from rigkit.windows.bundle import (
+    LOG_PATH,
+    POWER_SCRIPT,
+    TASK_BOOTSTRAP,
+    TASK_POWER,
+    installed_files,
+    render_bundle,
+    task_xml_path,
+)
+from rigkit.windows.facts import WindowsNvidiaGpus
+from rigkit.windows.policy import capped_power_drift
 
 # Defaults: how long a deploy waits for each task it runs (the bootstrap's own limit is 15 min).
 POWER_TASK_WAIT_S = 300
@@ -33,8 +41,8 @@ BOOTSTRAP_TASK_WAIT_S = 960
 
 
 @deploy("Windows rig")
-def windows(rig: RigConfig, report: GpuReport) -> None:
-    """`report`: the rig's GPUs, already checked against the rig file (roles/gpu_report.py)."""
+def windows(rig: RigConfig) -> None:
+    report = accept_gpus(rig, host.get_fact(WindowsNvidiaGpus))
     check_policy(rig, report)
 
     bundle = render_bundle(rig)
@@ -47,7 +55,7 @@ def windows(rig: RigConfig, report: GpuReport) -> None:
             xml=bundle[f"tasks/{task}.xml"], xml_path=task_xml_path(task),
         )
 
-    drift = power_drift(rig.spec, report, capped_only=True)
+    drift = capped_power_drift(rig.spec, report)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
     power_files = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}

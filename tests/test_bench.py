@@ -12,39 +12,39 @@ import time
 
 import pytest
 
-from rigkit.bench import run_bench
+from rigkit.verify.client import run_bench
 from tests.standin import standin
 
 SPEC = ["--speculative-config", '{"method":"mtp","num_speculative_tokens":2}']
 
 
 def check(result, name):
-    return next(c for c in result["checks"] if c["name"] == name)
+    return next(c for c in result.checks if c.name == name)
 
 
 def test_decode_and_prefill_match_the_truth_under_speculative_decoding(tmp_path):
     with standin(tmp_path, *SPEC, "--dtype", "bfloat16", standin_decode_tok_s="100", standin_prefill_tok_s="2000") as url:
         result = run_bench(url, "m", prompt_tokens=2048, output_tokens=200, seed=1)
-    assert result["passed"], result["checks"]
-    assert result["decode_tok_s"] == pytest.approx(100, rel=0.02)
-    assert result["prefill_tok_s"] == pytest.approx(2000, rel=0.02)
-    assert result["prompt_tokens"] == 2048 and result["completion_tokens"] == 200
+    assert result.passed, result.checks
+    assert result.decode_tok_s == pytest.approx(100, rel=0.02)
+    assert result.prefill_tok_s == pytest.approx(2000, rel=0.02)
+    assert result.prompt_tokens == 2048 and result.completion_tokens == 200
     # 1 + 1.4 accepted tokens per draft: ~2.4 tokens in each chunk.
-    assert result["tokens_per_chunk"] == pytest.approx(2.4, rel=0.03)
-    assert result["acceptance_length"] == pytest.approx(2.4, rel=0.03)
+    assert result.tokens_per_chunk == pytest.approx(2.4, rel=0.03)
+    assert result.acceptance_length == pytest.approx(2.4, rel=0.03)
     # Counting chunks as tokens would have been off by exactly that factor.
-    assert result["chunk_counted_decode_tok_s"] == pytest.approx(100 / result["tokens_per_chunk"], rel=0.03)
+    assert result.chunk_counted_decode_tok_s == pytest.approx(100 / result.tokens_per_chunk, rel=0.03)
     # 100 tok/s = 10 ms per token; chunks of 2 and 3 tokens normalised by their 2.4 mean give 8.3 and 12.5 ms.
-    assert 8.0 <= result["itl_p50_ms"] <= 12.6 and result["itl_p99_ms"] <= 13.5
+    assert 8.0 <= result.itl_p50_ms <= 12.6 and result.itl_p99_ms <= 13.5
 
 
 def test_half_dtype_with_a_drafter_fails_acceptance_with_a_hint(tmp_path):
     with standin(tmp_path, *SPEC, "--dtype", "half", standin_decode_tok_s="90") as url:
         result = run_bench(url, "m", prompt_tokens=64, output_tokens=40, seed=2)
     acceptance = check(result, "spec_decode_acceptance")
-    assert not acceptance["passed"]
-    assert "mean acceptance length 1.00" in acceptance["message"] and "check --dtype" in acceptance["message"]
-    assert result["decode_tok_s"] == pytest.approx(30, rel=0.05)  # 3x slower, and no error from the server
+    assert not acceptance.passed
+    assert "mean acceptance length 1.00" in acceptance.message and "check --dtype" in acceptance.message
+    assert result.decode_tok_s == pytest.approx(30, rel=0.05)  # 3x slower, and no error from the server
 
 
 def test_a_hang_with_health_200_fails_within_the_timeout(tmp_path):
@@ -53,34 +53,34 @@ def test_a_hang_with_health_200_fails_within_the_timeout(tmp_path):
         result = run_bench(url, "m", prompt_tokens=64, output_tokens=8, timeout_s=3)
         elapsed = time.monotonic() - started
     produced = check(result, "tokens_produced")
-    assert not produced["passed"]
-    assert "no token within the 3 s timeout" in produced["message"]
+    assert not produced.passed
+    assert "no token within the 3 s timeout" in produced.message
     assert elapsed < 10  # warm-up request fails fast; the run never hangs
-    assert not result["passed"]
+    assert not result.passed
 
 
 def test_inflated_prompt_count_fails_the_context_readback(tmp_path):
     with standin(tmp_path, standin_prompt_inflation="1.9") as url:
         result = run_bench(url, "m", prompt_tokens=256, output_tokens=8)
     readback = check(result, "context_readback")
-    assert not readback["passed"]
-    assert "asked for 256 prompt tokens, the server counted 486 (89.8% off" in readback["message"]
+    assert not readback.passed
+    assert "asked for 256 prompt tokens, the server counted 486 (89.8% off" in readback.message
 
 
 def test_decode_below_the_expected_minimum_fails(tmp_path):
     with standin(tmp_path, "--enforce-eager", standin_decode_tok_s="70") as url:
         result = run_bench(url, "m", prompt_tokens=64, output_tokens=30, expected_min_decode_tok_s=50)
     decode = check(result, "decode_min")
-    assert not decode["passed"] and result["decode_tok_s"] == pytest.approx(10, rel=0.05)
+    assert not decode.passed and result.decode_tok_s == pytest.approx(10, rel=0.05)
 
 
 def test_concurrency_levels_report_aggregate_and_per_stream(tmp_path):
     with standin(tmp_path, standin_decode_tok_s="50") as url:
         result = run_bench(url, "m", prompt_tokens=64, output_tokens=50, concurrency=(4,))
-    [level] = result["concurrency"]
-    assert level["errors"] == []
-    assert level["per_stream_decode_tok_s"] == pytest.approx(50, rel=0.05)
-    assert level["aggregate_tok_s"] == pytest.approx(200, rel=0.15)
+    [level] = result.concurrency
+    assert level.errors == []
+    assert level.per_stream_decode_tok_s == pytest.approx(50, rel=0.05)
+    assert level.aggregate_tok_s == pytest.approx(200, rel=0.15)
 
 
 def test_rigkit_bench_cli_writes_the_documented_json(tmp_path, capsys):

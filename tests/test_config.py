@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rigkit.config import load_model, load_rig
-from rigkit.errors import ConfigError
+from rigkit.config.errors import ConfigError
+from rigkit.config.loader import load_model, load_rig
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "inventory" / "models"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigkit.config import load_rig
-from rigkit.errors import ConfigError
-from rigkit.serving import render_compose, vllm_args
+from rigkit.config.errors import ConfigError
+from rigkit.config.loader import load_rig
+from rigkit.serving.compose import render_compose, vllm_args
 from tests.conftest import REPO, SERVING_RIG, TEST_CATALOG, copy_catalog
 
 

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from rigkit.checks import check_clock_ceiling, check_enforced_limit, check_power_under_load, gpu_load, integrate_power
-from rigkit.config import load_rig
-from rigkit.verification import build_result, regressions, roofline_tok_s
+from rigkit.config.loader import load_rig
+from rigkit.verify.checks import (
+    Check,
+    check_clock_ceiling,
+    check_enforced_limit,
+    check_power_under_load,
+    gpu_load,
+    integrate_power,
+)
+from rigkit.verify.client import BenchResult
+from rigkit.verify.result import build_result, regressions, roofline_tok_s
 from tests.conftest import REPO
 
 
@@ -23,9 +33,12 @@ def telemetry(sm=2190, power=300.0, limit=330.0, hz=50, seconds=4.0, energy_j=No
     return {"simulated": False, "t_start": 100.0, "t_end": 100.0 + seconds, "gpus": [gpu]}
 
 
-BENCH = {"requested_prompt_tokens": 2048, "requested_output_tokens": 256, "prompt_tokens": 2048,
-         "completion_tokens": 256, "ttft_s": 0.5, "prefill_tok_s": 4096.0, "decode_tok_s": 40.0,
-         "checks": [{"name": "tokens_produced", "passed": True, "message": "ok"}]}
+BENCH = BenchResult(
+    url="http://127.0.0.1:1", model="m", requested_prompt_tokens=2048, requested_output_tokens=256,
+    prompt_tokens=2048, completion_tokens=256, chunks=256, ttft_s=0.5, prefill_tok_s=4096.0, decode_tok_s=40.0,
+    chunk_counted_decode_tok_s=40.0, tokens_per_chunk=1.0, itl_p50_ms=25.0, itl_p99_ms=26.0, max_stall_ms=26.0,
+    acceptance_length=None, concurrency=[], checks=[Check("tokens_produced", True, "ok")],
+)
 
 
 def rig_and_model():
@@ -54,23 +67,23 @@ def test_power_and_enforced_limit_verdicts():
 def test_figures_energy_per_token_and_roofline():
     rig, model = rig_and_model()
     result = build_result(rig, model, BENCH, telemetry(power=300.0, seconds=4.0), None)
-    f = result["figures"]
+    f = result.figures
     assert f["joules_per_token"] == pytest.approx(1200 / 256)
     assert f["mean_power_w"] == pytest.approx(300)
     assert f["decode_tok_s_per_watt"] == pytest.approx(40 / 300)
     # TP2 over two 1008 GB/s cards reading 15 GB per token: 134.4 tok/s bound.
     assert roofline_tok_s(rig, model) == pytest.approx(2 * 1008e9 / 15e9)
     assert f["roofline_share"] == pytest.approx(40 / 134.4, rel=1e-3)
-    assert result["passed"]
+    assert result.passed
 
 
 def test_regressions_over_ten_percent_are_flagged_only_for_the_same_workload():
     rig, model = rig_and_model()
     before = build_result(rig, model, BENCH, telemetry(), None)
-    slower = dict(BENCH, decode_tok_s=34.0)
-    after = build_result(rig, model, slower, telemetry(), before)
-    assert [r["figure"] for r in after["regressions"]] == ["decode_tok_s", "decode_tok_s_per_watt"]
-    other = build_result(rig, model, dict(slower, requested_prompt_tokens=512), telemetry(), before)
-    assert other["regressions"] == [] and other["previous"]["comparable"] is False
-    assert regressions({"ttft_s": 0.56}, {"ttft_s": 0.5}) == [
-        {"figure": "ttft_s", "previous": 0.5, "now": 0.56, "change": pytest.approx(0.12)}]
+    slower = replace(BENCH, decode_tok_s=34.0)
+    after = build_result(rig, model, slower, telemetry(), before.to_json())
+    assert [r.figure for r in after.regressions] == ["decode_tok_s", "decode_tok_s_per_watt"]
+    other = build_result(rig, model, replace(slower, requested_prompt_tokens=512), telemetry(), before.to_json())
+    assert other.regressions == [] and other.previous["comparable"] is False
+    [ttft] = regressions({"ttft_s": 0.56}, {"ttft_s": 0.5})
+    assert (ttft.figure, ttft.previous, ttft.now) == ("ttft_s", 0.5, 0.56) and ttft.change == pytest.approx(0.12)

@@ -19,8 +19,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from rigkit.config import ModelConfig, ModelSpec
-from rigkit.weights import WeightsError, copy, needs_copy
+from rigkit.config.schema import ModelConfig, ModelSpec
+from rigkit.weights.volumes import WeightsError, copy, needs_copy
 from tests.vllm_standin.image import STABLE_TAG, ensure_standin_image
 
 pytestmark = pytest.mark.simrig

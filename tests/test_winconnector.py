@@ -16,7 +16,11 @@ import sys
 
 import pytest
 
-from rigkit.winconnector import encode_powershell, powershell_command_line, sftp_path
+from rigkit.windows.connector import (
+    encode_powershell,
+    powershell_command_line,
+    sftp_path,
+)
 from tests.conftest import REPO, STATE_ROOT
 
 NASTY = "Write-Output 'it''s \"quoted\"'\n$x = \"a`tb\" # naïve ünïcødé ✓ 🚀\r\nexit 0; & { echo $(whoami) }"

@@ -13,9 +13,17 @@ import pytest
 import tree_sitter_powershell
 from tree_sitter import Language, Parser
 
-from rigkit.config import load_rig
+from rigkit.config.loader import load_rig
 from rigkit.render import ps_quote
-from rigkit.windows import INSTALL_DIR, TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle, same_task, task_xml_path
+from rigkit.windows.bundle import (
+    INSTALL_DIR,
+    TASK_BOOTSTRAP,
+    TASK_POWER,
+    installed_files,
+    render_bundle,
+    same_task,
+    task_xml_path,
+)
 from tests.conftest import REPO
 
 NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}

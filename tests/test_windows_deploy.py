@@ -19,8 +19,13 @@ import base64
 
 import pytest
 
-from rigkit.config import load_rig
-from rigkit.windows import TASK_BOOTSTRAP, TASK_POWER, installed_files, render_bundle
+from rigkit.config.loader import load_rig
+from rigkit.windows.bundle import (
+    TASK_BOOTSTRAP,
+    TASK_POWER,
+    installed_files,
+    render_bundle,
+)
 from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, run_deploy
 from tests.test_windows import parse_errors
 

@@ -19,8 +19,8 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 torch = pytest.importorskip("torch")
 
-from rigkit.checks import check_clock_ceiling, check_sample_rate, gpu_load  # noqa: E402
-from rigkit.telemetry import Sampler  # noqa: E402
+from rigkit.verify.checks import check_clock_ceiling, check_sample_rate, gpu_load  # noqa: E402
+from rigkit.verify.telemetry import Sampler  # noqa: E402
 
 LOAD_S = 12.0
 IDLE_EDGE_S = 1.0

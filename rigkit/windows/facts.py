@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from rigkit.nvsmi import EXIT_MARK, GpuReport, parse_query, query_arguments
+from rigkit.gpu.nvsmi import EXIT_MARK, GpuReport, parse_query, query_arguments
 from rigkit.render import ps_quote
 
 ABSENT = "rigkit-absent"
@@ -67,7 +67,7 @@ class ScheduledTaskXml(FactBase):
 
 
 class WindowsNvidiaGpus(FactBase):
-    """The rig's GPUs through nvidia-smi.exe (same fields and report as `rigkit.facts.NvidiaGpus`):
+    """The rig's GPUs through nvidia-smi.exe (same fields and report as `rigkit.gpu.facts.NvidiaGpus`):
     None where nvidia-smi.exe is not installed, a report with `error` where it failed."""
 
     def command(self) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rigkit.config import GpuSpec
-from rigkit.gpus import normalise
-from rigkit.nvsmi import EXIT_NO_PERMISSION, GpuReport, GpuStatus
+from rigkit.config.gpu_models import normalise
+from rigkit.config.schema import GpuSpec
+from rigkit.gpu.nvsmi import EXIT_NO_PERMISSION, GpuReport, GpuStatus
 
 
 def gpu_problems(configured: list[GpuSpec], report: GpuReport | None) -> list[str]:

@@ -18,8 +18,8 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
 
 from rigkit.render import ps_quote
-from rigkit.windows import INSTALL_DIR, same_task
-from rigkit.winfacts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
+from rigkit.windows.bundle import INSTALL_DIR, same_task
+from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
 
 APPLIED_DIR = INSTALL_DIR / "applied"  # <task>.txt: digest of the inputs of its last successful run
 TASK_START_S = 20  # a task that has not started by then will not (e.g. its user is not logged on)

@@ -6,19 +6,22 @@ Pure functions; the JSON document they build is described in docs/verification.m
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rigkit import gpus as gpu_table
-from rigkit.checks import (
+from rigkit.config import gpu_models as gpu_table
+from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.verify.checks import (
     Check,
+    GpuLoad,
     check_clock_ceiling,
     check_enforced_limit,
     check_power_under_load,
     check_sample_rate,
     gpu_load,
 )
-from rigkit.config import ModelConfig, RigConfig
+from rigkit.verify.client import BenchResult
 
 REGRESSION_SHARE = 0.10
 # figure -> True when higher is better
@@ -39,8 +42,48 @@ def roofline_tok_s(rig: RigConfig, model: ModelConfig) -> float | None:
     return bandwidth_bytes / model.spec.active_weight_bytes
 
 
-def build_result(rig: RigConfig, model: ModelConfig, bench: dict, telemetry: dict,
-                 previous: dict | None, now: datetime | None = None) -> dict:
+@dataclass(frozen=True)
+class Regression:
+    figure: str
+    previous: float
+    now: float
+    change: float  # (now - previous) / previous
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    """One model's verification on one rig; written out only by `save_result`."""
+
+    rig: str
+    model: str
+    time: str  # ISO 8601, UTC
+    telemetry_simulated: bool
+    workload: dict
+    figures: dict[str, float | None]
+    gpus: list[GpuLoad]
+    bench: BenchResult
+    checks: list[Check]
+    previous: dict | None = None  # the earlier run's time, figures and whether it is comparable
+    regressions: list[Regression] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failed_checks(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+    def to_json(self) -> dict:
+        document = asdict(self)
+        document["bench"] = self.bench.to_json()
+        document["passed"] = self.passed
+        return document
+
+
+def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemetry: dict,
+                 previous: dict | None, now: datetime | None = None) -> VerificationResult:
+    """`previous`: the JSON document of the latest earlier run, as `latest_result` reads it."""
     policy = {g.index: g for g in rig.spec.gpus}
     loads = [gpu_load(g, telemetry["t_start"], telemetry["t_end"]) for g in telemetry["gpus"]]
     checks: list[Check] = []
@@ -51,50 +94,49 @@ def build_result(rig: RigConfig, model: ModelConfig, bench: dict, telemetry: dic
         ceiling = spec.clock_lock_mhz.ceiling_mhz if spec and spec.clock_lock_mhz else None
         checks += [check_sample_rate(load), check_enforced_limit(load, wanted),
                    check_clock_ceiling(load, ceiling), check_power_under_load(load, cap)]
-    checks += [Check(**c) for c in bench["checks"]]
+    checks += bench.checks
 
     energy = [load.energy_counter_j for load in loads]
     energy_j = sum(energy) if energy and all(e is not None for e in energy) else None
     seconds = telemetry["t_end"] - telemetry["t_start"]
-    tokens = bench.get("completion_tokens") or 0
+    tokens = bench.completion_tokens or 0
     joules_per_token = energy_j / tokens if energy_j and tokens else None
     mean_power_w = energy_j / seconds if energy_j and seconds > 0 else None
-    decode = bench.get("decode_tok_s")
+    decode = bench.decode_tok_s
     roof = roofline_tok_s(rig, model)
     figures = {
-        "prefill_tok_s": bench.get("prefill_tok_s"),
+        "prefill_tok_s": bench.prefill_tok_s,
         "decode_tok_s": decode,
-        "ttft_s": bench.get("ttft_s"),
+        "ttft_s": bench.ttft_s,
         "joules_per_token": joules_per_token,
         "mean_power_w": mean_power_w,
         "decode_tok_s_per_watt": decode / mean_power_w if decode and mean_power_w else None,
         "roofline_tok_s": roof,
         "roofline_share": decode / roof if decode and roof else None,
     }
-    workload = {"prompt_tokens": bench.get("requested_prompt_tokens"), "output_tokens": bench.get("requested_output_tokens")}
-    result = {
-        "rig": rig.name,
-        "model": model.name,
-        "time": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
-        "telemetry_simulated": telemetry.get("simulated", False),
-        "workload": workload,
-        "figures": figures,
-        "gpus": [vars(load) for load in loads],
-        "bench": bench,
-        "checks": [c.to_json() for c in checks],
-        "passed": all(c.passed for c in checks),
-        "previous": None,
-        "regressions": [],
-    }
+    workload = {"prompt_tokens": bench.requested_prompt_tokens, "output_tokens": bench.requested_output_tokens}
+    earlier, found = None, []
     if previous:
         comparable = previous.get("workload") == workload
-        result["previous"] = {"time": previous.get("time"), "figures": previous.get("figures", {}), "comparable": comparable}
+        earlier = {"time": previous.get("time"), "figures": previous.get("figures", {}), "comparable": comparable}
         # A run with another prompt or output length is a different workload: shown, never called a regression.
-        result["regressions"] = regressions(figures, previous.get("figures", {})) if comparable else []
-    return result
+        found = regressions(figures, previous.get("figures", {})) if comparable else []
+    return VerificationResult(
+        rig=rig.name,
+        model=model.name,
+        time=(now or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
+        telemetry_simulated=telemetry.get("simulated", False),
+        workload=workload,
+        figures=figures,
+        gpus=loads,
+        bench=bench,
+        checks=checks,
+        previous=earlier,
+        regressions=found,
+    )
 
 
-def regressions(now: dict, before: dict) -> list[dict]:
+def regressions(now: dict, before: dict) -> list[Regression]:
     found = []
     for name, higher_is_better in COMPARED.items():
         new, old = now.get(name), before.get(name)
@@ -103,7 +145,7 @@ def regressions(now: dict, before: dict) -> list[dict]:
         change = (new - old) / old
         worse = -change if higher_is_better else change
         if worse > REGRESSION_SHARE:
-            found.append({"figure": name, "previous": old, "now": new, "change": change})
+            found.append(Regression(name, old, new, change))
     return found
 
 
@@ -116,9 +158,9 @@ def latest_result(folder: Path) -> dict | None:
     return json.loads(runs[-1].read_text()) if runs else None
 
 
-def save_result(folder: Path, result: dict) -> Path:
+def save_result(folder: Path, result: VerificationResult) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = result["time"].replace(":", "").replace("+0000", "Z").replace("+00:00", "Z")
+    stamp = result.time.replace(":", "").replace("+0000", "Z").replace("+00:00", "Z")
     path = folder / f"{stamp}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return path

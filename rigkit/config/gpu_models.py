@@ -3,7 +3,7 @@
 The power ranges are the reference boards' `power.min_limit`/`power.max_limit`.
 Partner and modded boards differ, so these only catch typos at validation time;
 the range the rig's own driver reports is checked again before anything is
-applied (see `rigkit.policy`).
+applied (see `rigkit.gpu.policy`).
 """
 
 from __future__ import annotations

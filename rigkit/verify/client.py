@@ -22,11 +22,11 @@ import re
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from rigkit.checks import Check
+from rigkit.verify.checks import Check
 
 PROMPT_TOLERANCE = 0.05
 ACCEPTANCE_FLOOR = 1.05  # a mean acceptance length below this with drafting on means drafts are all rejected
@@ -67,6 +67,46 @@ class StreamResult:
         if self.chunks < 2 or not self.t_last or self.t_last <= self.t_first:
             return None
         return (self.chunks - 1) / (self.t_last - self.t_first)
+
+
+@dataclass(frozen=True)
+class ConcurrencyLevel:
+    concurrency: int
+    errors: list[str]
+    aggregate_tok_s: float | None
+    per_stream_decode_tok_s: float | None
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One benchmark run: the single-stream figures, each concurrency level and the checks.
+    Written out as JSON only at the edge (`to_json`); docs/verification.md describes the fields."""
+
+    url: str
+    model: str
+    requested_prompt_tokens: int
+    requested_output_tokens: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    chunks: int
+    ttft_s: float | None
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    chunk_counted_decode_tok_s: float | None
+    tokens_per_chunk: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    max_stall_ms: float | None
+    acceptance_length: float | None
+    concurrency: list[ConcurrencyLevel]
+    checks: list[Check]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
 
 
 def make_prompt(tokens: int, rng: random.Random) -> str:
@@ -147,8 +187,8 @@ def _itl_ms(result: StreamResult) -> list[float]:
 
 def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int = 128,
               concurrency: tuple[int, ...] = (), timeout_s: float = 120.0, api_key: str | None = None,
-              expected_min_decode_tok_s: float | None = None, seed: int | None = None) -> dict:
-    """Single stream first (the figures), then each concurrency level. Returns the JSON document."""
+              expected_min_decode_tok_s: float | None = None, seed: int | None = None) -> BenchResult:
+    """Single stream first (the figures), then each concurrency level."""
     rng = random.Random(seed)
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -162,7 +202,7 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
     return _document(url, model, single, output_tokens, before, after, levels, expected_min_decode_tok_s)
 
 
-def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng) -> dict:
+def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng) -> ConcurrencyLevel:
     prompts = [make_prompt(prompt_tokens, rng) for _ in range(streams)]
     results: list[StreamResult | None] = [None] * streams
     with httpx.Client(headers=headers, timeout=timeout_s, limits=httpx.Limits(max_connections=streams)) as client:
@@ -176,16 +216,16 @@ def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, time
             t.join()
     done = [r for r in results if r and not r.error]
     errors = [r.error for r in results if r and r.error]
-    level = {"concurrency": streams, "errors": errors, "aggregate_tok_s": None, "per_stream_decode_tok_s": None}
+    aggregate = per_stream = None
     if done:
         span = max(r.t_last for r in done) - min(r.t_send for r in done)
-        level["aggregate_tok_s"] = sum(r.completion_tokens for r in done) / span if span > 0 else None
+        aggregate = sum(r.completion_tokens for r in done) / span if span > 0 else None
         rates = [r.decode_tok_s for r in done if r.decode_tok_s]
-        level["per_stream_decode_tok_s"] = statistics.mean(rates) if rates else None
-    return level
+        per_stream = statistics.mean(rates) if rates else None
+    return ConcurrencyLevel(streams, errors, aggregate, per_stream)
 
 
-def _document(url, model, single: StreamResult, requested_output, before, after, levels, expected_min) -> dict:
+def _document(url, model, single: StreamResult, requested_output, before, after, levels, expected_min) -> BenchResult:
     checks: list[Check] = []
     ok = single.error is None
     checks.append(Check("tokens_produced", ok, single.error or f"{single.completion_tokens} tokens counted from usage"))
@@ -210,24 +250,23 @@ def _document(url, model, single: StreamResult, requested_output, before, after,
                             f"no decode rate measured; expected >= {expected_min:g} tok/s"))
     itl = _itl_ms(single) if ok else []
     gaps = [(b - a) * 1000 for a, b in zip(single.chunk_times, single.chunk_times[1:])]
-    return {
-        "url": url,
-        "model": model,
-        "requested_prompt_tokens": single.requested_prompt_tokens,
-        "requested_output_tokens": requested_output,
-        "prompt_tokens": single.prompt_tokens,
-        "completion_tokens": single.completion_tokens,
-        "chunks": single.chunks,
-        "ttft_s": single.ttft_s if ok else None,
-        "prefill_tok_s": single.prompt_tokens / single.ttft_s if ok and single.prompt_tokens and single.ttft_s else None,
-        "decode_tok_s": decode,
-        "chunk_counted_decode_tok_s": single.chunk_counted_decode_tok_s if ok else None,
-        "tokens_per_chunk": single.completion_tokens / single.chunks if ok and single.chunks else None,
-        "itl_p50_ms": _percentile(itl, 0.50),
-        "itl_p99_ms": _percentile(itl, 0.99),
-        "max_stall_ms": max(gaps) if gaps else None,
-        "acceptance_length": acceptance,
-        "concurrency": levels,
-        "checks": [c.to_json() for c in checks],
-        "passed": all(c.passed for c in checks),
-    }
+    return BenchResult(
+        url=url,
+        model=model,
+        requested_prompt_tokens=single.requested_prompt_tokens,
+        requested_output_tokens=requested_output,
+        prompt_tokens=single.prompt_tokens,
+        completion_tokens=single.completion_tokens,
+        chunks=single.chunks,
+        ttft_s=single.ttft_s if ok else None,
+        prefill_tok_s=single.prompt_tokens / single.ttft_s if ok and single.prompt_tokens and single.ttft_s else None,
+        decode_tok_s=decode,
+        chunk_counted_decode_tok_s=single.chunk_counted_decode_tok_s if ok else None,
+        tokens_per_chunk=single.completion_tokens / single.chunks if ok and single.chunks else None,
+        itl_p50_ms=_percentile(itl, 0.50),
+        itl_p99_ms=_percentile(itl, 0.99),
+        max_stall_ms=max(gaps) if gaps else None,
+        acceptance_length=acceptance,
+        concurrency=levels,
+        checks=checks,
+    )

@@ -1,26 +1,8 @@
-"""pyinfra facts rigkit reads from a rig."""
+"""pyinfra facts about the serving stacks on a Linux rig."""
 
 from __future__ import annotations
 
 from pyinfra.api import FactBase
-
-from rigkit.nvsmi import GpuReport, parse_query, query_command
-
-
-class NvidiaGpus(FactBase):
-    """Each GPU's name, power limits and persistence mode, as nvidia-smi reports them.
-
-    Returns None where nvidia-smi is not installed; a GpuReport with `error` set
-    where it is installed but failed (driver not loaded, no permission).
-    """
-
-    requires_command = "nvidia-smi"
-
-    def command(self) -> str:
-        return query_command()
-
-    def process(self, output) -> GpuReport:
-        return parse_query(list(output))
 
 
 class RigkitStacks(FactBase):

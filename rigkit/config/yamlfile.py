@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from rigkit.errors import ConfigError, Problem
+from rigkit.config.errors import ConfigError, Problem
 
 Location = tuple[str | int, ...]
 

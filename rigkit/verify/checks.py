@@ -8,7 +8,7 @@ compared with the policy, and the draw under load with the cap.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 LOAD_CLOCK_SHARE = 0.5  # samples at >= half the run's peak SM clock count as "under load"
 POWER_TOLERANCE = 0.02  # sensor noise allowed above the cap
@@ -19,9 +19,6 @@ class Check:
     name: str
     passed: bool
     message: str
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

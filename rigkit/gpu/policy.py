@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rigkit.config import RigSpec
-from rigkit.nvsmi import GpuReport
+from rigkit.config.schema import RigSpec
+from rigkit.gpu.nvsmi import GpuReport
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,18 @@ def wanted_limits_w(spec: RigSpec, report: GpuReport) -> dict[int, float]:
     return {g.index: float(g.power_limit_w) if g.power_limit_w is not None else defaults[g.index] for g in spec.gpus}
 
 
-def power_drift(spec: RigSpec, report: GpuReport, capped_only: bool = False) -> list[str]:
-    """GPUs whose current power limit is not the policy's, as lines for the deploy log.
-    `capped_only`: ignore GPUs without a cap (Windows rigs leave those as they are)."""
+def power_drift(spec: RigSpec, report: GpuReport) -> list[str]:
+    """GPUs whose current power limit is not the policy's, as lines for the deploy log."""
+    return drift_lines(report, wanted_limits_w(spec, report))
+
+
+def drift_lines(report: GpuReport, wanted_w: dict[int, float]) -> list[str]:
+    """Lines for the GPUs whose current power limit is not `wanted_w` ({index: watts})."""
     current = {g.index: g.power_limit_w for g in report.gpus}
-    capped = {g.index for g in spec.gpus if g.power_limit_w is not None}
     return [
         f"GPU {index}: power limit is {current[index]:.0f} W, policy says {want:.0f} W"
-        for index, want in wanted_limits_w(spec, report).items()
-        if abs(current[index] - want) >= 0.5 and (index in capped or not capped_only)
+        for index, want in wanted_w.items()
+        if abs(current[index] - want) >= 0.5
     ]
 
 

@@ -1,10 +1,7 @@
-"""The validated configuration every role reads: one rig file plus its model catalog.
+"""The configuration schema: what a rig file and a model catalog entry may say, and the
+validated objects every role receives (`RigConfig`, `ModelConfig`).
 
-Data flows one way: YAML files -> `load_rig()` -> frozen objects. Nothing
-downstream reads raw YAML or pyinfra's host.data again. Validation is complete
-before any host is touched; `ConfigError` lists every problem at once, each with
-its file, line, field, value and what is allowed.
-
+Strict pydantic models: a quoted "330" is a typo, not a number; unknown keys are errors.
 Reference for every field and its default: docs/configuration.md.
 """
 
@@ -13,14 +10,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
-from rigkit import gpus
-from rigkit.errors import ConfigError, Problem
-from rigkit.serving_checks import serving_findings
-from rigkit.yamlfile import Location, format_location, load_yaml
+from rigkit.config import gpu_models
 
 MAX_GPUS_PER_RIG = 8
 
@@ -68,7 +69,7 @@ class GpuSpec(_Strict):
     @field_validator("power_limit_w")
     @classmethod
     def _within_reference_range(cls, value: int | None, info: ValidationInfo) -> int | None:
-        known = gpus.lookup(info.data.get("model", ""))
+        known = gpu_models.lookup(info.data.get("model", ""))
         if value is not None and known and not known.power_min_w <= value <= known.power_max_w:
             raise ValueError(
                 f"{value} W is outside {known.power_min_w}-{known.power_max_w} W, "
@@ -171,7 +172,7 @@ class ModelSpec(_Strict):
         return value
 
 
-# ----- loading ----------------------------------------------------------------
+# ----- validated objects ----------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -187,81 +188,4 @@ class RigConfig:
     spec: RigSpec
     models: tuple[ModelConfig, ...]
     file: Path
-    warnings: tuple[str, ...] = ()  # serving-config warnings (rigkit.serving_checks)
-
-
-def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
-    """Load and validate one rig file and every catalog entry it serves."""
-    rig_file, catalog_dir = Path(rig_file), Path(catalog_dir)
-    spec = _validate(RigSpec, rig_file)
-    models, problems = [], []
-    for position, name in enumerate(spec.models):
-        model_file = catalog_dir / f"{name}.yml"
-        if not model_file.is_file():
-            available = ", ".join(sorted(p.stem for p in catalog_dir.glob("*.yml"))) or "none"
-            problems.append(
-                Problem(rig_file, f"models[{position}]", name, f"no catalog file {model_file}; available: {available}")
-            )
-            continue
-        try:
-            models.append(ModelConfig(name, _validate(ModelSpec, model_file), model_file))
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    if problems:
-        raise ConfigError(problems)
-    errors, warnings = serving_findings(spec, rig_file, models)
-    if errors:
-        raise ConfigError(errors)
-    return RigConfig(rig_file.stem, spec, tuple(models), rig_file, tuple(warnings))
-
-
-def load_model(model_file: Path | str) -> ModelConfig:
-    model_file = Path(model_file)
-    return ModelConfig(model_file.stem, _validate(ModelSpec, model_file), model_file)
-
-
-def _validate(schema: type[BaseModel], path: Path) -> Any:
-    data, lines = load_yaml(path)
-    if data is None:
-        data = {}
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError([_problem(schema, path, error, lines) for error in exc.errors()]) from None
-
-
-def _problem(schema: type[BaseModel], path: Path, error: dict, lines: dict[Location, int]) -> Problem:
-    loc = tuple(error["loc"])
-    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
-    message = error["msg"].removeprefix("Value error, ")
-    value = error.get("input")
-    if error["type"] == "extra_forbidden":
-        allowed = ", ".join(_fields_at(schema, loc[:-1]))
-        message = f"unknown key (a typo?); allowed here: {allowed}"
-        value = None
-    elif error["type"] == "missing":
-        message = "required field is missing"
-        value = None
-    elif isinstance(value, (dict, list)) and error["type"] != "value_error":
-        value = None  # the field names it; a whole mapping in the message helps nobody
-    return Problem(path, format_location(loc), value, message, line)
-
-
-def _fields_at(schema: type[BaseModel], loc: Location) -> list[str]:
-    """The keys a schema allows at a location, for 'unknown key' messages."""
-    model: Any = schema
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        annotation = model.model_fields[part].annotation
-        model = next(_models_in(annotation), None)
-        if model is None:
-            return []
-    return list(model.model_fields)
-
-
-def _models_in(annotation: Any):
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        yield annotation
-    for arg in get_args(annotation):
-        yield from _models_in(arg)
+    warnings: tuple[str, ...] = ()  # serving-config warnings (rigkit.config.lint)

@@ -1,6 +1,6 @@
 """nvidia-smi's query interface: the command line and the parser for what it prints.
 
-Pure functions; the pyinfra fact in `rigkit.facts` runs the command on the rig.
+Pure functions; the pyinfra fact in `rigkit.gpu.facts` runs the command on the rig.
 Note what is *not* here: a clock lock cannot be read back through nvidia-smi
 or NVML (`clocks.max.graphics` is the hardware ceiling, locked or not).
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from rigkit.config import RigConfig
+from rigkit.config.schema import RigConfig
 
 
 class SecretFileError(Exception):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from rigkit.config import ModelConfig
+from rigkit.config.lint import is_windows_path
+from rigkit.config.schema import ModelConfig
 from rigkit.render import render
-from rigkit.serving_checks import is_windows_path
 
 STACKS_DIR = "/etc/rigkit/stacks"
 SECRETS_ENV_FILE = "/etc/rigkit/secrets/vllm-api-key.env"

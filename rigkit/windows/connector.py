@@ -51,6 +51,9 @@ def sftp_path(path: str) -> str:
 class WindowsSSHConnector(SSHConnector):
     """Windows over OpenSSH: PowerShell -EncodedCommand for commands, SFTP for files."""
 
+    # Read by rigkit.config.inventory to refuse a Linux rig behind this connector (and the reverse).
+    target_os = "windows"
+
     @staticmethod
     def make_names_data(name):
         yield f"@winssh/{name}", {"ssh_hostname": name}, []

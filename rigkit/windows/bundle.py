@@ -12,9 +12,9 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path, PureWindowsPath
 
-from rigkit.config import RigConfig
+from rigkit.config.schema import RigConfig
 from rigkit.render import render
-from rigkit.serving import render_compose, served_name
+from rigkit.serving.compose import render_compose, served_name
 
 INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"

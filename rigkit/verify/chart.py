@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on rigs or CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rigkit.config import RigConfig  # noqa: E402
+from rigkit.config.schema import RigConfig  # noqa: E402
 
 
 def draw(path: Path, rig: RigConfig, model_name: str, telemetry: dict) -> Path:

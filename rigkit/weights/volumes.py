@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import docker
 
-from rigkit.config import ModelConfig
+from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
-from rigkit.serving import volume_name
+from rigkit.serving.compose import volume_name
 
 COPY_TIMEOUT_S = 6 * 3600  # tens of GB over a slow mount still end
 

@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rigkit import gpus as gpu_table
-from rigkit.errors import Problem
+from rigkit.config import gpu_models as gpu_table
+from rigkit.config.errors import Problem
 
 if TYPE_CHECKING:
-    from rigkit.config import ModelConfig, RigSpec
+    from rigkit.config.schema import ModelConfig, RigSpec
 
 GIB = 1024**3
 WEIGHTS_FIT_SHARE = 0.70  # weights this share of one card's memory leave room for the KV cache

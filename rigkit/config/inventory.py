@@ -1,0 +1,89 @@
+"""Where pyinfra's inventory meets rigkit's config: the only module that reads `host.data`.
+
+Each inventory host names its rig file (`rig_file`) and may override where the catalog
+and results live; `rigkit deploy` / `rigkit verify` pass run switches as `--data`. This
+module turns all of that into validated objects (`RigConfig`, `RunOptions`) that the
+roles receive, and is the one place where `ConfigError` becomes pyinfra's error type, so
+a bad file stops the run with its message before any operation runs on any rig.
+
+Every default below is documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from pyinfra.api.exceptions import PyinfraError
+
+from rigkit.config.errors import ConfigError
+from rigkit.config.loader import load_rig
+from rigkit.config.schema import RigConfig
+
+# Defaults for every rig (group_data/all.py shows them; a host's own data overrides them).
+DEFAULT_CATALOG_DIR = "inventory/models"  # one YAML file per served model
+DEFAULT_RESULTS_DIR = "results"  # verification results on the control machine
+
+
+class RigConfigError(PyinfraError):
+    """A rig's configuration is invalid; raised before any change is made."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Switches of one run, the same for every rig of it."""
+
+    results_dir: Path = Path(DEFAULT_RESULTS_DIR)
+    verify_always: bool = False  # `rigkit verify`: benchmark even when the deploy changed nothing
+    verify_weights: bool = False  # `rigkit deploy --verify-weights`: re-hash every weights volume
+
+
+@lru_cache(maxsize=None)
+def _load(rig_file: str, catalog_dir: str) -> RigConfig:
+    return load_rig(Path(rig_file), Path(catalog_dir))
+
+
+def rig_config(host) -> RigConfig:
+    """The validated config of one inventory host (its `rig_file` and `catalog_dir` data)."""
+    rig_file = host.data.get("rig_file")
+    if not rig_file:
+        raise RigConfigError(f"host {host.name} has no `rig_file` in its inventory data; point it at inventory/rigs/<rig>.yml")
+    try:
+        return _load(str(rig_file), str(host.data.get("catalog_dir") or DEFAULT_CATALOG_DIR))
+    except ConfigError as exc:
+        raise RigConfigError(f"rig {host.name}: {exc.render()}") from None
+
+
+def run_options(host) -> RunOptions:
+    return RunOptions(
+        results_dir=Path(host.data.get("results_dir") or DEFAULT_RESULTS_DIR),
+        verify_always=host.data.get("rigkit_verify") == "always",
+        verify_weights=bool(host.data.get("rigkit_weights_verify")),
+    )
+
+
+def connector_os(host) -> str:
+    """The OS a host's connector speaks to: rigkit's Windows connector says `windows`
+    through its `target_os`; every other connector is taken as a POSIX shell."""
+    return getattr(host.connector_cls, "target_os", "linux")
+
+
+def validate_inventory(inventory) -> dict[str, RigConfig]:
+    """Validate every active host's config up front, so one bad file stops all rigs; a
+    Windows rig must be reached through the Windows connector, a Linux rig must not."""
+    rigs = {}
+    for host in inventory.get_active_hosts():
+        rig = rigs[host.name] = rig_config(host)
+        speaks = connector_os(host)
+        if rig.spec.os == "windows" and speaks != "windows":
+            raise RigConfigError(
+                f"rig {host.name} ({rig.file}) has os: windows, but its inventory entry uses the "
+                f"{host.connector_cls.__name__}; name it @winssh/<address> to use rigkit's Windows connector"
+            )
+        if rig.spec.os == "linux" and speaks == "windows":
+            raise RigConfigError(
+                f"rig {host.name} ({rig.file}) has os: linux, but its inventory entry uses the Windows "
+                "connector (@winssh/); name it by its address"
+            )
+    return rigs

@@ -1,0 +1,149 @@
+"""The library's shape, checked on its parsed imports (ast; nothing is imported or run).
+
+- no import cycle between rigkit's modules;
+- no role imports another role (shared code lives in rigkit/);
+- Windows-only code stays in rigkit/windows/ and roles/windows.py: nothing else imports
+  rigkit.windows, except the command-line front door (`rigkit windows-bundle` is one of its
+  commands, as deploy.py picks the Windows role);
+- pyinfra's host.data is read in one module only (rigkit/config/inventory.py);
+- every role module defines exactly one @deploy function.
+Simulates nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+WINDOWS_FILES = {"roles/windows.py"}
+FRONT_DOORS = {"rigkit/cli.py"}
+HOST_DATA_READER = "rigkit/config/inventory.py"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, Path]:
+    files = [*(REPO / "rigkit").rglob("*.py"), *(REPO / "roles").glob("*.py"), REPO / "deploy.py", REPO / "verify.py"]
+    return {module_name(p): p for p in files if "_templates" not in p.parts}
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (function-level imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Edges between our own modules only (`from rigkit.gpu import policy` -> rigkit.gpu.policy)."""
+    return {name: {i for i in imports(path) if i in modules and i != name} for name, path in modules.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_no_import_cycles():
+    assert find_cycle(graph(sources())) is None, " -> ".join(find_cycle(graph(sources())))
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(edges) == ["a", "b", "c", "a"]
+
+
+def test_no_role_imports_another_role():
+    for name, path in sources().items():
+        if name.startswith("roles."):
+            others = {i for i in imports(path) if i == "roles" or i.startswith("roles.")}
+            assert not others, f"{path.relative_to(REPO)} imports {sorted(others)}: shared code belongs in rigkit/"
+
+
+def test_windows_code_is_imported_only_by_windows_files():
+    for name, path in sources().items():
+        relative = str(path.relative_to(REPO))
+        if name.startswith("rigkit.windows") or relative in WINDOWS_FILES | FRONT_DOORS:
+            continue
+        windows = {i for i in imports(path) if i == "rigkit.windows" or i.startswith("rigkit.windows.")}
+        assert not windows, f"{relative} imports {sorted(windows)}: Windows-only code stays in rigkit/windows/"
+
+
+@pytest.mark.parametrize("planted", ["from rigkit.windows.bundle import render_bundle", "import rigkit.windows.facts"])
+def test_the_windows_rule_sees_a_planted_import(tmp_path, planted):
+    path = tmp_path / "x.py"
+    path.write_text(f"def f():\n    {planted}\n")
+    assert any(i.startswith("rigkit.windows") for i in imports(path))
+
+
+def test_host_data_is_read_in_one_module():
+    readers = [
+        str(path.relative_to(REPO))
+        for path in sources().values()
+        if any(isinstance(n, ast.Attribute) and n.attr == "data" and isinstance(n.value, ast.Name)
+               and n.value.id == "host" for n in ast.walk(ast.parse(path.read_text())))
+    ]
+    assert readers == [HOST_DATA_READER]
+
+
+def test_each_role_is_one_deploy_function():
+    for path in (REPO / "roles").glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        deploys = [
+            n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+            and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "deploy" for d in n.decorator_list)
+        ]
+        assert deploys == [path.stem], f"{path.name}: @deploy functions {deploys}"
+
+
+def test_templates_are_found_the_same_in_an_installed_copy(tmp_path):
+    """An installed wheel has no repository around it: pyproject.toml ships templates/ as
+    rigkit/_templates, and rigkit.render finds the same files there."""
+    import shutil
+    import subprocess
+    import sys
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"]["rigkit._templates"] == "templates"
+    assert "rigkit._templates" in setuptools["packages"]
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "rigkit", site / "rigkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "templates", site / "rigkit" / "_templates")
+    probe = ("from rigkit.render import template_path, template_text; "
+             "print(template_path('serving/rigkit-stack')); print(len(template_text('weights/rigkit-copy.py')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site)},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == str(site / "rigkit" / "_templates" / "serving" / "rigkit-stack")
+    assert int(out[1]) == len((REPO / "templates/weights/rigkit-copy.py").read_text())
