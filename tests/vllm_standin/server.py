@@ -16,11 +16,35 @@ What it fakes, and the traps it reproduces:
 - `--enforce-eager`: decode 7x slower (the leftover-workaround trap).
 - STANDIN_PROMPT_INFLATION: usage.prompt_tokens reports that many times the real
   prompt length (a server whose token count disagrees with the request).
-- Faults (STANDIN_FAULT): `fail_at_start` exits with an error at start;
-  `hang` loads, answers /health with 200, and never produces a token;
-  `slow_load` takes STANDIN_SLOW_LOAD_S (default 30) to load.
-- /metrics exposes vLLM's metric names, including
-  vllm:spec_decode_num_drafts_total and vllm:spec_decode_num_accepted_tokens_total.
+- Faults (STANDIN_FAULT, several may be given comma-separated): `fail_at_start` exits
+  with an error at start; `hang` loads, answers /health with 200, and never produces a
+  token; `slow_load` takes STANDIN_SLOW_LOAD_S (default 30) to load;
+  `error_mid_stream` sends an OpenAI error object as an SSE event after
+  STANDIN_ERROR_AFTER_TOKENS (default 2) tokens, then [DONE], and no usage;
+  `buffered` plays a buffering proxy: the server generates at its rates but every
+  event of a stream arrives at once at the end; `empty_first` sends an empty text
+  chunk and a role-only delta as soon as the request arrives, before prefill.
+- Stream endings: STANDIN_FINISH_REASON replaces the last chunk's finish_reason
+  (`abort`, `error`, ...; `none` sends none at all); STANDIN_STOP_AFTER_TOKENS stops
+  every generation after that many tokens with finish_reason "stop" (ignore_eos not honoured).
+- SSE wire variants (STANDIN_SSE, comma-separated): `compact` writes `data:` without
+  the space; `comments` sends `: keep-alive` comment lines while the request waits and
+  before every event; `event` puts an `event: chunk` line before each data line;
+  `multiline` spreads each JSON payload over several `data:` lines; `crlf` ends lines in CRLF.
+- Token fields (STANDIN_TOKEN_FIELD): `text` (default for completions), `content`
+  (default for chat), `reasoning_content`, `reasoning`, or `tool_calls` (function
+  arguments deltas): the field carrying the generated text, on either endpoint.
+- Queueing: STANDIN_QUEUE_S seconds of waiting before prefill starts (a busy
+  scheduler). /metrics has vLLM's per-request histograms (queue, prefill, decode time,
+  TTFT, measured per request) unless STANDIN_HISTOGRAMS=0.
+- Spec-decode counters (STANDIN_SPEC_COUNTERS): `full` (default: drafts, draft tokens,
+  accepted, accepted per position), `old` (draft tokens and accepted only: no
+  num_drafts), `per_pos` (draft tokens and per-position accepted only), `none`
+  (drafting, but no spec-decode counters at all).
+- Rejections: STANDIN_REJECT_SHARE (e.g. 0.5) of the requests that arrive while
+  another is generating are refused with HTTP STANDIN_REJECT_STATUS (default 429)
+  and an OpenAI error body; a lone request is never refused.
+- GET /version answers {"version": "standin"}, as vLLM answers its version.
 - The API key (--api-key or VLLM_API_KEY) is enforced on /v1/* as vLLM does.
 - The model path must hold a config.json, as vLLM needs one: the weights must really be mounted.
 - GET /standin/info reports the parsed flags and NVIDIA_VISIBLE_DEVICES as set by
@@ -33,6 +57,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -40,6 +65,11 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HANG_LIMIT_S = 3600  # a hung request still ends, after an hour
+HISTOGRAMS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+              "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds",
+              "vllm:e2e_request_latency_seconds")
+BUCKETS = (0.01, 0.1, 1.0, 10.0)
+KEEPALIVE_S = 0.1  # the `comments` SSE variant sends a comment this often while a request waits
 
 
 def parse_args(argv):
@@ -87,10 +117,25 @@ class Engine:
         self.accepted_per_draft = accepted
         self.decode_tok_s = decode
         self.inflation = float(env.get("STANDIN_PROMPT_INFLATION", "1.0"))
-        self.hang = env.get("STANDIN_FAULT") == "hang"
+        self.faults = set(filter(None, env.get("STANDIN_FAULT", "").split(",")))
+        self.hang = "hang" in self.faults
+        self.sse = set(filter(None, env.get("STANDIN_SSE", "").split(",")))
+        self.token_field = env.get("STANDIN_TOKEN_FIELD")
+        self.finish_reason = env.get("STANDIN_FINISH_REASON")
+        self.stop_after = int(env["STANDIN_STOP_AFTER_TOKENS"]) if env.get("STANDIN_STOP_AFTER_TOKENS") else None
+        self.error_after = int(env.get("STANDIN_ERROR_AFTER_TOKENS", "2"))
+        self.queue_s = float(env.get("STANDIN_QUEUE_S", "0"))
+        self.histograms = env.get("STANDIN_HISTOGRAMS", "1") != "0"
+        self.spec_counters = env.get("STANDIN_SPEC_COUNTERS", "full")
+        self.reject_share = float(env.get("STANDIN_REJECT_SHARE", "0"))
+        self.reject_status = int(env.get("STANDIN_REJECT_STATUS", "429"))
         self.lock = threading.Lock()
         self.cache: set[str] = set()
         self.metrics = {"drafts": 0, "accepted": 0, "draft_tokens": 0, "prompt": 0, "generation": 0, "requests": 0}
+        self.per_pos = [0] * self.k
+        self.observed = {name: [] for name in HISTOGRAMS}
+        self.active = 0
+        self.busy_arrivals = 0
         self.api_key = args.api_key or env.get("VLLM_API_KEY")
         self.names = args.served_model_name or [args.model]
 
@@ -100,6 +145,29 @@ class Engine:
             return 1
         a = self.accepted_per_draft
         return 1 + int((step + 1) * a) - int(step * a)
+
+    def admit(self) -> bool:
+        """False for the share of requests refused while another is generating (deterministic)."""
+        with self.lock:
+            if self.active and self.reject_share:
+                self.busy_arrivals += 1
+                n = self.busy_arrivals
+                if int(n * self.reject_share) > int((n - 1) * self.reject_share):
+                    return False
+            self.active += 1
+            return True
+
+    def leave(self) -> None:
+        with self.lock:
+            self.active -= 1
+
+    def observe(self, steps: list[int], **seconds: float) -> None:
+        with self.lock:
+            for name, value in seconds.items():
+                self.observed[name].append(value)
+            for n in steps:
+                for position in range(n - 1):
+                    self.per_pos[position] += 1
 
     def count(self, **deltas):
         with self.lock:
@@ -117,15 +185,24 @@ class Engine:
             "# TYPE vllm:request_success_total counter",
             f"vllm:request_success_total{label} {m['requests']}.0",
         ]
-        if self.spec:
-            lines += [
-                "# TYPE vllm:spec_decode_num_drafts_total counter",
-                f"vllm:spec_decode_num_drafts_total{label} {m['drafts']}.0",
-                "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-                f"vllm:spec_decode_num_draft_tokens_total{label} {m['draft_tokens']}.0",
-                "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
-                f"vllm:spec_decode_num_accepted_tokens_total{label} {m['accepted']}.0",
-            ]
+        counters = {"full": ("drafts", "draft_tokens", "accepted", "per_pos"), "old": ("draft_tokens", "accepted"),
+                    "per_pos": ("draft_tokens", "per_pos"), "none": ()}[self.spec_counters] if self.spec else ()
+        for key in ("drafts", "draft_tokens", "accepted"):
+            if key in counters:
+                name = f"vllm:spec_decode_num_{'accepted_tokens' if key == 'accepted' else key}_total"
+                lines += [f"# TYPE {name} counter", f"{name}{label} {m[key]}.0"]
+        if "per_pos" in counters:
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            lines.append(f"# TYPE {name} counter")
+            lines += [f'{name}{{model_name="{self.names[0]}",position="{i}"}} {v}.0' for i, v in enumerate(self.per_pos)]
+        if self.histograms:
+            for name, values in self.observed.items():
+                lines.append(f"# TYPE {name} histogram")
+                for le in BUCKETS:
+                    inside = sum(1 for v in values if v <= le)
+                    lines.append(f'{name}_bucket{{model_name="{self.names[0]}",le="{le}"}} {inside}.0')
+                lines.append(f'{name}_bucket{{model_name="{self.names[0]}",le="+Inf"}} {len(values)}.0')
+                lines += [f"{name}_sum{label} {sum(values)!r}", f"{name}_count{label} {len(values)}.0"]
         return "\n".join(lines) + "\n"
 
 
@@ -141,6 +218,11 @@ def prompt_text(body: dict) -> str:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        # uvicorn (vLLM's server) sets TCP_NODELAY: a small write never waits for a delayed ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, fmt, *args):  # keep container logs to what matters
         pass
@@ -174,6 +256,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             if self.authorised():
                 self.send_json(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in ENGINE.names]})
+        elif self.path == "/version":
+            self.send_json(200, {"version": "standin"})
         elif self.path == "/standin/info":
             self.send_json(200, {
                 "args": vars(ENGINE.args),
@@ -198,34 +282,48 @@ class Handler(BaseHTTPRequestHandler):
         self.generate(body, chat=self.path.endswith("chat/completions"))
 
     def generate(self, body: dict, chat: bool) -> None:
+        arrived = time.monotonic()
+        if not ENGINE.admit():
+            return self.send_json(ENGINE.reject_status, {
+                "object": "error", "type": "TooManyRequests" if ENGINE.reject_status == 429 else "InternalServerError",
+                "message": f"stand-in: request refused under load (HTTP {ENGINE.reject_status})",
+                "code": ENGINE.reject_status})
+        try:
+            self.generate_admitted(body, chat, arrived)
+        finally:
+            ENGINE.leave()
+
+    def generate_admitted(self, body: dict, chat: bool, arrived: float) -> None:
         text = prompt_text(body)
         real_prompt = len(text.split())
         prompt_tokens = round(real_prompt * ENGINE.inflation)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        wanted = min(max_tokens, ENGINE.stop_after) if ENGINE.stop_after else max_tokens
         key = hashlib.sha256(text.encode()).hexdigest()
         cached = ENGINE.args.enable_prefix_caching and key in ENGINE.cache
         ENGINE.cache.add(key)
-        started = time.monotonic()
-        time.sleep(real_prompt / ENGINE.prefill_tok_s * (0.1 if cached else 1.0))
+        prefill_s = real_prompt / ENGINE.prefill_tok_s * (0.1 if cached else 1.0)
 
         steps, produced, drafts, accepted = [], 0, 0, 0
-        while produced < max_tokens:
-            n = min(ENGINE.tokens_per_step(len(steps)), max_tokens - produced)
+        while produced < wanted:
+            n = min(ENGINE.tokens_per_step(len(steps)), wanted - produced)
             steps.append(n)
             produced += n
             if ENGINE.spec:
                 drafts += 1
                 accepted += n - 1
-        ENGINE.count(drafts=drafts, accepted=accepted, draft_tokens=drafts * ENGINE.k,
-                     prompt=prompt_tokens, generation=produced, requests=1)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
         rid = f"cmpl-{uuid.uuid4().hex}"
         model = body["model"]
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        finish = "stop" if wanted < max_tokens else "length"
 
         if not body.get("stream"):
-            time.sleep(max(0, produced - 1) / ENGINE.decode_tok_s)
+            time.sleep(ENGINE.queue_s + prefill_s + max(0, produced - 1) / ENGINE.decode_tok_s)
+            ENGINE.count(drafts=drafts, accepted=accepted, draft_tokens=drafts * ENGINE.k,
+                         prompt=prompt_tokens, generation=produced, requests=1)
             words = " ".join("tok" for _ in range(produced))
-            choice = {"index": 0, "finish_reason": "length"}
+            choice = {"index": 0, "finish_reason": finish}
             choice.update({"message": {"role": "assistant", "content": words}} if chat else {"text": words})
             return self.send_json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
                                         "model": model, "choices": [choice], "usage": usage})
@@ -234,50 +332,105 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
+        self.held = [] if "buffered" in ENGINE.faults else None
+        if "empty_first" in ENGINE.faults:
+            for empty in ({"text": ""}, {"delta": {"role": "assistant", "content": ""}}):
+                self.write_event({"id": rid, "object": kind, "model": model,
+                                  "choices": [{"index": 0, "finish_reason": None, **empty}]})
+        self.wait_until(arrived + ENGINE.queue_s)
+        scheduled = time.monotonic()
+        field = ENGINE.token_field or ("content" if chat else "text")
         # The first token comes with the prefill; each later one at the decode rate.
-        emitted = 0
+        emitted, first = 0, None
         for i, n in enumerate(steps):
-            target = started + real_prompt / ENGINE.prefill_tok_s * (0.1 if cached else 1.0)
-            target += max(0, emitted + n - 1) / ENGINE.decode_tok_s if i else 0
-            delay = target - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            target = scheduled + prefill_s + (max(0, emitted + n - 1) / ENGINE.decode_tok_s if i else 0)
+            self.wait_until(target)
+            first = first or time.monotonic()
+            if "error_mid_stream" in ENGINE.faults and emitted >= ENGINE.error_after:
+                self.write_event({"error": {"object": "error", "type": "InternalServerError", "code": 500,
+                                            "message": "stand-in fault: CUDA error: an illegal memory access was encountered"}})
+                return self.finish_stream()
             emitted += n
-            piece = " ".join("tok" for _ in range(n)) + " "
-            delta = {"index": 0, "finish_reason": "length" if emitted >= produced else None}
-            delta.update({"delta": {"content": piece}} if chat else {"text": piece})
-            chunk = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "model": model, "choices": [delta]}
-            if not self.write_event(chunk):
+            last = emitted >= produced
+            reason = (None if ENGINE.finish_reason == "none" else ENGINE.finish_reason or finish) if last else None
+            choice = {"index": 0, "finish_reason": reason, **token_payload(field, " ".join("tok" for _ in range(n)) + " ", i)}
+            if not self.write_event({"id": rid, "object": kind, "model": model, "choices": [choice]}):
                 return
+        done = time.monotonic()
+        ENGINE.count(drafts=drafts, accepted=accepted, draft_tokens=drafts * ENGINE.k,
+                     prompt=prompt_tokens, generation=produced, requests=1)
+        ENGINE.observe(steps, **{
+            "vllm:request_queue_time_seconds": scheduled - arrived,
+            "vllm:request_prefill_time_seconds": (first or done) - scheduled,
+            "vllm:request_decode_time_seconds": done - (first or done),
+            "vllm:time_to_first_token_seconds": (first or done) - arrived,
+            "vllm:e2e_request_latency_seconds": done - arrived})
         if (body.get("stream_options") or {}).get("include_usage"):
-            self.write_event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                              "model": model, "choices": [], "usage": usage})
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+            self.write_event({"id": rid, "object": kind, "model": model, "choices": [], "usage": usage})
+        self.finish_stream()
+
+    def wait_until(self, target: float) -> None:
+        """Sleep until `target`; the `comments` SSE variant sends keep-alive comments meanwhile."""
+        while (delay := target - time.monotonic()) > 0:
+            if "comments" in ENGINE.sse:
+                self.write_raw(b": keep-alive\n\n")
+            time.sleep(min(delay, KEEPALIVE_S) if "comments" in ENGINE.sse else delay)
+
+    def finish_stream(self) -> None:
+        self.write_raw(sse_bytes("[DONE]"))
+        if self.held is not None:
+            self.held, held = None, b"".join(self.held)
+            self.write_raw(held)  # a buffering proxy lets the whole stream through at once
         self.close_connection = True
 
     def write_event(self, payload: dict) -> bool:
+        return self.write_raw(sse_bytes(json.dumps(payload, indent=1 if "multiline" in ENGINE.sse else None)))
+
+    def write_raw(self, data: bytes) -> bool:
+        if getattr(self, "held", None) is not None:
+            self.held.append(data)
+            return True
         try:
-            self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
+            self.wfile.write(data)
             self.wfile.flush()
             return True
         except (BrokenPipeError, ConnectionResetError):
             return False
 
 
+def token_payload(field: str, piece: str, step: int) -> dict:
+    """The generated text in the field STANDIN_TOKEN_FIELD names, as vLLM streams that field."""
+    if field == "text":
+        return {"text": piece}
+    if field == "tool_calls":
+        call = {"index": 0, "function": {"arguments": piece}}
+        if step == 0:
+            call.update(id="call_standin", type="function")
+        return {"delta": {"tool_calls": [call]}}
+    return {"delta": {field: piece}}
+
+
+def sse_bytes(data: str) -> bytes:
+    """One SSE event in the wire variant STANDIN_SSE asks for."""
+    end = "\r\n" if "crlf" in ENGINE.sse else "\n"
+    lines = [": keep-alive"] if "comments" in ENGINE.sse else []
+    lines += ["event: chunk"] if "event" in ENGINE.sse else []
+    lines += [("data:" if "compact" in ENGINE.sse else "data: ") + line for line in data.split("\n")]
+    return (end.join(lines) + end + end).encode()
+
+
 def main(argv=None):
     global ENGINE
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    fault = os.environ.get("STANDIN_FAULT", "")
+    fault = set(os.environ.get("STANDIN_FAULT", "").split(","))
     print(f"INFO vllm-standin: serving {args.model} on {args.host}:{args.port}", flush=True)
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         print(f"ERROR: no config.json in model path {args.model}: not a checkpoint", flush=True)
         sys.exit(1)
-    if fault == "fail_at_start":
+    if "fail_at_start" in fault:
         print("ERROR: RuntimeError: CUDA error: out of memory (stand-in fault: fail_at_start)", flush=True)
         sys.exit(1)
-    load_s = float(os.environ.get("STANDIN_SLOW_LOAD_S", "30")) if fault == "slow_load" else float(os.environ.get("STANDIN_LOAD_S", "0.5"))
+    load_s = float(os.environ.get("STANDIN_SLOW_LOAD_S", "30")) if "slow_load" in fault else float(os.environ.get("STANDIN_LOAD_S", "0.5"))
     time.sleep(load_s)
     ENGINE = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
