@@ -58,15 +58,56 @@ def rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+class BadInput(Exception):
+    """A command-line value that cannot be used: one line for the person, exit code 2."""
+
+
+def _api_key(path: str | None) -> str | None:
+    if not path:
+        return None
+    file = Path(path).expanduser()
+    try:
+        key = file.read_text().strip()
+    except FileNotFoundError:
+        raise BadInput(f"--api-key-file {file}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"--api-key-file {file}: is a folder, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"--api-key-file {file}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if not key:
+        raise BadInput(f"--api-key-file {file}: the file is empty")
+    return key
+
+
+def _positive_ints(option: str, text: str | None) -> tuple[int, ...]:
+    values = []
+    for part in (text or "").split(",") if text else []:
+        if not part.strip().isdigit() or int(part) < 1:
+            raise BadInput(f"{option} {text}: {part.strip()!r} is not a positive integer")
+        values.append(int(part))
+    return tuple(values)
+
+
 def bench(args: argparse.Namespace) -> int:
     from rigkit.verify.client import run_bench
     from rigkit.verify.table import bench_table
 
-    api_key = Path(args.api_key_file).expanduser().read_text().strip() if args.api_key_file else None
-    levels = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else ()
-    levels = tuple(c for c in levels if c > 1)
+    try:
+        api_key = _api_key(args.api_key_file)
+        levels = tuple(c for c in _positive_ints("--concurrency", args.concurrency) if c > 1)
+        for option, value in (("--prompt-tokens", args.prompt_tokens), ("--output-tokens", args.output_tokens)):
+            if value < 1:
+                raise BadInput(f"{option} {value}: must be a positive integer")
+        if not args.url.startswith(("http://", "https://")):
+            raise BadInput(f"--url {args.url}: give the scheme too, e.g. http://127.0.0.1:8000")
+        if args.timeout <= 0:
+            raise BadInput(f"--timeout {args.timeout:g}: must be more than 0 seconds")
+    except BadInput as exc:
+        print(f"rigkit bench: {exc}", file=sys.stderr)
+        return 2
     result = run_bench(args.url, args.model, args.prompt_tokens, args.output_tokens, levels, args.timeout, api_key,
-                       args.expect_decode)
+                       args.expect_decode, roofline_tok_s=args.roofline_tok_s,
+                       draft_tokens_per_step=args.draft_tokens)
     print(bench_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -132,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     bench_parser.add_argument("--concurrency", help="extra concurrency levels, e.g. 4,8 (single stream always runs)")
     bench_parser.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
     bench_parser.add_argument("--expect-decode", type=float, help="fail below this decode tok/s")
-    bench_parser.add_argument("--api-key-file")
+    bench_parser.add_argument("--api-key-file", help="file holding the server's API key")
+    bench_parser.add_argument("--roofline-tok-s", type=float,
+                              help="memory-bandwidth bound on decode; a rate far above it fails as a burst")
+    bench_parser.add_argument("--draft-tokens", type=int,
+                              help="num_speculative_tokens, for acceptance length from servers without num_drafts")
     bench_parser.add_argument("--json", help="write the result here")
     bench_parser.set_defaults(func=bench)
     bundle_parser = commands.add_parser("windows-bundle", help="offline install folder for a Windows rig")

@@ -1,24 +1,23 @@
 """Benchmark client for any OpenAI-compatible server (vLLM or not), streaming over httpx.
 
 Honest counting, after the field notes:
-- tokens come from the API's `usage` (stream_options.include_usage), never from
-  chunks: speculative decoding packs several tokens per chunk; the chunk count is
-  kept only to report tokens per chunk (and what chunk counting would have said);
+- tokens come from the API's `usage`, never from chunks (rigkit.verify.stream reads
+  each stream to its end and says whether it finished well);
 - prefill is measured on an uncached prompt (a random prefix busts the prefix
-  cache), and the prompt length is read back from usage.prompt_tokens: over 5%
-  off the request is a failed check, not a silent figure;
+  cache), and the prompt length is read back from usage.prompt_tokens;
+- prefill tok/s from the server's own prefill time when vLLM's per-request
+  histograms are in /metrics (queueing reported apart); otherwise prompt / TTFT,
+  labelled as including queueing;
 - decode tok/s = (completion_tokens - 1) / (last token time - first token time),
-  prefill tok/s = prompt_tokens / time to first token, kept apart;
-- speculative acceptance from /metrics deltas: 1 + d(accepted) / d(drafts);
-- every request has a timeout: a server whose /health says OK but that produces
-  no tokens fails a check within it, never hangs the run.
+  unless the tokens arrived in a burst (then no client-side rate at all);
+- speculative acceptance from whichever /metrics counters exist (rigkit.verify.metrics);
+- every request has a timeout; every failed request, at any concurrency, fails a check.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import re
+import socket
 import statistics
 import threading
 import time
@@ -26,10 +25,14 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from rigkit.verify import bench_checks as judge
+from rigkit.verify import metrics
 from rigkit.verify.checks import Check
+from rigkit.verify.stream import StreamResult, stream_completion
 
-PROMPT_TOLERANCE = 0.05
-ACCEPTANCE_FLOOR = 1.05  # a mean acceptance length below this with drafting on means drafts are all rejected
+PREFILL_FROM_SERVER = "server prefill time (vllm:request_prefill_time_seconds)"
+PREFILL_FROM_TTFT = "prompt / TTFT (includes queueing)"
+METRICS_SETTLE_TRIES = 20  # /metrics is read again (50 ms apart) until the request shows in its histograms
 # Common words that are one token each in the usual tokenizers; a random 6-word prefix busts the prefix cache.
 WORDS = (
     "the of and to in is it you that he was for on are as with his they at be this have from or one had by word "
@@ -37,44 +40,23 @@ WORDS = (
     "out many then them these so some her would make like him into time has look two more write go see number no way"
 ).split()
 NONCE_WORDS = 6
+# Small writes wait for a delayed ACK (~40 ms) without TCP_NODELAY: the client's own request would add to TTFT.
+NO_DELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
-@dataclass
-class StreamResult:
-    requested_prompt_tokens: int
-    error: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    chunks: int = 0
-    t_send: float = 0.0
-    t_first: float | None = None
-    t_last: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.t_first is None else self.t_first - self.t_send
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        if not self.completion_tokens or self.completion_tokens < 2 or not self.t_last or self.t_last <= self.t_first:
-            return None
-        return (self.completion_tokens - 1) / (self.t_last - self.t_first)
-
-    @property
-    def chunk_counted_decode_tok_s(self) -> float | None:
-        """What a harness counting chunks as tokens would report (kept to show the error)."""
-        if self.chunks < 2 or not self.t_last or self.t_last <= self.t_first:
-            return None
-        return (self.chunks - 1) / (self.t_last - self.t_first)
+def _client(headers: dict, timeout_s: float, connections: int = 1) -> httpx.Client:
+    transport = httpx.HTTPTransport(socket_options=NO_DELAY, limits=httpx.Limits(max_connections=connections))
+    return httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
 
 
 @dataclass(frozen=True)
 class ConcurrencyLevel:
     concurrency: int
-    errors: list[str]
-    aggregate_tok_s: float | None
+    errors: list[str]  # one line per failed request
+    aggregate_tok_s: float | None  # completion tokens of the requests that succeeded / wall time
     per_stream_decode_tok_s: float | None
+    requests: int = 0
+    succeeded: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +82,23 @@ class BenchResult:
     acceptance_length: float | None
     concurrency: list[ConcurrencyLevel]
     checks: list[Check]
+    finish_reason: str | None = None
+    token_fields: list[str] = field(default_factory=list)
+    prefill_source: str = PREFILL_FROM_TTFT
+    queue_s: float | None = None
+    server_prefill_s: float | None = None
+    server_decode_s: float | None = None
+    server_ttft_s: float | None = None
+    server_decode_tok_s: float | None = None
+    arrival_span_s: float | None = None
+    acceptance_rate: float | None = None
+    acceptance_status: str = "not drafting"  # measured | rate only | unknown | not drafting
+    acceptance_source: str = ""
+    warnings: list[str] = field(default_factory=list)
+    wall_send_s: float | None = None  # time.time() at send, first and last token: lines up with telemetry
+    wall_first_token_s: float | None = None
+    wall_last_token_s: float | None = None
+    provenance: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -115,58 +114,32 @@ def make_prompt(tokens: int, rng: random.Random) -> str:
     return " ".join(nonce + filler)
 
 
-def stream_completion(client: httpx.Client, url: str, model: str, prompt: str, requested: int,
-                      max_tokens: int, timeout_s: float) -> StreamResult:
-    result = StreamResult(requested_prompt_tokens=requested)
-    body = {
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }
-    deadline = time.monotonic() + timeout_s
-    result.t_send = time.monotonic()
+def read_metrics(client: httpx.Client, url: str) -> metrics.Snapshot | None:
     try:
-        with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:200]}"
-                return result
-            for line in response.iter_lines():
-                now = time.monotonic()
-                if now > deadline:
-                    result.error = f"stream still running after the {timeout_s:.0f} s timeout"
-                    return result
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if event.get("usage"):
-                    result.prompt_tokens = event["usage"].get("prompt_tokens")
-                    result.completion_tokens = event["usage"].get("completion_tokens")
-                if any(c.get("text") or (c.get("delta") or {}).get("content") for c in event.get("choices") or []):
-                    result.chunks += 1
-                    result.chunk_times.append(now)
-                    result.t_first = result.t_first or now
-                    result.t_last = now
-    except httpx.TimeoutException:
-        result.error = f"no token within the {timeout_s:.0f} s timeout (a server can answer /health and still be stuck)"
-    except httpx.HTTPError as exc:
-        result.error = f"request failed: {exc}"
-    if result.error is None and result.completion_tokens is None:
-        result.error = "the server sent no usage; tokens cannot be counted honestly (needs stream_options.include_usage)"
-    return result
-
-
-def read_spec_counters(client: httpx.Client, url: str) -> tuple[float, float] | None:
-    """(drafts, accepted tokens) from vLLM's /metrics, summed over labels; None if not exposed."""
-    try:
-        text = client.get(f"{url}/metrics", timeout=10).text
+        response = client.get(f"{url}/metrics", timeout=10)
     except httpx.HTTPError:
         return None
-    totals = {}
-    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"):
-        values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+([0-9.eE+-]+)", text, re.M)
-        if not values:
-            return None
-        totals[name] = sum(float(v) for v in values)
-    return totals["vllm:spec_decode_num_drafts_total"], totals["vllm:spec_decode_num_accepted_tokens_total"]
+    return metrics.parse(response.text) if response.status_code == 200 else None
+
+
+def _settled_metrics(client: httpx.Client, url: str, before: metrics.Snapshot | None) -> metrics.Snapshot | None:
+    """/metrics after a request, once its histograms count it (servers record a finished request a moment later)."""
+    name = f"{metrics.HISTOGRAMS['prefill_s']}_count"
+    after = read_metrics(client, url)
+    for _ in range(METRICS_SETTLE_TRIES):
+        if before is None or after is None or name not in after.totals or after.totals[name] > before.totals.get(name, 0):
+            break
+        time.sleep(0.05)
+        after = read_metrics(client, url)
+    return after
+
+
+def _server_version(client: httpx.Client, url: str) -> str | None:
+    try:
+        response = client.get(f"{url}/version", timeout=10)
+        return str(response.json().get("version")) if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
 
 
 def _percentile(values: list[float], share: float) -> float | None:
@@ -187,25 +160,34 @@ def _itl_ms(result: StreamResult) -> list[float]:
 
 def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int = 128,
               concurrency: tuple[int, ...] = (), timeout_s: float = 120.0, api_key: str | None = None,
-              expected_min_decode_tok_s: float | None = None, seed: int | None = None) -> BenchResult:
-    """Single stream first (the figures), then each concurrency level."""
+              expected_min_decode_tok_s: float | None = None, seed: int | None = None,
+              roofline_tok_s: float | None = None, draft_tokens_per_step: int | None = None) -> BenchResult:
+    """Single stream first (the figures, with /metrics read around it), then each concurrency level."""
     rng = random.Random(seed)
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(headers=headers, timeout=timeout_s) as client:
-        before = read_spec_counters(client, url)
+    before = after = None
+    with _client(headers, timeout_s) as client:
+        version = _server_version(client, url)
         warm = stream_completion(client, url, model, make_prompt(32, rng), 32, 4, timeout_s)
-        single = warm if warm.error else stream_completion(
-            client, url, model, make_prompt(prompt_tokens, rng), prompt_tokens, output_tokens, timeout_s)
-        after = read_spec_counters(client, url)
-        levels = [_concurrent(url, headers, model, c, prompt_tokens, output_tokens, timeout_s, rng) for c in concurrency]
-    return _document(url, model, single, output_tokens, before, after, levels, expected_min_decode_tok_s)
+        single = warm
+        if not warm.error:
+            before = read_metrics(client, url)
+            single = stream_completion(
+                client, url, model, make_prompt(prompt_tokens, rng), prompt_tokens, output_tokens, timeout_s)
+            after = _settled_metrics(client, url, before)
+        runs = [(c, _concurrent(url, headers, model, c, prompt_tokens, output_tokens, timeout_s, rng))
+                for c in concurrency]
+    provenance = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                  "concurrency": [1, *concurrency], "server_version": version}
+    return _document(url, model, prompt_tokens, output_tokens, single, before, after, runs,
+                     expected_min_decode_tok_s, roofline_tok_s, draft_tokens_per_step, provenance)
 
 
-def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng) -> ConcurrencyLevel:
+def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng) -> list[StreamResult]:
     prompts = [make_prompt(prompt_tokens, rng) for _ in range(streams)]
-    results: list[StreamResult | None] = [None] * streams
-    with httpx.Client(headers=headers, timeout=timeout_s, limits=httpx.Limits(max_connections=streams)) as client:
+    results: list[StreamResult] = [StreamResult(prompt_tokens, output_tokens, error="never ran")] * streams
+    with _client(headers, timeout_s, streams) as client:
         def one(n):
             results[n] = stream_completion(client, url, model, prompts[n], prompt_tokens, output_tokens, timeout_s)
 
@@ -214,59 +196,82 @@ def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, time
             t.start()
         for t in threads:
             t.join()
-    done = [r for r in results if r and not r.error]
-    errors = [r.error for r in results if r and r.error]
+    return results
+
+
+def _level(streams: int, results: list[StreamResult]) -> ConcurrencyLevel:
+    done = [r for r in results if not r.failed and r.t_last is not None]
+    errors = [r.error or "; ".join(r.problems) for r in results if r.failed]
     aggregate = per_stream = None
     if done:
         span = max(r.t_last for r in done) - min(r.t_send for r in done)
         aggregate = sum(r.completion_tokens for r in done) / span if span > 0 else None
         rates = [r.decode_tok_s for r in done if r.decode_tok_s]
         per_stream = statistics.mean(rates) if rates else None
-    return ConcurrencyLevel(streams, errors, aggregate, per_stream)
+    return ConcurrencyLevel(streams, errors, aggregate, per_stream, requests=len(results), succeeded=len(done))
 
 
-def _document(url, model, single: StreamResult, requested_output, before, after, levels, expected_min) -> BenchResult:
-    checks: list[Check] = []
+def _document(url, model, requested_prompt, requested_output, single: StreamResult, before, after, runs,
+              expected_min, roofline_tok_s, draft_tokens_per_step, provenance) -> BenchResult:
     ok = single.error is None
-    checks.append(Check("tokens_produced", ok, single.error or f"{single.completion_tokens} tokens counted from usage"))
-    acceptance = None
-    if before and after and after[0] > before[0]:
-        acceptance = 1 + (after[1] - before[1]) / (after[0] - before[0])
-        passed = acceptance >= ACCEPTANCE_FLOOR
-        checks.append(Check("spec_decode_acceptance", passed,
-                            f"mean acceptance length {acceptance:.2f}" + ("" if passed else
-                            " with drafting on: every draft is rejected, decode is slower than without it; "
-                            "check --dtype (half with a bfloat16 drafter accepts nothing)")))
-    if ok and single.prompt_tokens is not None:
-        off = abs(single.prompt_tokens - single.requested_prompt_tokens) / single.requested_prompt_tokens
-        checks.append(Check("context_readback", off <= PROMPT_TOLERANCE,
-                            f"asked for {single.requested_prompt_tokens} prompt tokens, the server counted "
-                            f"{single.prompt_tokens} ({off:.1%} off; over {PROMPT_TOLERANCE:.0%} fails)"))
-    decode = single.decode_tok_s if ok else None
+    checks = [judge.check_tokens_produced(single)]
+    warnings = []
+    if ok:
+        checks.append(judge.check_stream_finished(single))
+        if single.prompt_tokens is not None:
+            checks.append(judge.check_context_readback(single))
+    times, why_not = metrics.request_times(before, after) if ok else (None, "the request failed")
+    acc = metrics.acceptance(before, after, draft_tokens_per_step) if ok else metrics.Acceptance(None, None, "")
+    tokens_per_chunk = single.completion_tokens / single.chunks if ok and single.chunks else None
+    status = judge.acceptance_status(acc, tokens_per_chunk)
+    if status == "unknown":
+        warnings.append(f"acceptance unknown: {tokens_per_chunk:.2f} tokens per chunk say drafting is on, "
+                        f"but {acc.source}")
+    checks += [c for c in [judge.check_acceptance(acc)] if c]
+    server_decode_s = times.decode_s if times else None
+    plausible = judge.check_decode_plausible(single, server_decode_s, roofline_tok_s,
+                                             acc.length or tokens_per_chunk) if ok else None
+    checks += [plausible] if plausible else []
+    believable = ok and (plausible is None or plausible.passed)
+    decode = single.decode_tok_s if believable else None
     if expected_min is not None:
         passed = decode is not None and decode >= expected_min
         checks.append(Check("decode_min", passed,
                             f"decode {decode:.1f} tok/s vs expected >= {expected_min:g}" if decode else
                             f"no decode rate measured; expected >= {expected_min:g} tok/s"))
-    itl = _itl_ms(single) if ok else []
-    gaps = [(b - a) * 1000 for a, b in zip(single.chunk_times, single.chunk_times[1:])]
+    if single.problems:
+        warnings += single.problems
+    prefill_s = times.prefill_s if times else None
+    if ok and single.prompt_tokens and prefill_s and prefill_s > 0:
+        prefill, source = single.prompt_tokens / prefill_s, PREFILL_FROM_SERVER
+    else:
+        prefill = single.prompt_tokens / single.ttft_s if ok and single.prompt_tokens and single.ttft_s else None
+        source = PREFILL_FROM_TTFT + (f" ({why_not})" if why_not else "")
+        if ok and not believable:  # the first token arrived with the burst: TTFT holds the decode too
+            prefill, source = None, "not measured: tokens arrived in a burst and the server has no prefill histogram"
+    levels = []
+    for streams, results in runs:
+        levels.append(_level(streams, results))
+        checks.append(judge.check_concurrency(streams, results))
+    itl = _itl_ms(single) if believable else []
+    gaps = [(b - a) * 1000 for a, b in zip(single.chunk_times, single.chunk_times[1:])] if believable else []
+    n = single.completion_tokens
     return BenchResult(
-        url=url,
-        model=model,
-        requested_prompt_tokens=single.requested_prompt_tokens,
-        requested_output_tokens=requested_output,
-        prompt_tokens=single.prompt_tokens,
-        completion_tokens=single.completion_tokens,
-        chunks=single.chunks,
+        url=url, model=model,
+        requested_prompt_tokens=requested_prompt, requested_output_tokens=requested_output,
+        prompt_tokens=single.prompt_tokens, completion_tokens=n, chunks=single.chunks,
         ttft_s=single.ttft_s if ok else None,
-        prefill_tok_s=single.prompt_tokens / single.ttft_s if ok and single.prompt_tokens and single.ttft_s else None,
-        decode_tok_s=decode,
-        chunk_counted_decode_tok_s=single.chunk_counted_decode_tok_s if ok else None,
-        tokens_per_chunk=single.completion_tokens / single.chunks if ok and single.chunks else None,
-        itl_p50_ms=_percentile(itl, 0.50),
-        itl_p99_ms=_percentile(itl, 0.99),
-        max_stall_ms=max(gaps) if gaps else None,
-        acceptance_length=acceptance,
-        concurrency=levels,
-        checks=checks,
+        prefill_tok_s=prefill, decode_tok_s=decode,
+        chunk_counted_decode_tok_s=single.chunk_counted_decode_tok_s if believable else None,
+        tokens_per_chunk=tokens_per_chunk,
+        itl_p50_ms=_percentile(itl, 0.50), itl_p99_ms=_percentile(itl, 0.99), max_stall_ms=max(gaps) if gaps else None,
+        acceptance_length=acc.length, concurrency=levels, checks=checks,
+        finish_reason=single.finish_reason, token_fields=single.token_fields, prefill_source=source,
+        queue_s=times.queue_s if times else None, server_prefill_s=prefill_s, server_decode_s=server_decode_s,
+        server_ttft_s=times.ttft_s if times else None,
+        server_decode_tok_s=(n - 1) / server_decode_s if n and n > 1 and server_decode_s else None,
+        arrival_span_s=single.arrival_span_s if ok else None,
+        acceptance_rate=acc.rate, acceptance_status=status, acceptance_source=acc.source, warnings=warnings,
+        wall_send_s=single.wall_send_s if ok else None, wall_first_token_s=single.wall_first_s if ok else None,
+        wall_last_token_s=single.wall_last_s if ok else None, provenance=provenance,
     )
