@@ -25,7 +25,7 @@ from pyinfra.operations import files, python
 import rigkit.verify.telemetry
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.serving.api_key import read_api_key
-from rigkit.serving.compose import served_name
+from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
 from rigkit.verify.chart import draw
 from rigkit.verify.client import run_bench
@@ -34,6 +34,7 @@ from rigkit.verify.result import (
     build_result,
     latest_result,
     results_folder,
+    roofline_tok_s,
     save_result,
 )
 from rigkit.verify.table import bench_table
@@ -93,6 +94,7 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
                 f"http://127.0.0.1:{local_port}", served_name(model), PROMPT_TOKENS, OUTPUT_TOKENS,
                 timeout_s=REQUEST_TIMEOUT_S, api_key=read_api_key(rig),
                 expected_min_decode_tok_s=model.spec.expected_min_decode_tok_s,
+                roofline_tok_s=roofline_tok_s(rig, model), draft_tokens_per_step=_draft_tokens(model),
             )
     finally:
         _run(f"kill -TERM {pid}; for i in $(seq 1 100); do [ -f {remote_out} ] && exit 0; sleep 0.1; done; "
@@ -103,7 +105,9 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     telemetry = json.loads(buffer.getvalue())
 
     folder = results_folder(results_dir, rig.name, model.name)
-    result = build_result(rig, model, bench, telemetry, latest_result(folder))
+    # The image as the catalog names it; its digest stays null until the serving role records one.
+    serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model)}
+    result = build_result(rig, model, bench, telemetry, latest_result(folder), serving=serving)
     path = save_result(folder, result)
     draw(path.with_suffix(".png"), rig, model.name, telemetry)
     logger.info(f"{host.print_prefix}{_summary(result, path)}")
@@ -112,13 +116,25 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
         raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
 
 
+def _draft_tokens(model: ModelConfig) -> int | None:
+    speculative = model.spec.vllm.speculative
+    return speculative.num_speculative_tokens if speculative else None
+
+
 def _summary(result: VerificationResult, path: Path) -> str:
     f = result.figures
     lines = [f"verification of {result.model}{' (SIMULATED telemetry)' if result.telemetry_simulated else ''}:",
              bench_table(result.bench)]
-    for name in ("joules_per_token", "decode_tok_s_per_watt", "roofline_share"):
+    for name in ("prefill_energy_j", "decode_energy_j", "decode_mean_power_w", "joules_per_output_token",
+                 "decode_tok_s_per_watt", "response_time_estimate_s", "run_energy_counter_j",
+                 "run_integrated_energy_j", "joules_per_token", "roofline_share"):
         if f.get(name) is not None:
             lines.append(f"{name}: {f[name]:.3f}")
+    lines.append(f"power samples: prefill {f['prefill_samples']}, decode {f['decode_samples']}")
+    lines += [f"no {p.phase} energy: {p.note}" for p in result.phases if p.note]
+    if result.previous and not result.previous["comparable"]:
+        changed = ", ".join(c["key"] for c in result.previous["changed"])
+        lines.append(f"not compared with the run of {result.previous['time']}: changed {changed}")
     for c in result.checks:
         if c.name.startswith("gpu"):
             lines.append(f"{'PASS' if c.passed else 'FAIL'}  {c.name}: {c.message}")

@@ -20,17 +20,20 @@ from rigkit.verify.result import build_result, regressions, roofline_tok_s
 from tests.conftest import REPO
 
 
-def telemetry(sm=2190, power=300.0, limit=330.0, hz=50, seconds=4.0, energy_j=None):
+def telemetry(sm=2190, power=300.0, limit=330.0, hz=50, seconds=4.0, energy_j=None, driver="580.95.05",
+              watts=None):
+    """Synthetic samples from t=100 s; `watts(t)` gives a draw that changes over time (else `power`)."""
     n = int(hz * seconds)
     t = [100.0 + i / hz for i in range(n)]
+    draw = [watts(x) if watts else power for x in t]
     samples = {
         "t": t, "sm_mhz": [sm] * n, "mem_mhz": [10501] * n, "temp_c": [60] * n, "event_reasons": [4] * n,
-        "enforced_limit_w": [limit] * n, "power_instant_w": [power] * n, "power_average_w": [power] * n,
+        "enforced_limit_w": [limit] * n, "power_instant_w": draw, "power_average_w": draw,
     }
     energy = power * seconds if energy_j is None else energy_j
     gpu = {"index": 0, "name": "NVIDIA GeForce RTX 4090", "default_limit_w": 450.0, "samples": samples,
            "energy_start_mj": 1_000_000, "energy_end_mj": 1_000_000 + energy * 1000}
-    return {"simulated": False, "t_start": 100.0, "t_end": 100.0 + seconds, "gpus": [gpu]}
+    return {"simulated": False, "t_start": 100.0, "t_end": 100.0 + seconds, "gpus": [gpu], "driver_version": driver}
 
 
 BENCH = BenchResult(
@@ -38,6 +41,8 @@ BENCH = BenchResult(
     prompt_tokens=2048, completion_tokens=256, chunks=256, ttft_s=0.5, prefill_tok_s=4096.0, decode_tok_s=40.0,
     chunk_counted_decode_tok_s=40.0, tokens_per_chunk=1.0, itl_p50_ms=25.0, itl_p99_ms=26.0, max_stall_ms=26.0,
     acceptance_length=None, concurrency=[], checks=[Check("tokens_produced", True, "ok")],
+    # Wall-clock instants inside the synthetic telemetry window (100-104 s): prefill 0.5 s, decode 2.5 s.
+    wall_send_s=100.5, wall_first_token_s=101.0, wall_last_token_s=103.5,
 )
 
 
@@ -87,3 +92,60 @@ def test_regressions_over_ten_percent_are_flagged_only_for_the_same_workload():
     assert other.regressions == [] and other.previous["comparable"] is False
     [ttft] = regressions({"ttft_s": 0.56}, {"ttft_s": 0.5})
     assert (ttft.figure, ttft.previous, ttft.now) == ("ttft_s", 0.5, 0.56) and ttft.change == pytest.approx(0.12)
+
+
+def test_energy_is_split_at_the_first_token_from_measured_power():
+    """Simulated: a GPU drawing 400 W while prefilling (100.5-101.0 s) and 250 W while decoding (101.0-103.5 s),
+    50 W otherwise. Each phase's energy, mean power and sample count come from its own samples, not the cap."""
+    rig, model = rig_and_model()
+
+    def watts(t):
+        return 400.0 if 100.5 <= t < 101.0 else 250.0 if 101.0 <= t < 103.5 else 50.0
+
+    f = build_result(rig, model, BENCH, telemetry(watts=watts), None).figures
+    # Samples every 20 ms: the edges interpolate over one gap, so allow one sample's share of error.
+    assert f["prefill_energy_j"] == pytest.approx(400 * 0.5, rel=0.05)
+    assert f["decode_energy_j"] == pytest.approx(250 * 2.5, rel=0.02)
+    assert f["decode_mean_power_w"] == pytest.approx(250, rel=0.02)
+    assert f["decode_tok_s_per_watt"] == pytest.approx(40 / 250, rel=0.02)  # the cap is 330 W: not used
+    assert f["joules_per_output_token"] == pytest.approx((200 + 625) / 256, rel=0.03)
+    assert 20 <= f["prefill_samples"] <= 26 and 120 <= f["decode_samples"] <= 126
+    # The run's counter covers all 4 s, idle included: a cross-check, not the request's energy.
+    assert f["run_energy_counter_j"] == pytest.approx(300 * 4)
+    # 2048 tokens at 4096 tok/s + 256 tokens at 40 tok/s.
+    assert f["response_time_estimate_s"] == pytest.approx(0.5 + 6.4)
+
+
+def test_a_phase_outside_the_sampled_window_gives_no_energy_rather_than_a_wrong_one():
+    """Simulated: the control machine's clock is 60 s ahead of the rig's, so the request falls outside the samples."""
+    rig, model = rig_and_model()
+    skewed = replace(BENCH, wall_send_s=160.5, wall_first_token_s=161.0, wall_last_token_s=163.5)
+    result = build_result(rig, model, skewed, telemetry(), None)
+    assert result.figures["decode_energy_j"] is None and result.figures["decode_tok_s_per_watt"] is None
+    assert "clocks in sync" in result.phases[1].note
+
+
+def test_results_with_different_provenance_are_not_compared_and_say_what_changed():
+    """A faster-looking run after a driver upgrade and an image change is not a regression or a win: it is another
+    measurement. The same provenance is compared."""
+    rig, model = rig_and_model()
+    serving = {"image": "vllm/vllm-openai:v0.11.0", "image_digest": None, "vllm_args": ["/m", "--dtype", "auto"]}
+    before = build_result(rig, model, BENCH, telemetry(), None, serving=serving).to_json()
+    slower = replace(BENCH, decode_tok_s=30.0)
+    same = build_result(rig, model, slower, telemetry(), before, serving=serving)
+    assert same.previous["comparable"] and "decode_tok_s" in [r.figure for r in same.regressions]
+    other = build_result(rig, model, slower, telemetry(driver="590.10"), before,
+                         serving={**serving, "image": "vllm/vllm-openai:v0.12.0"})
+    assert other.regressions == [] and other.previous["comparable"] is False
+    changed = {c["key"]: (c["previous"], c["now"]) for c in other.previous["changed"]}
+    assert changed == {"driver_version": ("580.95.05", "590.10"),
+                       "serving_image": ("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.12.0")}
+    assert other.provenance["gpus"][0]["enforced_limit_w"] == 330
+
+
+def test_an_earlier_result_without_provenance_is_not_compared():
+    rig, model = rig_and_model()
+    old = build_result(rig, model, BENCH, telemetry(), None).to_json()
+    del old["provenance"]
+    after = build_result(rig, model, replace(BENCH, decode_tok_s=20.0), telemetry(), old)
+    assert after.regressions == [] and after.previous["changed"][0]["key"] == "provenance"

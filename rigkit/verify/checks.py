@@ -44,7 +44,7 @@ def gpu_load(gpu: dict, t_start: float, t_end: float) -> GpuLoad:
     clocks = _numbers(s["sm_mhz"])
     peak = max(clocks) if clocks else None
     loaded = [
-        p for c, p in zip(s["sm_mhz"], _power_series(s))
+        p for c, p in zip(s["sm_mhz"], power_series(s))
         if c is not None and p is not None and peak and c >= LOAD_CLOCK_SHARE * peak
     ]
     limits = _numbers(s["enforced_limit_w"])
@@ -59,12 +59,12 @@ def gpu_load(gpu: dict, t_start: float, t_end: float) -> GpuLoad:
         mean_power_under_load_w=sum(loaded) / len(loaded) if loaded else None,
         enforced_limit_w=limits[-1] if limits else None,
         energy_counter_j=counter,
-        integrated_energy_j=integrate_power(s["t"], _power_series(s), t_start, t_end),
+        integrated_energy_j=integrate_power(s["t"], power_series(s), t_start, t_end),
         duration_s=duration,
     )
 
 
-def _power_series(samples: dict) -> list:
+def power_series(samples: dict) -> list:
     """Instant power where the GPU reports it; the driver's 1 s average otherwise (lags at edges)."""
     if any(v is not None for v in samples["power_instant_w"]):
         return samples["power_instant_w"]

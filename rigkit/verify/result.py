@@ -1,6 +1,9 @@
 """One model's verification result: benchmark + telemetry + policy -> figures, checks, regressions.
 
-Pure functions; the JSON document they build is described in docs/verification.md.
+Energy is split at the request's first token (rigkit.verify.energy): prefill and decode
+each from integrated instant power, the energy counter over the whole run as a
+cross-check. Regressions are flagged only against a result with the same provenance
+(rigkit.verify.provenance). Pure functions; the JSON is described in docs/verification.md.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from rigkit.verify.checks import (
     gpu_load,
 )
 from rigkit.verify.client import BenchResult
+from rigkit.verify.energy import PhaseEnergy, phase
+from rigkit.verify.provenance import changes, provenance
 
 REGRESSION_SHARE = 0.10
 # figure -> True when higher is better
 COMPARED = {"decode_tok_s": True, "prefill_tok_s": True, "ttft_s": False, "joules_per_token": False,
-            "decode_tok_s_per_watt": True}
+            "joules_per_output_token": False, "decode_tok_s_per_watt": True}
 
 
 def roofline_tok_s(rig: RigConfig, model: ModelConfig) -> float | None:
@@ -63,8 +68,10 @@ class VerificationResult:
     gpus: list[GpuLoad]
     bench: BenchResult
     checks: list[Check]
-    previous: dict | None = None  # the earlier run's time, figures and whether it is comparable
+    previous: dict | None = None  # the earlier run's time, figures, whether it is comparable and what changed
     regressions: list[Regression] = field(default_factory=list)
+    provenance: dict = field(default_factory=dict)
+    phases: list[PhaseEnergy] = field(default_factory=list)  # prefill, decode
 
     @property
     def passed(self) -> bool:
@@ -82,8 +89,9 @@ class VerificationResult:
 
 
 def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemetry: dict,
-                 previous: dict | None, now: datetime | None = None) -> VerificationResult:
-    """`previous`: the JSON document of the latest earlier run, as `latest_result` reads it."""
+                 previous: dict | None, now: datetime | None = None, serving: dict | None = None) -> VerificationResult:
+    """`previous`: the JSON document of the latest earlier run, as `latest_result` reads it.
+    `serving`: what the caller knows of the server ({image, image_digest, vllm_args}), for provenance."""
     policy = {g.index: g for g in rig.spec.gpus}
     loads = [gpu_load(g, telemetry["t_start"], telemetry["t_end"]) for g in telemetry["gpus"]]
     checks: list[Check] = []
@@ -98,29 +106,46 @@ def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemet
 
     energy = [load.energy_counter_j for load in loads]
     energy_j = sum(energy) if energy and all(e is not None for e in energy) else None
+    integrated = [load.integrated_energy_j for load in loads]
     seconds = telemetry["t_end"] - telemetry["t_start"]
     tokens = bench.completion_tokens or 0
-    joules_per_token = energy_j / tokens if energy_j and tokens else None
-    mean_power_w = energy_j / seconds if energy_j and seconds > 0 else None
+    prefill = phase(telemetry, "prefill", bench.wall_send_s, bench.wall_first_token_s)
+    decode_phase = phase(telemetry, "decode", bench.wall_first_token_s, bench.wall_last_token_s)
+    request_j = prefill.energy_j + decode_phase.energy_j if prefill.energy_j is not None and \
+        decode_phase.energy_j is not None else None
     decode = bench.decode_tok_s
     roof = roofline_tok_s(rig, model)
+    workload = {"prompt_tokens": bench.requested_prompt_tokens, "output_tokens": bench.requested_output_tokens}
     figures = {
         "prefill_tok_s": bench.prefill_tok_s,
         "decode_tok_s": decode,
         "ttft_s": bench.ttft_s,
-        "joules_per_token": joules_per_token,
-        "mean_power_w": mean_power_w,
-        "decode_tok_s_per_watt": decode / mean_power_w if decode and mean_power_w else None,
+        "queue_s": bench.queue_s,
+        "prefill_energy_j": prefill.energy_j,
+        "decode_energy_j": decode_phase.energy_j,
+        "prefill_mean_power_w": prefill.mean_power_w,
+        "decode_mean_power_w": decode_phase.mean_power_w,
+        "prefill_samples": prefill.samples,
+        "decode_samples": decode_phase.samples,
+        "joules_per_output_token": request_j / tokens if request_j is not None and tokens else None,
+        "decode_tok_s_per_watt": decode / decode_phase.mean_power_w if decode and decode_phase.mean_power_w else None,
+        "response_time_estimate_s": (workload["prompt_tokens"] / bench.prefill_tok_s
+                                     + workload["output_tokens"] / decode) if bench.prefill_tok_s and decode else None,
+        "run_energy_counter_j": energy_j,
+        "run_integrated_energy_j": sum(integrated) if integrated and all(e is not None for e in integrated) else None,
+        "joules_per_token": energy_j / tokens if energy_j and tokens else None,
+        "mean_power_w": energy_j / seconds if energy_j and seconds > 0 else None,
         "roofline_tok_s": roof,
         "roofline_share": decode / roof if decode and roof else None,
     }
-    workload = {"prompt_tokens": bench.requested_prompt_tokens, "output_tokens": bench.requested_output_tokens}
+    made_with = provenance(rig, {**bench.provenance, **workload}, telemetry, loads, serving)
     earlier, found = None, []
     if previous:
-        comparable = previous.get("workload") == workload
-        earlier = {"time": previous.get("time"), "figures": previous.get("figures", {}), "comparable": comparable}
-        # A run with another prompt or output length is a different workload: shown, never called a regression.
-        found = regressions(figures, previous.get("figures", {})) if comparable else []
+        changed = changes(previous.get("provenance"), made_with)
+        earlier = {"time": previous.get("time"), "figures": previous.get("figures", {}), "comparable": not changed,
+                   "changed": changed}
+        # Another driver, image, limit or workload is a different measurement: shown, never called a regression.
+        found = regressions(figures, previous.get("figures", {})) if not changed else []
     return VerificationResult(
         rig=rig.name,
         model=model.name,
@@ -133,6 +158,8 @@ def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemet
         checks=checks,
         previous=earlier,
         regressions=found,
+        provenance=made_with,
+        phases=[prefill, decode_phase],
     )
 
 

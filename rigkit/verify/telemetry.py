@@ -6,7 +6,7 @@ file and pynvml.py to the rig and runs it there as a script:
     python3 rigkit-telemetry.py --gpus 0,1 --hz 50 --out /tmp/run.json [--max-seconds 900]
 
 It samples every listed GPU until SIGTERM/SIGINT or --max-seconds, then writes
-one JSON document (see docs/verification.md). Per sample: SM and memory clock,
+one JSON document (see docs/verification.md) with the driver version. Per sample: SM and memory clock,
 instant and 1 s average power, temperature, clock event reasons (bitmask) and
 their cumulative counters, and the enforced power limit. The energy counter is a
 slow call (~4 ms), so it is read once at the start and once at the end, never polled.
@@ -75,6 +75,8 @@ class Sampler:
 
     def start(self) -> "Sampler":
         pynvml.nvmlInit()
+        driver = _optional(getattr(pynvml, "nvmlSystemGetDriverVersion", lambda: None))
+        self.driver_version = driver.decode() if isinstance(driver, bytes) else driver
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.gpu_indices]
         self.gpus = []
         for index, handle in zip(self.gpu_indices, self.handles):
@@ -123,6 +125,7 @@ class Sampler:
         return {
             "simulated": bool(getattr(pynvml, "RIGKIT_SIMULATED", False)),
             "hz_requested": self.hz,
+            "driver_version": self.driver_version,
             "t_start": self.t_start,
             "t_end": self.t_end,
             "gpus": self.gpus,

@@ -9,6 +9,7 @@ every sample reads as a GPU under steady load, drawing 92% of its enforced limit
 the SM clock one 15 MHz step below the lock ceiling (as real cards peak at 2190 under
 a 2200 lock), or 90% of the maximum clock when unlocked. A GPU configured with
 "ignores_clock_lock": true runs at 2640 MHz whatever the lock (a lock not in effect).
+The driver version is "driver_version" in gpus.json, or SIM_DRIVER_VERSION.
 The energy counter is that power integrated since the rig booted, so it agrees with
 the power samples. RIGKIT_SIMULATED marks every run it produced as simulated.
 """
@@ -32,6 +33,7 @@ NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 249
 NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = 250
 LOAD_SHARE = 0.92
 IGNORED_LOCK_MHZ = 2640
+SIM_DRIVER_VERSION = "580.95.05"
 
 
 class NVMLError(Exception):
@@ -81,6 +83,11 @@ def _seconds_since_boot():
 
 def nvmlInit():
     _config()
+
+
+def nvmlSystemGetDriverVersion():
+    with open("/etc/rigkit-sim/gpus.json") as f:
+        return json.load(f).get("driver_version", SIM_DRIVER_VERSION)
 
 
 def nvmlShutdown():
