@@ -1,0 +1,198 @@
+"""The benchmark client against a misbehaving server: each test names the fault the vLLM stand-in
+(tests/vllm_standin/server.py, a local process on 127.0.0.1) simulates through its STANDIN_* switches.
+The stand-in's configured rates and its own /metrics are the truth; the client must find it or fail a
+check that says why. Real: httpx streaming over loopback, the client's parsing and arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rigkit.cli import main
+from rigkit.verify.client import PREFILL_FROM_SERVER, run_bench
+from rigkit.verify.table import bench_table
+from tests.standin import standin
+
+SPEC = ["--speculative-config", '{"method":"mtp","num_speculative_tokens":2}']
+FAST = {"standin_decode_tok_s": "200", "standin_prefill_tok_s": "2000"}
+
+
+def check(result, name):
+    return next(c for c in result.checks if c.name == name)
+
+
+def failed(result):
+    return {c.name: c.message for c in result.checks if not c.passed}
+
+
+def bench(tmp_path, *flags, output_tokens=40, prompt_tokens=256, **env):
+    with standin(tmp_path, *flags, **{**FAST, **env}) as url:
+        return run_bench(url, "m", prompt_tokens=prompt_tokens, output_tokens=output_tokens, seed=3)
+
+
+# 1. A stream that did not finish well is not a success.
+
+def test_an_error_event_mid_stream_fails_with_the_servers_own_text(tmp_path):
+    """Simulated: after 2 tokens the server sends an OpenAI error object as an SSE event, then [DONE], no usage."""
+    result = bench(tmp_path, standin_fault="error_mid_stream")
+    assert not result.passed
+    message = check(result, "tokens_produced").message
+    assert "CUDA error: an illegal memory access was encountered" in message
+    assert "usage" not in message  # the cause is the error, not a missing usage chunk
+    assert "illegal memory access" in bench_table(result)
+
+
+@pytest.mark.parametrize("reason, expected", [("abort", "finish_reason 'abort'"),
+                                              ("none", "without a finish_reason")])
+def test_an_abnormal_or_missing_finish_reason_fails(tmp_path, reason, expected):
+    """Simulated: the last chunk carries finish_reason "abort", or none at all; usage is still sent."""
+    result = bench(tmp_path, standin_finish_reason=reason)
+    assert expected in failed(result)["stream_finished"]
+    assert result.completion_tokens == 40  # usage still read: the figures stay
+
+
+def test_an_early_stop_fails_and_decode_comes_from_what_arrived(tmp_path):
+    """Simulated: the server ignores ignore_eos and stops after 12 tokens with finish_reason "stop"."""
+    result = bench(tmp_path, standin_stop_after_tokens="12")
+    assert "early stop: asked for 40 tokens with ignore_eos, usage says 12" in failed(result)["stream_finished"]
+    assert result.completion_tokens == 12
+    assert result.decode_tok_s == pytest.approx(200, rel=0.25)  # 11 gaps of 5 ms: generous on a loaded machine
+    assert "WARN  early stop" in bench_table(result)
+
+
+# 2. SSE as the spec has it: a valid stream is never a false failure.
+
+@pytest.mark.parametrize("variant", ["compact", "comments", "event", "multiline", "crlf",
+                                     "compact,comments,event,multiline,crlf"])
+def test_valid_sse_variants_are_read_in_full(tmp_path, variant):
+    """Simulated: `data:` without a space, `: keep-alive` comments while the prompt is read and before each
+    event, `event:` lines, JSON spread over several data lines, CRLF line ends."""
+    result = bench(tmp_path, standin_sse=variant, prompt_tokens=512)
+    assert result.passed, failed(result)
+    assert (result.completion_tokens, result.finish_reason) == (40, "length")
+    # A keep-alive comment is not a token: the first token needs the 512-token prefill (0.256 s) first.
+    assert result.ttft_s >= 0.25
+
+
+# 3. The first token is the first token of any kind.
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "tool_calls", "content"])
+def test_the_first_token_is_found_in_whatever_field_carries_it(tmp_path, field):
+    """Simulated: every generated token streams in `field` (reasoning models, tool calls), and an empty text chunk
+    plus a role-only delta arrive before the prefill: those are not tokens."""
+    result = bench(tmp_path, standin_token_field=field, standin_fault="empty_first", prompt_tokens=512)
+    assert result.passed, failed(result)
+    assert result.token_fields == [field]
+    assert result.ttft_s >= 0.25  # not the empty chunk at ~0 s
+    assert result.chunks == 40 and result.decode_tok_s == pytest.approx(200, rel=0.2)
+
+
+# 4. Prefill is not prompt / TTFT when the request waited in a queue.
+
+def test_queueing_is_reported_apart_from_prefill_from_the_servers_histograms(tmp_path):
+    """Simulated: each request waits 1 s in the scheduler's queue before a 512-token prefill at 2000 tok/s."""
+    result = bench(tmp_path, standin_queue_s="1.0", prompt_tokens=512)
+    assert result.passed, failed(result)
+    assert result.prefill_source == PREFILL_FROM_SERVER
+    assert result.prefill_tok_s == pytest.approx(2000, rel=0.1)
+    assert result.queue_s == pytest.approx(1.0, abs=0.2)
+    assert result.ttft_s >= 1.25  # the client did wait: queue + prefill
+
+
+def test_without_histograms_the_prefill_figure_is_labelled_as_including_queueing(tmp_path):
+    """Simulated: the same 1 s queue, and a server whose /metrics has no per-request histograms."""
+    result = bench(tmp_path, standin_queue_s="1.0", standin_histograms="0", prompt_tokens=512)
+    assert result.prefill_source.startswith("prompt / TTFT (includes queueing)")
+    assert result.prefill_tok_s < 600 and result.queue_s is None  # 512 / (1 + 0.256) s, not the 2000 of prefill
+    assert "prefill (prompt / TTFT (includes queueing)" in bench_table(result)
+
+
+# 5. A decode rate must be physically plausible.
+
+@pytest.mark.parametrize("histograms", ["1", "0"])
+def test_a_buffered_stream_fails_instead_of_reporting_an_absurd_decode_rate(tmp_path, histograms):
+    """Simulated: a buffering proxy. The server decodes 40 tokens at 200 tok/s; all events arrive at once at the end."""
+    result = bench(tmp_path, standin_fault="buffered", standin_histograms=histograms)
+    message = failed(result)["decode_plausible"]
+    assert "tokens arrived in a burst" in message
+    assert result.decode_tok_s is None and result.itl_p50_ms is None
+    if histograms == "1":
+        assert "while the server spent" in message
+        assert result.server_decode_tok_s == pytest.approx(200, rel=0.1)
+
+
+def test_decode_far_above_the_roofline_bound_is_not_believed(tmp_path):
+    """Simulated: a server decoding 200 tok/s, for a model whose memory-bandwidth bound is said to be 50 tok/s."""
+    with standin(tmp_path, **FAST) as url:
+        low = run_bench(url, "m", prompt_tokens=64, output_tokens=40, roofline_tok_s=50)
+        high = run_bench(url, "m", prompt_tokens=64, output_tokens=40, roofline_tok_s=250)
+    assert "memory-bandwidth bound" in failed(low)["decode_plausible"]
+    assert high.passed, failed(high)
+
+
+# 6. Acceptance from whatever counters exist.
+
+@pytest.mark.parametrize("counters, draft_tokens, status, length", [
+    ("full", None, "measured", 2.4), ("per_pos", None, "measured", 2.4),
+    ("old", None, "rate only", None), ("old", 2, "measured", 2.4)])
+def test_acceptance_from_any_sufficient_counter_set(tmp_path, counters, draft_tokens, status, length):
+    """Simulated: drafting with k=2 and 1.4 accepted per draft; /metrics has all counters, only per-position
+    accepted counts, or the older set without num_drafts (then k given by the caller gives the length)."""
+    with standin(tmp_path, *SPEC, standin_spec_counters=counters, **FAST) as url:
+        result = run_bench(url, "m", prompt_tokens=64, output_tokens=120, draft_tokens_per_step=draft_tokens)
+    assert result.passed, failed(result)
+    assert result.acceptance_status == status
+    assert result.acceptance_rate == pytest.approx(1.4 / 2, rel=0.05)
+    assert result.acceptance_length == (None if length is None else pytest.approx(length, rel=0.05))
+
+
+def test_drafting_without_counters_says_acceptance_unknown(tmp_path):
+    """Simulated: a server drafting (about 2.4 tokens per chunk) whose /metrics has no spec-decode counters."""
+    out = tmp_path / "b.json"
+    with standin(tmp_path, *SPEC, standin_spec_counters="none", **FAST) as url:
+        main(["bench", "--url", url, "--model", "m", "--prompt-tokens", "64", "--output-tokens", "60",
+              "--json", str(out)])
+    document = json.loads(out.read_text())
+    assert document["acceptance_status"] == "unknown" and document["acceptance_length"] is None
+    assert any(w.startswith("acceptance unknown") for w in document["warnings"])
+
+
+# 7. Errors under concurrency fail the run.
+
+@pytest.mark.parametrize("status", ["429", "500"])
+def test_rejected_requests_under_concurrency_fail_the_run(tmp_path, capsys, status):
+    """Simulated: half the requests that arrive while another is generating are refused with HTTP 429 or 500."""
+    out = tmp_path / "b.json"
+    with standin(tmp_path, standin_reject_share="0.5", standin_reject_status=status, **FAST) as url:
+        code = main(["bench", "--url", url, "--model", "m", "--prompt-tokens", "64", "--output-tokens", "40",
+                     "--concurrency", "4", "--json", str(out)])
+    assert code == 1
+    [level] = json.loads(out.read_text())["concurrency"]
+    assert level["requests"] == 4 and 1 <= level["succeeded"] < 4
+    assert len(level["errors"]) == 4 - level["succeeded"] and f"HTTP {status}" in level["errors"][0]
+    assert level["aggregate_tok_s"] > 0  # from the requests that succeeded only
+    printed = capsys.readouterr().out
+    assert f"from {level['succeeded']} of 4 requests" in printed and "FAIL  concurrency_4" in printed
+
+
+# The command line refuses bad input in one line, exit code 2.
+
+@pytest.mark.parametrize("args, expected", [
+    (["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: no such file"),
+    (["--concurrency", "4,x"], "--concurrency 4,x: 'x' is not a positive integer"),
+    (["--concurrency", "0"], "--concurrency 0: '0' is not a positive integer"),
+])
+def test_bench_refuses_bad_input_with_one_line_and_exit_2(capsys, args, expected):
+    code = main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"rigkit bench: {expected}"
+
+
+def test_an_empty_or_unreadable_key_file_is_named(tmp_path, capsys):
+    key = tmp_path / "key"
+    key.write_text("\n")
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--api-key-file", str(key)]) == 2
+    assert capsys.readouterr().err.strip() == f"rigkit bench: --api-key-file {key}: the file is empty"
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--api-key-file", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
