@@ -101,3 +101,80 @@ def test_a_native_call_with_continue_around_it_passes():
         "& docker.exe info\n"  # no redirection: stderr is not turned into errors
     )
     assert findings(script) == []
+
+
+# ----- every script rigkit renders or sends --------------------------------------------
+
+HOSTILE = "it's ‘odd’ [2x] $(rm -rf x)"
+
+
+def rig_variants(tmp_path) -> list:
+    """The shipped example rig and the test rig, each as it is, with hostile rig and model
+    names, without caps or clock locks, and with gpu_policy: remove."""
+    from rigkit.config.loader import load_rig
+    from tests.conftest import DATA, REPO
+
+    rigs = []
+    shipped = [(REPO / "inventory/rigs/win-2x4090-48gb.yml", REPO / "inventory/models", "qwen3-27b-awq"),
+               (DATA / "rigs/windows.yml", DATA / "models", "test-alpha")]
+    for n, (rig_file, catalog, model) in enumerate(shipped):
+        text = rig_file.read_text()
+        rigs.append(load_rig(rig_file, catalog))
+        folder = tmp_path / f"rig{n}"
+        (folder / "models").mkdir(parents=True)
+        (folder / "models" / f"{HOSTILE}.yml").write_text((catalog / f"{model}.yml").read_text())
+        variants = {
+            f"{HOSTILE}.yml": (text.replace(model, f'"{HOSTILE}"'), folder / "models"),
+            "uncapped.yml": ("\n".join(line for line in text.splitlines()
+                                       if "power_limit_w" not in line and "clock_lock_mhz" not in line) + "\n", catalog),
+            "remove.yml": (text + "gpu_policy: remove\n", catalog),
+        }
+        for name, (variant, variant_catalog) in variants.items():
+            (folder / name).write_text(variant)
+            rigs.append(load_rig(folder / name, variant_catalog))
+    return rigs
+
+
+def sent_scripts(rig) -> dict[str, str]:
+    """Every script the facts and operations send for `rig`, as the connector wraps it and
+    powershell.exe decodes it."""
+    import base64
+
+    from rigkit.windows import facts
+    from rigkit.windows import operations as winops
+    from rigkit.windows.bundle import LOG_PATH, TASK_BOOTSTRAP, TASK_POWER, render_bundle
+    from rigkit.windows.connector import powershell_command_line
+
+    path = f"C:\\ProgramData\\rigkit\\{HOSTILE}\\x.ps1"
+    scripts = {
+        "file-sha256": facts.WindowsFileSha256().command(path=path),
+        "read-text": facts.WindowsTextFile().command(path=path),
+        "folder-exists": facts.WindowsFolderExists().command(path=path),
+        "export-task": facts.ScheduledTaskXml().command(task_name=HOSTILE),
+        "nvidia-smi": facts.WindowsNvidiaGpus().command(),
+        "register-task": winops.register_task_script(HOSTILE, path),
+        "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
+        "uninstall": winops.uninstall_script(render_bundle(rig)["uninstall.ps1"], [TASK_POWER, TASK_BOOTSTRAP]),
+        "connector wrapper": "",
+    }
+    decode = lambda line: base64.b64decode(line.rsplit(" ", 1)[1]).decode("utf-16-le")  # noqa: E731
+    return {kind: decode(powershell_command_line(script)) for kind, script in scripts.items()}
+
+
+def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
+    from rigkit.render import ps_quote
+    from rigkit.windows.bundle import render_bundle
+
+    checked = 0
+    for rig in rig_variants(tmp_path):
+        scripts = {name: text for name, text in render_bundle(rig).items() if name.endswith(".ps1")}
+        assert set(scripts) == {"scripts/gpu-power-policy.ps1", "scripts/llm-bootstrap.ps1", "install.ps1",
+                                "uninstall.ps1"}
+        if rig.name == HOSTILE:  # the names reached the scripts, as quoted literals
+            assert ps_quote(HOSTILE) in scripts["scripts/llm-bootstrap.ps1"]
+            assert ps_quote(f"C:\\ProgramData\\rigkit\\stacks\\{HOSTILE}\\compose.yml") in scripts["scripts/llm-bootstrap.ps1"]
+        scripts.update(sent_scripts(rig))
+        for name, script in scripts.items():
+            assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
+            checked += 1
+    assert checked == 8 * 13
