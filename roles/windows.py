@@ -41,11 +41,7 @@ from rigkit.windows.bundle import (
     task_xml_path,
 )
 from rigkit.windows.facts import WindowsNvidiaGpus
-from rigkit.windows.timing import bootstrap_budget, timing_findings
-
-# Default: how long a deploy waits for GPU-PowerPolicy (its task's own limit is 5 min). The
-# bootstrap's wait is derived from the rig's models (rigkit.windows.timing).
-POWER_TASK_WAIT_S = 300
+from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
 
 
 @deploy("Windows rig")

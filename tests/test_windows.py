@@ -80,6 +80,7 @@ def test_power_policy_task_is_elevated_at_logon_with_no_delay():
     assert trigger is not None and trigger.find("t:Delay", NS) is None
     assert root.find("t:Principals/t:Principal/t:RunLevel", NS).text == "HighestAvailable"
     assert "gpu-power-policy.ps1" in root.find("t:Actions/t:Exec/t:Arguments", NS).text
+    assert root.find("t:Settings/t:ExecutionTimeLimit", NS).text == "PT5M"
 
 
 def test_bootstrap_task_delay_limit_restart_and_user_context():

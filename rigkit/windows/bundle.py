@@ -16,7 +16,7 @@ from pathlib import Path, PureWindowsPath
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
 from rigkit.serving.compose import render_compose, served_name
-from rigkit.windows.timing import DOCKER_WAIT_S, bootstrap_budget
+from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
 
 INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
@@ -53,7 +53,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S, budget_s=budget.total_s, **logs),
         f"tasks/{TASK_POWER}.xml": render(
             "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
-            script_path=str(POWER_SCRIPT)),
+            script_path=str(POWER_SCRIPT), execution_time_limit=POWER_TASK_LIMIT),
         f"tasks/{TASK_BOOTSTRAP}.xml": render(
             "windows/task-llm-bootstrap.xml.j2", rig_name=rig.name, task_name=TASK_BOOTSTRAP, user=USER_PLACEHOLDER,
             script_path=str(BOOTSTRAP_SCRIPT), execution_time_limit=budget.task_duration()),

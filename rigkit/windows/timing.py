@@ -21,6 +21,8 @@ DOCKER_WAIT_S = 180  # Docker Desktop starting at logon
 BASE_MARGIN_S = 120  # the GPU policy's nvidia-smi calls, powershell.exe starting, logging
 PER_MODEL_MARGIN_S = 60  # `docker compose up -d` of a pulled image; the last 30 s warm-up request past its deadline
 TASK_STOP_S = 60  # Task Scheduler stopping a task at its limit and recording the result
+POWER_TASK_LIMIT = "PT5M"  # GPU-PowerPolicy: a few nvidia-smi calls per GPU
+POWER_TASK_WAIT_S = 5 * 60 + TASK_STOP_S  # how long a deploy waits for a GPU-PowerPolicy run
 TASK_LIMIT_MAX_S = 72 * 3600  # Task Scheduler's default and longest offered limit (3 days)
 LONG_WAIT_S = 3600  # above this a logon (and a deploy) waits a long time for a model that never answers
 
