@@ -26,6 +26,7 @@ def check(args: argparse.Namespace) -> int:
     for rig_file in args.rig_files:
         try:
             rig = load_rig(rig_file, args.catalog)
+            _check_windows(rig)
         except ConfigError as exc:
             print(exc.render(), file=sys.stderr)
             failed += 1
@@ -33,6 +34,19 @@ def check(args: argparse.Namespace) -> int:
         models = ", ".join(m.name for m in rig.models) or "no models"
         print(f"{rig_file}: ok ({rig.spec.os}, {len(rig.spec.gpus)} GPUs, {models})")
     return 1 if failed else 0
+
+
+def _check_windows(rig) -> None:
+    """A Windows rig's bootstrap must fit its task's time limit: raise or print why not."""
+    if rig.spec.os != "windows":
+        return
+    from rigkit.windows.timing import timing_findings
+
+    errors, warnings = timing_findings(rig)
+    if errors:
+        raise ConfigError(errors)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def rig_names(inventory: str) -> list[str]:
@@ -133,15 +147,30 @@ def windows_bundle(args: argparse.Namespace) -> int:
 
     try:
         rig = load_rig(args.rig_file, args.catalog)
+        if rig.spec.os != "windows":
+            print(f"{args.rig_file}: os is {rig.spec.os}; the bundle is for Windows rigs", file=sys.stderr)
+            return 1
+        _check_windows(rig)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
-    if rig.spec.os != "windows":
-        print(f"{args.rig_file}: os is {rig.spec.os}; the bundle is for Windows rigs", file=sys.stderr)
-        return 1
-    for path in write_bundle(rig, Path(args.out)):
+    out = Path(args.out)
+    try:
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError("it is a file, not a folder")
+        written = write_bundle(rig, out)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else ""
+        print(f"rigkit windows-bundle: cannot write the bundle to {out}: {reason}{where}; "
+              "give --out a folder you can write to", file=sys.stderr)
+        return 2
+    for path in written:
         print(path)
-    print(f"copy {args.out} to the rig and run install.ps1 from an elevated PowerShell")
+    if rig.spec.gpu_policy == "remove":
+        print(f"gpu_policy is remove: copy {args.out} to the rig and run uninstall.ps1 from an elevated PowerShell")
+    else:
+        print(f"copy {args.out} to the rig and run install.ps1 from an elevated PowerShell")
     return 0
 
 

@@ -6,22 +6,30 @@ C:\\ProgramData\\rigkit (each only if its SHA-256 differs), registers `GPU-Power
 and `LocalLLM-Bootstrap` (only if the exported task differs from the rendered one),
 then runs them now, the way logon would: each task unless it already ran successfully
 on exactly these files (recorded on the rig after a successful run only), and both
-when a power limit drifted. The bootstrap locks clocks, waits for Docker, brings up
-the stacks and warms each model.
+when a power limit drifted from the policy (as on Linux: a GPU without a cap should be
+at its driver's default). GPU-PowerPolicy's script is the only one that sets limits and
+clocks; the bootstrap runs it again before it waits for Docker, brings up the stacks
+and warms each model.
 The SSH user should be the administrator who logs on at the rig: the tasks run as
 that user (Docker Desktop's context is per user).
 
-Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps within the driver's
-range, PSU budget.
+With `gpu_policy: remove` in the rig file it runs the bundle's uninstall.ps1 instead:
+GPUs back to default limits with clocks reset, both tasks unregistered, the folder
+removed (nothing is done when nothing of rigkit's is there).
+
+Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
+within the driver's range, PSU budget; and the bootstrap's time fits (rigkit.windows.timing).
 """
 
 from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
 
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.gate import accept_gpus, check_policy
+from rigkit.gpu.policy import power_drift
 from rigkit.windows import operations as winops
 from rigkit.windows.bundle import (
     LOG_PATH,
@@ -33,20 +41,24 @@ from rigkit.windows.bundle import (
     task_xml_path,
 )
 from rigkit.windows.facts import WindowsNvidiaGpus
-from rigkit.windows.policy import capped_power_drift
-
-# Defaults: how long a deploy waits for each task it runs (the bootstrap's own limit is 15 min).
-POWER_TASK_WAIT_S = 300
-BOOTSTRAP_TASK_WAIT_S = 960
+from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
 
 
 @deploy("Windows rig")
 def windows(rig: RigConfig) -> None:
     report = accept_gpus(rig, host.get_fact(WindowsNvidiaGpus))
-    check_policy(rig, report)
-
     bundle = render_bundle(rig)
     installed = installed_files(bundle)
+    if rig.spec.gpu_policy == "remove":
+        _remove(bundle, installed)
+        return
+    check_policy(rig, report)
+    errors, warnings = timing_findings(rig)
+    if errors:
+        raise DeployError(f"rig {rig.name}, nothing was changed: " + "; ".join(str(e) for e in errors))
+    for warning in warnings:
+        logger.warning(f"{host.print_prefix}{warning}")
+
     for path, data in installed.items():
         winops.file(name=f"Put {path}", dest=path, data=data)
     for task in (TASK_POWER, TASK_BOOTSTRAP):
@@ -55,7 +67,7 @@ def windows(rig: RigConfig) -> None:
             xml=bundle[f"tasks/{task}.xml"], xml_path=task_xml_path(task),
         )
 
-    drift = capped_power_drift(rig.spec, report)
+    drift = power_drift(rig.spec, report)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
     power_files = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
@@ -65,5 +77,19 @@ def windows(rig: RigConfig) -> None:
     )
     winops.run_task(
         name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(installed),
-        wait_s=BOOTSTRAP_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
+        wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=bool(drift),
+    )
+
+
+def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:
+    # The reset runs through the one script that sets limits and clocks, in its current
+    # version: it is put first (uninstall.ps1 then removes it with the rest).
+    tasks = [TASK_POWER, TASK_BOOTSTRAP]
+    if winops.nothing_installed(tasks):
+        host.noop("rigkit's GPU policy and tasks are not installed")
+        return
+    winops.file(name=f"Put {POWER_SCRIPT} for the reset", dest=str(POWER_SCRIPT), data=installed[str(POWER_SCRIPT)])
+    winops.uninstall(
+        name="Reset GPUs to default limits and clocks, unregister the tasks, remove C:\\ProgramData\\rigkit",
+        script=bundle["uninstall.ps1"], task_names=tasks,
     )

@@ -6,7 +6,6 @@ from rigkit.config.schema import RigSpec
 from rigkit.gpu.nvsmi import GpuReport, GpuStatus
 from rigkit.gpu.policy import power_drift, psu_budget, range_problems
 from rigkit.render import render
-from rigkit.windows.policy import capped_power_drift
 
 
 def rig(caps, psu_w=1200, system_w=200, **extra) -> RigSpec:
@@ -55,9 +54,6 @@ def test_power_drift_names_gpu_current_and_wanted():
     assert power_drift(rig([330, 330]), report([330, 300])) == ["GPU 1: power limit is 300 W, policy says 330 W"]
     assert power_drift(rig([330, 330]), report([330, 330])) == []
     assert power_drift(rig([330, None]), report([330, 400])) == ["GPU 1: power limit is 400 W, policy says 450 W"]
-    # Windows rigs leave an uncapped GPU as it is.
-    assert capped_power_drift(rig([330, None]), report([300, 400])) == [
-        "GPU 0: power limit is 300 W, policy says 330 W"]
 
 
 def test_policy_file_lists_each_gpu_and_defaults():

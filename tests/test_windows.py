@@ -51,7 +51,8 @@ def parse_errors(source: str) -> list[str]:
     return errors
 
 
-@pytest.mark.parametrize("name", ["scripts/gpu-power-policy.ps1", "scripts/llm-bootstrap.ps1", "install.ps1"])
+@pytest.mark.parametrize("name", ["scripts/gpu-power-policy.ps1", "scripts/llm-bootstrap.ps1", "install.ps1",
+                                  "uninstall.ps1"])
 def test_every_rendered_powershell_file_parses(name):
     source = bundle()[name]
     assert parse_errors(source) == []
@@ -79,6 +80,7 @@ def test_power_policy_task_is_elevated_at_logon_with_no_delay():
     assert trigger is not None and trigger.find("t:Delay", NS) is None
     assert root.find("t:Principals/t:Principal/t:RunLevel", NS).text == "HighestAvailable"
     assert "gpu-power-policy.ps1" in root.find("t:Actions/t:Exec/t:Arguments", NS).text
+    assert root.find("t:Settings/t:ExecutionTimeLimit", NS).text == "PT5M"
 
 
 def test_bootstrap_task_delay_limit_restart_and_user_context():
@@ -88,18 +90,43 @@ def test_bootstrap_task_delay_limit_restart_and_user_context():
     assert principal.find("t:RunLevel", NS).text == "HighestAvailable"
     assert principal.find("t:LogonType", NS).text == "InteractiveToken"  # the logged-in user's Docker context
     settings = root.find("t:Settings", NS)
-    assert settings.find("t:ExecutionTimeLimit", NS).text == "PT15M"
+    # 180 s Docker wait + 900 s (qwen3-27b-awq's default ready timeout) + 120 + 60 s margin = 1260 s
+    assert settings.find("t:ExecutionTimeLimit", NS).text == "PT21M"
     assert settings.find("t:RestartOnFailure/t:Interval", NS).text == "PT2M"
     assert settings.find("t:RestartOnFailure/t:Count", NS).text == "1"
 
 
 def test_bootstrap_script_does_what_the_field_notes_ask():
     script = bundle()["scripts/llm-bootstrap.ps1"]
-    assert "applied (not queryable - verify under load)" in script
-    assert "not elevated?" in script
-    assert "@{ Index = 0; PowerLimitW = 330; ClockLock = '0,2200' }" in script
-    assert "'-lgc'" in script and "Start-Process -FilePath $DockerDesktop" in script
+    assert "& $PowerScript\n" in script and "$PowerScript = 'C:\\ProgramData\\rigkit\\gpu-power-policy.ps1'" in script
+    assert "'-pl'" not in script and "'-lgc'" not in script  # GPU-PowerPolicy's script alone sets them
+    assert "Start-Process -FilePath $DockerDesktop" in script
     assert "max_tokens = 1" in script and "-TimeoutSec 30" in script
+
+
+def test_power_policy_script_is_declarative_like_linux():
+    script = bundle()["scripts/gpu-power-policy.ps1"]
+    assert "applied (not queryable - verify under load)" in script and "not elevated?" in script
+    assert "@{ Index = 0; PowerLimitW = 330; ClockLock = '0,2200' }" in script
+    assert "'--query-gpu=power.limit,power.default_limit'" in script  # an uncapped GPU gets its default
+    assert "@('-i', $i, '-rgc')" in script and "@('-i', $i, '-lgc', $gpu.ClockLock)" in script
+    assert "param([switch] $Reset)" in script
+
+
+def test_uncapped_unlocked_gpus_are_rendered_as_such(tmp_path):
+    text = "\n".join(line for line in WIN_RIG.read_text().splitlines() if "clock_lock" not in line and
+                     "power_limit_w" not in line)
+    script = bundle(tmp_path, text)["scripts/gpu-power-policy.ps1"]
+    assert "@{ Index = 1; PowerLimitW = $null; ClockLock = $null }" in script
+
+
+def test_uninstall_resets_through_the_policy_script_then_unregisters_and_removes():
+    script = bundle()["uninstall.ps1"]
+    assert "& $PowerScript -Reset" in script
+    assert "Unregister-ScheduledTask -TaskName $task -TaskPath '\\' -Confirm:$false" in script
+    assert "@('GPU-PowerPolicy', 'LocalLLM-Bootstrap')" in script
+    assert "Remove-Item -LiteralPath $InstallDir -Recurse -Force" in script
+    assert script.index("-Reset") < script.index("Unregister-ScheduledTask") < script.index("Remove-Item")
 
 
 def test_xml_values_are_escaped(tmp_path):
@@ -128,6 +155,25 @@ def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
                  "--catalog", str(CATALOG)]) == 1
 
 
+def test_windows_bundle_cli_says_in_one_line_why_it_cannot_write(tmp_path, capsys, monkeypatch):
+    from rigkit.cli import main
+
+    a_file = tmp_path / "bundle"
+    a_file.write_text("")
+    for out in (a_file, a_file / "inside"):
+        assert main(["windows-bundle", str(WIN_RIG), "--out", str(out), "--catalog", str(CATALOG)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rigkit windows-bundle: cannot write the bundle to {out}: ") and err.count("\n") == 1
+
+    def refuse(self, data):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr("pathlib.Path.write_bytes", refuse)  # not writable (tests run as root: chmod would not do)
+    assert main(["windows-bundle", str(WIN_RIG), "--out", str(tmp_path / "ro"), "--catalog", str(CATALOG)]) == 2
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and err.count("\n") == 1
+
+
 def test_a_deploy_over_ssh_installs_what_the_tasks_and_scripts_refer_to():
     rig = load_rig(WIN_RIG, CATALOG)
     installed = installed_files(render_bundle(rig))
@@ -139,5 +185,38 @@ def test_a_deploy_over_ssh_installs_what_the_tasks_and_scripts_refer_to():
     for stack in rig.models:
         assert str(INSTALL_DIR / "stacks" / stack.name / "compose.yml") in installed  # where the bootstrap looks
         assert str(INSTALL_DIR / "stacks" / stack.name / "compose.yml") in files["scripts/llm-bootstrap.ps1"]
-    assert "install.ps1" not in " ".join(installed)
+    assert "install.ps1" not in " ".join(installed)  # nor uninstall.ps1
     assert all(data.startswith(b"\xef\xbb\xbf") for path, data in installed.items() if path.endswith(".ps1"))
+
+
+def test_the_bootstrap_time_limit_is_derived_from_the_docker_wait_and_the_models():
+    from dataclasses import replace
+
+    from rigkit.windows.timing import TASK_LIMIT_MAX_S, BootstrapBudget, bootstrap_budget, timing_findings
+
+    rig = load_rig(WIN_RIG, CATALOG)
+    budget = bootstrap_budget(rig)
+    assert budget.arithmetic() == ("Docker wait 180 s + ready_timeout_s 900 s (qwen3-27b-awq) + margin 180 s "
+                                   "= 1260 s, a task limit of PT21M")
+    assert budget.deploy_wait_s == 1260 + 60  # the deploy waits past the task's own limit
+    assert [BootstrapBudget(0, (("m", s),), 0).task_duration() for s in (30, 1261, 3600, 5400, 72 * 3600)] == [
+        "PT1M", "PT22M", "PT1H", "PT1H30M", "PT72H"]
+    assert timing_findings(rig) == ([], [])
+
+    many = replace(rig, models=rig.models * 300)  # 300 x 900 s: 75 h
+    errors, _ = timing_findings(many)
+    assert bootstrap_budget(many).limit_s > TASK_LIMIT_MAX_S
+    assert "above Task Scheduler's 72 h limit; lower ready_timeout_s" in str(errors[0])
+
+
+def test_rigkit_check_shows_the_bootstrap_arithmetic_when_it_does_not_fit(capsys, monkeypatch):
+    from rigkit.cli import main
+
+    monkeypatch.setattr("rigkit.windows.timing.LONG_WAIT_S", 600)
+    assert main(["check", str(WIN_RIG), "--catalog", str(CATALOG)]) == 0
+    assert "warning: " in capsys.readouterr().err
+    monkeypatch.setattr("rigkit.windows.timing.TASK_LIMIT_MAX_S", 600)
+    assert main(["check", str(WIN_RIG), "--catalog", str(CATALOG)]) == 1
+    err = capsys.readouterr().err
+    assert "Docker wait 180 s + ready_timeout_s 900 s (qwen3-27b-awq) + margin 180 s = 1260 s" in err
+    assert main(["windows-bundle", str(WIN_RIG), "--out", "/nonexistent-never-written", "--catalog", str(CATALOG)]) == 1

@@ -6,11 +6,14 @@ in the rig's /C:/ tree, where Win32-OpenSSH's SFTP form of `C:\\...` paths point
 Windows facts, operations and role; the simulated nvidia-smi's answers.
 
 Simulated: Windows. powershell.exe on the rig is tests/simrig/powershell.exe. It runs no
-PowerShell: it fakes the answers of Get-FileHash, Get-Content, Export-/Register-ScheduledTask
-(re-serialising the XML as Task Scheduler's export does), Start-ScheduledTask (recording the
-run; a test can make it fail) and nvidia-smi.exe from the rig's files. So these tests show
-the deploy's decisions and plumbing, not that the PowerShell does what it says on Windows;
-every script rigkit sent is parsed with a real PowerShell grammar (tree-sitter-powershell).
+PowerShell: it fakes the answers of Get-FileHash, Get-Content, Test-Path, Export-/Register-
+ScheduledTask (re-serialising the XML as Task Scheduler's export does), Start-ScheduledTask
+(recording the run; a test can make it fail), nvidia-smi.exe, and the removal's effects
+(uninstall.ps1: GPUs reset with the simulated nvidia-smi, tasks unregistered, folder removed)
+from the rig's files. So these tests show the deploy's decisions and plumbing, not that the
+PowerShell does what it says on Windows; every script rigkit sent is parsed with a real
+PowerShell grammar (tree-sitter-powershell) and checked by the Windows PowerShell 5.1 rules
+(tests/ps51_rules.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from rigkit.windows.bundle import (
     installed_files,
     render_bundle,
 )
+from rigkit.windows.timing import bootstrap_budget
 from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, run_deploy
+from tests.ps51_rules import findings
 from tests.test_windows import parse_errors
 
 WIN_RIG = DATA / "rigs" / "windows.yml"
@@ -88,16 +93,19 @@ def test_every_script_sent_parses_as_powershell(rig):
     assert kinds == {"nvidia-smi", "file-sha256", "export-task", "register-task", "read-text", "run-task"}
     for script in scripts:
         assert parse_errors(script) == [], script
+        assert findings(script) == [], "\n".join(map(str, findings(script))) + "\n" + script
 
 
 def test_an_edited_task_is_re_registered_and_drift_re_runs_the_policy(rig):
     # Someone raised the bootstrap's time limit in Task Scheduler, and a GPU lost its cap.
-    on_rig(rig, f"sed -i 's|<ExecutionTimeLimit>PT15M<|<ExecutionTimeLimit>PT1H<|' {STORE}/tasks/{TASK_BOOTSTRAP}.xml")
+    limit = bootstrap_budget(load_rig(WIN_RIG, TEST_CATALOG)).task_duration()  # 180 + 30 + 180 s: PT7M
+    on_rig(rig, f"sed -i 's|<ExecutionTimeLimit>{limit}<|<ExecutionTimeLimit>PT72H<|' {STORE}/tasks/{TASK_BOOTSTRAP}.xml")
+    assert "PT72H" in on_rig(rig, f"cat {STORE}/tasks/{TASK_BOOTSTRAP}.xml")
     on_rig(rig, "nvidia-smi -i 1 -pl 450")
     run = deploy(rig)
     assert run.returncode == 0, run.output
     assert "drift: GPU 1: power limit is 450 W, policy says 330 W" in run.output
-    assert "PT15M" in on_rig(rig, f"cat {STORE}/tasks/{TASK_BOOTSTRAP}.xml")
+    assert f"<ExecutionTimeLimit>{limit}<" in on_rig(rig, f"cat {STORE}/tasks/{TASK_BOOTSTRAP}.xml")
     assert runs(rig)[2:] == [TASK_POWER, TASK_BOOTSTRAP]
     # The fake does not run the policy script, so the limit is restored by hand: the next deploy is clean.
     on_rig(rig, "nvidia-smi -i 1 -pl 330")
@@ -128,3 +136,28 @@ def test_a_windows_rig_reached_as_linux_is_refused_before_any_change(rig):
     assert linux.returncode != 0
     assert "has os: linux, but its inventory entry uses the Windows connector" in linux.output
     assert rig.exec("ls /C:/ProgramData/rigkit/stacks")[1].split() == ["test-alpha"]  # nothing new was put
+
+
+def test_gpu_policy_remove_resets_the_gpus_unregisters_the_tasks_and_removes_the_files(rig, tmp_path):
+    removed = tmp_path / "removed.yml"
+    removed.write_text(WIN_RIG.read_text() + "gpu_policy: remove\n")
+    on_rig(rig, "nvidia-smi -lgc 0,2200")  # the fake ran no policy script: lock the clocks as it would have
+    before = len(runs(rig))
+    run = deploy(rig, removed)
+    assert run.returncode == 0, run.output
+    assert runs(rig)[before:] == ["uninstall"]
+    state = rig.gpu_state()  # read past rigkit: the simulated driver's settings
+    assert [g["power_limit_w"] for g in state] == [450, 450]  # the 4090s' default limit
+    assert [g["clock_lock"] for g in state] == [None, None]
+    assert on_rig(rig, f"ls {STORE}/tasks").split() == []
+    assert rig.exec("test -e /C:/ProgramData/rigkit")[0] != 0
+
+    again = deploy(rig, removed)  # nothing of rigkit's is left: nothing to do
+    assert again.returncode == 0, again.output
+    assert again.changed_operations() == 0, again.output
+    assert runs(rig)[before:] == ["uninstall"]
+    scripts = sent_scripts(rig)
+    kinds = {line.split()[2] for s in scripts for line in s.splitlines() if line.startswith("# rigkit: ")}
+    assert {"uninstall", "folder-exists"} <= kinds
+    for script in scripts:
+        assert findings(script) == [], "\n".join(map(str, findings(script))) + "\n" + script

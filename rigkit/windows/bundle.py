@@ -1,6 +1,7 @@
 """Windows rigs: the two scheduled tasks (Task Scheduler XML), the PowerShell they run, the
-offline bundle a person installs with one elevated `install.ps1`, and the same files laid out
-as a deploy over SSH installs them. Pure rendering; nothing here talks to a rig.
+offline bundle a person installs with one elevated `install.ps1` (and removes with
+`uninstall.ps1`), and the same files laid out as a deploy over SSH installs them. Pure
+rendering; nothing here talks to a rig.
 
 Values reach PowerShell only as single-quoted literals (`ps_quote`) or validated integers,
 and XML only through Jinja's XML autoescaping.
@@ -15,13 +16,13 @@ from pathlib import Path, PureWindowsPath
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
 from rigkit.serving.compose import render_compose, served_name
+from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
 
 INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
 POWER_SCRIPT = INSTALL_DIR / "gpu-power-policy.ps1"
 BOOTSTRAP_SCRIPT = INSTALL_DIR / "llm-bootstrap.ps1"
 DOCKER_DESKTOP = PureWindowsPath(r"C:\Program Files\Docker\Docker\Docker Desktop.exe")
-DOCKER_WAIT_S = 180
 TASK_POWER = "GPU-PowerPolicy"
 TASK_BOOTSTRAP = "LocalLLM-Bootstrap"
 # Filled with the installing user by install.ps1 (the task runs as the logged-in user).
@@ -32,6 +33,8 @@ _TASK_NS = "{http://schemas.microsoft.com/windows/2004/02/mit/task}"
 def render_bundle(rig: RigConfig) -> dict[str, str]:
     """{path inside the bundle: content}."""
     gpus = rig.spec.gpus
+    budget = bootstrap_budget(rig)
+    logs = {"log_path": str(LOG_PATH), "log_dir": str(LOG_PATH.parent)}
     stacks = [
         {
             "name": m.name,
@@ -44,19 +47,22 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
     ]
     files = {
         "scripts/gpu-power-policy.ps1": render(
-            "windows/gpu-power-policy.ps1.j2", rig_name=rig.name, log_path=str(LOG_PATH), gpus=gpus),
+            "windows/gpu-power-policy.ps1.j2", rig_name=rig.name, gpus=gpus, **logs),
         "scripts/llm-bootstrap.ps1": render(
-            "windows/llm-bootstrap.ps1.j2", rig_name=rig.name, log_path=str(LOG_PATH), gpus=gpus, stacks=stacks,
-            docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S),
+            "windows/llm-bootstrap.ps1.j2", rig_name=rig.name, stacks=stacks, power_script=str(POWER_SCRIPT),
+            docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S, budget_s=budget.total_s, **logs),
         f"tasks/{TASK_POWER}.xml": render(
             "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
-            script_path=str(POWER_SCRIPT)),
+            script_path=str(POWER_SCRIPT), execution_time_limit=POWER_TASK_LIMIT),
         f"tasks/{TASK_BOOTSTRAP}.xml": render(
             "windows/task-llm-bootstrap.xml.j2", rig_name=rig.name, task_name=TASK_BOOTSTRAP, user=USER_PLACEHOLDER,
-            script_path=str(BOOTSTRAP_SCRIPT)),
+            script_path=str(BOOTSTRAP_SCRIPT), execution_time_limit=budget.task_duration()),
         "install.ps1": render(
             "windows/install.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
             task_names=[TASK_POWER, TASK_BOOTSTRAP]),
+        "uninstall.ps1": render(
+            "windows/uninstall.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
+            power_script=str(POWER_SCRIPT), task_names=[TASK_POWER, TASK_BOOTSTRAP]),
     }
     for model in rig.models:
         files[f"scripts/stacks/{model.name}/compose.yml"] = render_compose(model, with_api_key=False)
@@ -86,7 +92,7 @@ def installed_files(bundle: dict[str, str]) -> dict[str, bytes]:
     return {
         str(INSTALL_DIR / PureWindowsPath(relative.removeprefix("scripts/"))): file_bytes(relative, content)
         for relative, content in bundle.items()
-        if relative != "install.ps1"
+        if relative.startswith(("scripts/", "tasks/"))
     }
 
 

@@ -45,10 +45,23 @@ class WindowsTextFile(FactBase):
     """A small text file's content (stripped), or None where there is none."""
 
     def command(self, path: str) -> str:
-        return _if_file("read-text", path, "Get-Content -Raw -LiteralPath $path")
+        return _if_file("read-text", path, "Get-Content -Raw -Encoding UTF8 -LiteralPath $path")
 
     def process(self, output) -> str | None:
         return _unless_absent(output)
+
+
+class WindowsFolderExists(FactBase):
+    """Whether a folder exists on the rig."""
+
+    def command(self, path: str) -> str:
+        return (
+            f"# rigkit: folder-exists {ps_quote(path)}\n"
+            f"if (Test-Path -LiteralPath {ps_quote(path)} -PathType Container) {{ 'present' }} else {{ {ps_quote(ABSENT)} }}"
+        )
+
+    def process(self, output) -> bool:
+        return _unless_absent(output) is not None
 
 
 class ScheduledTaskXml(FactBase):

@@ -5,7 +5,12 @@
   is the same task (`rigkit.windows.same_task`);
 - `run_task`: run a task now, as logon would, unless it already ran successfully on the
   same inputs. Success is recorded on the rig only after the task finished with result 0,
-  so a failed run is run again by the next deploy.
+  so a failed run is run again by the next deploy;
+- `uninstall`: run the bundle's uninstall.ps1 (GPUs reset, tasks unregistered, files removed);
+  `nothing_installed` says whether there is anything to remove.
+
+The PowerShell each sends is built by a plain function beside it (`*_script`), so tests check
+every script on its syntax tree without pyinfra.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pyinfra.api import FileUploadCommand, operation
 
 from rigkit.render import ps_quote
 from rigkit.windows.bundle import INSTALL_DIR, same_task
-from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
+from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsFolderExists, WindowsTextFile
 
 APPLIED_DIR = INSTALL_DIR / "applied"  # <task>.txt: digest of the inputs of its last successful run
 TASK_START_S = 20  # a task that has not started by then will not (e.g. its user is not logged on)
@@ -41,8 +46,12 @@ def scheduled_task(task_name: str, xml: str, xml_path: str):
     if exported is not None and same_task(exported, xml):
         host.noop(f"scheduled task {task_name} is as rendered")
         return
+    yield register_task_script(task_name, xml_path)
+
+
+def register_task_script(task_name: str, xml_path: str) -> str:
     name, path = ps_quote(task_name), ps_quote(xml_path)
-    yield (
+    return (
         f"# rigkit: register-task {name} {path}\n"
         f"$xml = [xml] (Get-Content -Raw -Encoding UTF8 -LiteralPath {path})\n"
         "$xml.Task.Principals.Principal.UserId = '{0}\\{1}' -f $env:USERDOMAIN, $env:USERNAME\n"
@@ -68,8 +77,12 @@ def run_task(task_name: str, inputs: str, wait_s: int, log_path: str, force: boo
     if not force and host.get_fact(WindowsTextFile, path=applied) == inputs:
         host.noop(f"{task_name} already ran on these files")
         return
+    yield run_task_script(task_name, applied, inputs, wait_s, log_path)
+
+
+def run_task_script(task_name: str, applied: str, inputs: str, wait_s: int, log_path: str) -> str:
     name, wait_s = ps_quote(task_name), int(wait_s)
-    yield (
+    return (
         f"# rigkit: run-task {name} {ps_quote(applied)} {ps_quote(inputs)}\n"
         f"Remove-Item -LiteralPath {ps_quote(applied)} -ErrorAction SilentlyContinue\n"
         f"$before = (Get-ScheduledTaskInfo -TaskName {name}).LastRunTime\n"
@@ -83,7 +96,7 @@ def run_task(task_name: str, inputs: str, wait_s: int, log_path: str, force: boo
         f"$deadline = (Get-Date).AddSeconds({wait_s})\n"
         f"while ((Get-ScheduledTask -TaskName {name}).State -eq 'Running' -and (Get-Date) -lt $deadline) "
         "{ Start-Sleep -Seconds 2 }\n"
-        f"Get-Content -LiteralPath {ps_quote(log_path)} -Tail 30 -ErrorAction SilentlyContinue\n"
+        f"Get-Content -LiteralPath {ps_quote(log_path)} -Encoding UTF8 -Tail 30 -ErrorAction SilentlyContinue\n"
         f"if ((Get-ScheduledTask -TaskName {name}).State -eq 'Running') "
         f"{{ throw ('{{0}} still running after {wait_s} s; its log is above' -f {name}) }}\n"
         f"$result = (Get-ScheduledTaskInfo -TaskName {name}).LastTaskResult\n"
@@ -91,3 +104,20 @@ def run_task(task_name: str, inputs: str, wait_s: int, log_path: str, force: boo
         f"New-Item -ItemType Directory -Force -Path {ps_quote(PureWindowsPath(applied).parent)} | Out-Null\n"
         f"Set-Content -LiteralPath {ps_quote(applied)} -Value {ps_quote(inputs)} -Encoding ASCII"
     )
+
+
+def nothing_installed(task_names: list[str]) -> bool:
+    """No task in `task_names` is registered and INSTALL_DIR is gone (read from the rig)."""
+    registered = [t for t in task_names if host.get_fact(ScheduledTaskXml, task_name=t) is not None]
+    return not registered and not host.get_fact(WindowsFolderExists, path=str(INSTALL_DIR))
+
+
+@operation()
+def uninstall(script: str, task_names: list[str]):
+    """Run `script` (the bundle's uninstall.ps1). The caller checks `nothing_installed` first."""
+    yield uninstall_script(script, task_names)
+
+
+def uninstall_script(script: str, task_names: list[str]) -> str:
+    names = " ".join(ps_quote(t) for t in task_names)
+    return f"# rigkit: uninstall {ps_quote(INSTALL_DIR)} {names}\n{script}"
