@@ -22,17 +22,34 @@ from rigkit.config.loader import load_rig
 
 
 def check(args: argparse.Namespace) -> int:
+    """Everything that can be known without reaching the rig: the files, the PSU budget at the
+    reference boards' defaults, and the API key file."""
+    from rigkit.gpu.policy import reference_budget_problems
+    from rigkit.serving.api_key import SecretFileError, read_api_key
+
     failed = 0
     for rig_file in args.rig_files:
+        catalog = args.catalog or default_catalog_dir(Path(rig_file))
         try:
-            rig = load_rig(rig_file, args.catalog)
+            rig = load_rig(rig_file, catalog)
             _check_windows(rig)
         except ConfigError as exc:
             print(exc.render(), file=sys.stderr)
             failed += 1
             continue
+        problems, notes = reference_budget_problems(rig.spec)
+        try:
+            read_api_key(rig)
+        except SecretFileError as exc:
+            problems.append(str(exc))
+        for note in [*notes, *rig.warnings]:
+            print(f"{rig_file}: warning: {note}", file=sys.stderr)
+        if problems:
+            print("\n".join(f"{rig_file}: {p}" for p in problems), file=sys.stderr)
+            failed += 1
+            continue
         models = ", ".join(m.name for m in rig.models) or "no models"
-        print(f"{rig_file}: ok ({rig.spec.os}, {len(rig.spec.gpus)} GPUs, {models})")
+        print(f"{rig_file}: ok ({rig.spec.os}, {len(rig.spec.gpus)} GPUs, {models}; catalog {catalog})")
     return 1 if failed else 0
 
 
@@ -47,6 +64,13 @@ def _check_windows(rig) -> None:
         raise ConfigError(errors)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+
+
+def default_catalog_dir(rig_file: Path) -> Path:
+    """The catalog beside the rig file's folder (inventory/rigs/x.yml -> inventory/models), so
+    `rigkit check` works from any directory; else the deploy's default, from the current one."""
+    beside = rig_file.resolve().parent.parent / "models"
+    return beside if rig_file.resolve().parent.name == "rigs" and beside.is_dir() else Path(DEFAULT_CATALOG_DIR)
 
 
 def rig_names(inventory: str) -> list[str]:
@@ -146,7 +170,7 @@ def windows_bundle(args: argparse.Namespace) -> int:
     from rigkit.windows.bundle import write_bundle
 
     try:
-        rig = load_rig(args.rig_file, args.catalog)
+        rig = load_rig(args.rig_file, args.catalog or default_catalog_dir(Path(args.rig_file)))
         if rig.spec.os != "windows":
             print(f"{args.rig_file}: os is {rig.spec.os}; the bundle is for Windows rigs", file=sys.stderr)
             return 1
@@ -179,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check_parser = commands.add_parser("check", help="validate rig files and their model catalog entries")
     check_parser.add_argument("rig_files", nargs="+")
-    check_parser.add_argument("--catalog", default=DEFAULT_CATALOG_DIR, help="model catalog folder")
+    check_parser.add_argument("--catalog", help="model catalog folder (default: ../models beside the rig file's "
+                              f"folder, else {DEFAULT_CATALOG_DIR})")
     check_parser.set_defaults(func=check)
     deploy_parser = commands.add_parser("deploy", help="run deploy.py on every rig of an inventory")
     deploy_parser.add_argument("inventory")
@@ -212,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle_parser = commands.add_parser("windows-bundle", help="offline install folder for a Windows rig")
     bundle_parser.add_argument("rig_file")
     bundle_parser.add_argument("--out", required=True)
-    bundle_parser.add_argument("--catalog", default=DEFAULT_CATALOG_DIR)
+    bundle_parser.add_argument("--catalog", help="model catalog folder (default as for check)")
     bundle_parser.set_defaults(func=windows_bundle)
     args = parser.parse_args(argv)
     return args.func(args)

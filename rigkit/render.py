@@ -9,6 +9,7 @@ folder as `rigkit/_templates` (pyproject.toml maps it), so both behave the same.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jinja2
@@ -25,9 +26,20 @@ _env = jinja2.Environment(
 )
 
 
+# A JSON surrogate pair (\ud83d\ude00) not preceded by an escaped backslash.
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def _yaml_escape(match: re.Match) -> str:
+    high, low = int(match.group(2), 16), int(match.group(3), 16)
+    return f"{match.group(1)}\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
+
+
 def _compose_json(value) -> str:
-    """JSON (valid YAML) with `$` doubled, so Compose interpolates nothing from the catalog."""
-    return json.dumps(value).replace("$", "$$")
+    """JSON (valid YAML) with `$` doubled, so Compose interpolates nothing from the catalog.
+    Everything outside ASCII is escaped (raw U+2028 or U+0085 would be folded as line breaks
+    by YAML); a JSON surrogate pair, which YAML refuses, becomes YAML's \\U escape."""
+    return _SURROGATE_PAIR.sub(_yaml_escape, json.dumps(value)).replace("$", "$$")
 
 
 def ps_quote(value) -> str:

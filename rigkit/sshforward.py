@@ -8,7 +8,9 @@ dial-stdio`. Under pyinfra's gevent the threads here are greenlets.
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 import threading
 from contextlib import contextmanager
 
@@ -39,22 +41,32 @@ def forward(transport, remote_port: int, remote_host: str = "127.0.0.1"):
 
 @contextmanager
 def forward_docker(transport):
-    """Yield a local port that speaks to the rig's Docker Engine, as `ssh host docker system dial-stdio`
-    does for the docker CLI: use it as docker.DockerClient(base_url=f"tcp://127.0.0.1:{port}")."""
+    """Yield the path of a local Unix socket that speaks to the rig's Docker Engine, as
+    `ssh host docker system dial-stdio` does for the docker CLI: use it as
+    docker.DockerClient(base_url=f"unix://{path}"). The Engine API is root on the rig, so
+    the socket lives in a folder only the deploying user can enter (a TCP port on loopback
+    would be open to every local user)."""
 
     def dial(address):
         channel = transport.open_session()
         channel.exec_command("docker system dial-stdio")
         return channel
 
-    with _serve(dial) as port:
-        yield port
+    with tempfile.TemporaryDirectory(prefix="rigkit-docker-") as folder:  # mode 700
+        path = os.path.join(folder, "docker.sock")
+        with _serve(dial, unix_path=path):
+            yield path
 
 
 @contextmanager
-def _serve(open_channel):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+def _serve(open_channel, unix_path: str | None = None):
+    if unix_path:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(unix_path)
+        os.chmod(unix_path, 0o600)
+    else:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     listener.settimeout(0.5)
     stop = threading.Event()
@@ -76,7 +88,7 @@ def _serve(open_channel):
     thread = threading.Thread(target=accept_loop, daemon=True)
     thread.start()
     try:
-        yield listener.getsockname()[1]
+        yield unix_path or listener.getsockname()[1]
     finally:
         stop.set()
         thread.join(timeout=2)

@@ -1,16 +1,20 @@
 """Role serving: one vLLM compose stack per served model, brought up only when it changed.
 
-For each model in the rig file: render its compose file and readiness settings
-into /etc/rigkit/stacks/<model>/, then run `rigkit-stack rollout <model>` when
-the wanted file is not what runs or the stack is down. rollout validates with
-`docker compose config`, brings the stack up, waits for a real completion,
-warms it up, and on failure restores the previous compose file, brings that
-back and exits non-zero so the deploy reports the rollback. Stacks of models no
-longer in the rig file are taken down and removed.
+For each model in the rig file: render its wanted compose file and readiness settings
+into /etc/rigkit/stacks/<model>/ (compose.next.yml, stack.next.json), then run
+`rigkit-stack rollout <model>` when they are not the last config proven ready (an
+interrupted or failed rollout leaves them so) or the stack is down. rollout validates
+with `docker compose config`, brings the wanted config up, waits for a real completion
+and a warm-up, and only then promotes it to compose.yml/stack.json; on failure it brings
+the last proven config back, judged by that config's own port and key, and exits
+non-zero so the deploy reports the rollback. Stacks of models no longer in the rig file
+are taken down and removed. The API key goes into a root-only env file that Compose
+reads raw (no interpolation), and never through --diff.
 """
 
 from __future__ import annotations
 
+import shlex
 from io import StringIO
 from pathlib import Path
 
@@ -20,8 +24,9 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server
 
 from rigkit.config.schema import RigConfig
+from rigkit.private_file import private_file
 from rigkit.render import template_text
-from rigkit.serving.api_key import SecretFileError, read_api_key
+from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.serving.compose import (
     SECRETS_ENV_FILE,
     STACKS_DIR,
@@ -53,12 +58,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
         name="Install the stack helper",
         src=StringIO(template_text("serving/rigkit-stack")), dest=HELPER_PATH, mode="755",
     )
+    key = None
     if with_key:
         files.directory(name="Secrets folder, root only", path=str(Path(SECRETS_ENV_FILE).parent), mode="700")
-        files.put(
-            name="Install the API key (root only)",
-            src=StringIO(f"VLLM_API_KEY={api_key}\n"), dest=SECRETS_ENV_FILE, mode="600",
-        )
+        key = private_file(name="Install the API key (root only)", dest=SECRETS_ENV_FILE,
+                           data=api_key_env_file(api_key))
 
     for model in rig.models:
         stack_dir = f"{STACKS_DIR}/{model.name}"
@@ -68,27 +72,30 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
         )
         settings = files.put(
             name=f"Readiness settings for {model.name}",
-            src=StringIO(stack_settings(model, with_key)), dest=f"{stack_dir}/stack.json", mode="644",
+            src=StringIO(stack_settings(model, with_key)), dest=f"{stack_dir}/stack.next.json", mode="644",
         )
         state = stacks.get(model.name, {"pending": True, "running": 0})
         if not state["pending"] and not state["running"]:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
         rollout = server.shell(
             name=f"Roll out {model.name}",
-            commands=[f"{HELPER_PATH} rollout {model.name}"],
-            _if=lambda c=compose, s=settings, st=state: c.did_change() or s.did_change() or st["pending"] or not st["running"],
+            commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)}"],
+            # A new key changes no file here but the container's environment: roll out on it too.
+            _if=lambda c=compose, s=settings, st=state: (c.did_change() or s.did_change() or st["pending"]
+                                                         or not st["running"] or bool(key and key.did_change())),
         )
         changes.append(rollout)
         if model.name in weights_ops:
             changes.append(server.shell(
                 name=f"Restart {model.name} on its new weights",
-                commands=[f"{HELPER_PATH} rollout {model.name} recreate"],
+                commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
                 _if=lambda w=weights_ops[model.name], r=rollout: w.did_change() and not r.did_change(),
             ))
 
     wanted = {m.name for m in rig.models}
     for name in sorted(set(stacks) - wanted):
         changes.append(
-            server.shell(name=f"Take down {name} (no longer in the rig file)", commands=[f"{HELPER_PATH} down {name}"])
+            server.shell(name=f"Take down {name} (no longer in the rig file)",
+                         commands=[f"{HELPER_PATH} down {shlex.quote(name)}"])
         )
     return changes

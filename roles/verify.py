@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 from pathlib import Path
 
 import pynvml
@@ -48,6 +49,8 @@ PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small sh
 OUTPUT_TOKENS = 256
 REQUEST_TIMEOUT_S = 120
 SAMPLER_START_S = 20
+COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
+RUN_DIR = "/run/rigkit"  # the sampler's output, root-only
 
 
 @deploy("Verify")
@@ -69,7 +72,7 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) ->
 
 
 def _run(command: str) -> str:
-    ok, output = host.run_shell_command(command=command)
+    ok, output = host.run_shell_command(command=command, _timeout=COMMAND_TIMEOUT_S)
     text = "\n".join(output.stdout_lines + output.stderr_lines)
     if not ok:
         raise OperationError(f"on the rig, `{command}` failed: {text}")
@@ -77,11 +80,13 @@ def _run(command: str) -> str:
 
 
 def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None:
-    remote_out = f"/tmp/rigkit-telemetry-{model.name}.json"
+    # A root-only folder, not /tmp: a local user could plant a symlink at a predictable /tmp path.
+    remote_path = f"{RUN_DIR}/telemetry-{model.name}.json"
+    remote_out = shlex.quote(remote_path)
     gpus = ",".join(str(i) for i in model.spec.gpus)
     # Prefer the rig's own nvidia-ml-py; fall back to the copy rigkit ships.
     start = (
-        f"rm -f {remote_out}; if python3 -c 'import pynvml' 2>/dev/null; then P=; else P={SHIPPED_NVML_DIR}; fi; "
+        f"mkdir -p -m 700 {RUN_DIR}; rm -f {remote_out}; if python3 -c 'import pynvml' 2>/dev/null; then P=; else P={SHIPPED_NVML_DIR}; fi; "
         f"PYTHONPATH=$P nohup python3 {SAMPLER} --gpus {gpus} --hz {SAMPLE_HZ} --out {remote_out} "
         f"--max-seconds 900 > {remote_out}.log 2>&1 & echo $!"
     )
@@ -100,8 +105,8 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
         _run(f"kill -TERM {pid}; for i in $(seq 1 100); do [ -f {remote_out} ] && exit 0; sleep 0.1; done; "
              f"cat {remote_out}.log; exit 1")
     buffer = io.BytesIO()
-    if not host.get_file(remote_out, buffer):
-        raise OperationError(f"could not fetch {remote_out} from the rig")
+    if not host.get_file(remote_path, buffer):
+        raise OperationError(f"could not fetch {remote_path} from the rig")
     telemetry = json.loads(buffer.getvalue())
 
     folder = results_folder(results_dir, rig.name, model.name)

@@ -1,11 +1,14 @@
 """Role weights: copy each model's weights onto its Docker volume, verified and resumable.
 
-For models with `weights.storage: volume` (the default). Talks to the rig's Docker
-Engine with the docker SDK through the deploy's SSH connection (`docker system
-dial-stdio`, as the docker CLI does over ssh://). The check before copying reads
-only metadata, so an unchanged model costs one short helper run and no change.
-`verify` (`rigkit deploy --verify-weights`) re-hashes every volume against its
-manifest first; files that differ are copied again.
+For models with `weights.storage: volume` (the default). Whether a copy is needed is a
+read-only fact (rigkit.weights.facts: the volume's marker and manifest against the source's
+metadata, read on the rig without starting a container), so planning changes nothing. The
+copy itself talks to the rig's Docker Engine with the docker SDK through the deploy's SSH
+connection (`docker system dial-stdio`, as the docker CLI does over ssh://), over a Unix
+socket only the deploying user can open. `verify` (`rigkit deploy --verify-weights`)
+re-hashes every volume against its manifest first; files that differ are copied again.
+A source that is missing, empty, or has a symlink that dangles or leaves its cache folder
+stops the deploy with the reason.
 """
 
 from __future__ import annotations
@@ -13,12 +16,17 @@ from __future__ import annotations
 import docker
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import OperationError
+from pyinfra.api.exceptions import DeployError, OperationError
 from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.serving.compose import volume_name
 from rigkit.sshforward import forward_docker
-from rigkit.weights.volumes import WeightsError, copy, needs_copy
+from rigkit.weights.facts import WeightsVolumeState
+from rigkit.weights.volumes import WeightsError, copy
+
+# Defaults: how long one Docker Engine API call may take (a copy's own wait is longer: COPY_TIMEOUT_S).
+DOCKER_API_TIMEOUT_S = 60
 
 
 @deploy("Weights")
@@ -27,16 +35,16 @@ def weights(rig: RigConfig, verify: bool = False) -> dict:
     `verify`: re-hash every volume against its manifest first (`rigkit deploy --verify-weights`)."""
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     # Weights left on a bind mount are warned about by the serving checks (rig.warnings).
-    if not on_volumes:
-        return {}
-    with _docker() as client:
-        pending = {m.name for m in on_volumes if verify or needs_copy(client, m)}
     ops = {}
     for model in on_volumes:
+        state = host.get_fact(WeightsVolumeState, volume=volume_name(model), source=model.spec.weights.source)
+        if state["status"] == "error":
+            raise DeployError(f"{model.name} ({model.file}): weights.source {model.spec.weights.source}: "
+                              f"{state['error']}")
         ops[model.name] = python.call(
             name=f"Weights of {model.name} onto volume",
             function=_copy, model=model, verify=verify,
-            _if=lambda name=model.name: name in pending,
+            _if=lambda needed=verify or state["status"] != "unchanged": needed,
         )
     return ops
 
@@ -46,8 +54,8 @@ class _docker:
 
     def __enter__(self) -> docker.DockerClient:
         self._forward = forward_docker(host.connector.client.get_transport())
-        port = self._forward.__enter__()
-        self._client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{port}", timeout=60)
+        path = self._forward.__enter__()
+        self._client = docker.DockerClient(base_url=f"unix://{path}", timeout=DOCKER_API_TIMEOUT_S)
         return self._client
 
     def __exit__(self, *exc) -> None:

@@ -110,28 +110,32 @@ HOSTILE = "it's ‘odd’ [2x] $(rm -rf x)"
 
 def rig_variants(tmp_path) -> list:
     """The shipped example rig and the test rig, each as it is, with hostile rig and model
-    names, without caps or clock locks, and with gpu_policy: remove."""
+    names, without caps or clock locks, and with gpu_policy: remove. The loader refuses
+    hostile names (rigkit.config.names); they are put in after loading, so the templates'
+    quoting is checked even for values that can no longer reach them."""
+    from dataclasses import replace
+
     from rigkit.config.loader import load_rig
     from tests.conftest import DATA, REPO
 
     rigs = []
-    shipped = [(REPO / "inventory/rigs/win-2x4090-48gb.yml", REPO / "inventory/models", "qwen3-27b-awq"),
-               (DATA / "rigs/windows.yml", DATA / "models", "test-alpha")]
-    for n, (rig_file, catalog, model) in enumerate(shipped):
+    shipped = [(REPO / "inventory/rigs/win-2x4090-48gb.yml", REPO / "inventory/models"),
+               (DATA / "rigs/windows.yml", DATA / "models")]
+    for n, (rig_file, catalog) in enumerate(shipped):
         text = rig_file.read_text()
-        rigs.append(load_rig(rig_file, catalog))
+        rig = load_rig(rig_file, catalog)
+        rigs.append(rig)
+        rigs.append(replace(rig, name=HOSTILE, models=tuple(replace(m, name=HOSTILE) for m in rig.models)))
         folder = tmp_path / f"rig{n}"
-        (folder / "models").mkdir(parents=True)
-        (folder / "models" / f"{HOSTILE}.yml").write_text((catalog / f"{model}.yml").read_text())
+        folder.mkdir(parents=True)
         variants = {
-            f"{HOSTILE}.yml": (text.replace(model, f'"{HOSTILE}"'), folder / "models"),
-            "uncapped.yml": ("\n".join(line for line in text.splitlines()
-                                       if "power_limit_w" not in line and "clock_lock_mhz" not in line) + "\n", catalog),
-            "remove.yml": (text + "gpu_policy: remove\n", catalog),
+            "uncapped.yml": "\n".join(line for line in text.splitlines()
+                                      if "power_limit_w" not in line and "clock_lock_mhz" not in line) + "\n",
+            "remove.yml": text + "gpu_policy: remove\n",
         }
-        for name, (variant, variant_catalog) in variants.items():
+        for name, variant in variants.items():
             (folder / name).write_text(variant)
-            rigs.append(load_rig(folder / name, variant_catalog))
+            rigs.append(load_rig(folder / name, catalog))
     return rigs
 
 

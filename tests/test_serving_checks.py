@@ -112,7 +112,8 @@ def test_compose_quotes_values_and_doubles_dollars(tmp_path):
     service = parsed["services"]["vllm"]
     assert service["command"][-1] == '$$HOME/t: x"y'  # compose turns $$ back into $
     assert service["command"][0] == "/models/test-alpha"
-    assert service["env_file"] == ["/etc/rigkit/secrets/vllm-api-key.env"]
+    # raw: Compose neither interpolates nor unquotes the key file.
+    assert service["env_file"] == [{"path": "/etc/rigkit/secrets/vllm-api-key.env", "format": "raw"}]
     assert "VLLM_API_KEY" not in render_compose(model, with_api_key=True)
     assert service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
     assert service["ipc"] == "host" and service["restart"] == "unless-stopped"

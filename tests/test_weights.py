@@ -177,3 +177,44 @@ def test_a_full_disk_names_the_volume_and_the_space_needed(client, model):
     message = str(caught.value)
     assert f"volume rigkit-weights-{model.name} is out of space: the copy needs 0.02 GB more" in message
     assert not marker_present(client, model)
+
+
+def test_a_hugging_face_snapshot_is_copied_and_verified_through_the_helper(client, model):
+    """The Hugging Face cache layout: the snapshot folder holds only symlinks into ../../blobs."""
+    from dataclasses import replace
+
+    from tests.test_weights_copier import hf_snapshot
+
+    repo, snapshot, files = hf_snapshot(Path(model.spec.weights.source))
+    hub_model = replace(model, spec=model.spec.model_copy(
+        update={"weights": model.spec.weights.model_copy(update={"source": str(snapshot)})}))
+    assert needs_copy(client, hub_model)
+    [report] = copy(client, hub_model)
+    assert report.status == "copied" and report.files == 3
+    assert volume_files(client, hub_model) == {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
+    [verified, unchanged] = copy(client, hub_model, verify=True)
+    assert verified.status == "verified" and unchanged.status == "unchanged"
+
+
+def test_a_volume_that_fills_during_the_copy_ends_with_no_space_not_a_hang(client, model):
+    """tmpfs with few inodes: the byte count fits, so the copy starts, and creating a file
+    fails with ENOSPC part-way (as a disk that another writer fills)."""
+    source = Path(model.spec.weights.source)
+    make_checkpoint(source, shards=6, shard_bytes=1 << 20)
+    client.volumes.create(f"rigkit-weights-{model.name}", driver="local",
+                          driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=64m,nr_inodes=8"})
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_copy_error(client, model)), daemon=True)
+    worker.start()
+    worker.join(timeout=180)
+    assert not worker.is_alive(), "the copy hung on a full volume"
+    assert "is out of space" in outcome[0]
+    assert not marker_present(client, model)
+
+
+def _copy_error(client, model) -> str:
+    try:
+        copy(client, model)
+    except WeightsError as exc:
+        return str(exc)
+    return "no error"

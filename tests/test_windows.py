@@ -8,11 +8,13 @@ was not verified on a real Windows machine: README, "Windows rigs".
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 import tree_sitter_powershell
 from tree_sitter import Language, Parser
 
+from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
 from rigkit.render import ps_quote
 from rigkit.windows.bundle import (
@@ -32,12 +34,25 @@ WIN_RIG = REPO / "inventory/rigs/win-2x4090-48gb.yml"
 CATALOG = REPO / "inventory/models"
 
 
+HOSTILE = "it's ‘odd’ $(rm -rf x)"
+
+
 def bundle(tmp_path=None, rig_text=None):
-    rig_file = WIN_RIG
-    if rig_text is not None:
-        rig_file = tmp_path / "it's ‘odd’ $(rm -rf x).yml"
-        rig_file.write_text(rig_text)
-    return render_bundle(load_rig(rig_file, CATALOG))
+    """The shipped Windows rig's bundle; with `rig_text`, that rig file instead, and the rig's
+    name replaced by a hostile one after loading (the loader refuses such a name: the
+    templates must still quote it)."""
+    if rig_text is None:
+        return render_bundle(load_rig(WIN_RIG, CATALOG))
+    rig_file = tmp_path / "rig.yml"
+    rig_file.write_text(rig_text)
+    return render_bundle(replace(load_rig(rig_file, CATALOG), name=HOSTILE))
+
+
+def test_a_hostile_rig_name_is_refused_at_load(tmp_path):
+    rig_file = tmp_path / f"{HOSTILE}.yml"
+    rig_file.write_text(WIN_RIG.read_text())
+    with pytest.raises(ConfigError, match="names may use lowercase letters"):
+        load_rig(rig_file, CATALOG)
 
 
 def parse_errors(source: str) -> list[str]:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from rigkit.config.errors import ConfigError, Problem
 from rigkit.config.lint import serving_findings
+from rigkit.config.names import name_problem
 from rigkit.config.schema import ModelConfig, ModelSpec, RigConfig, RigSpec
 from rigkit.config.yamlfile import Location, format_location, load_yaml
 
@@ -23,7 +24,7 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
     """Load and validate one rig file and every catalog entry it serves."""
     rig_file, catalog_dir = Path(rig_file), Path(catalog_dir)
     spec = _validate(RigSpec, rig_file)
-    models, problems = [], []
+    models, problems = [], _file_name_problems(rig_file, "rig")
     for position, name in enumerate(spec.models):
         model_file = catalog_dir / f"{name}.yml"
         if not model_file.is_file():
@@ -33,7 +34,7 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
             )
             continue
         try:
-            models.append(ModelConfig(name, _validate(ModelSpec, model_file), model_file))
+            models.append(load_model(model_file))
         except ConfigError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -46,7 +47,18 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
 
 def load_model(model_file: Path | str) -> ModelConfig:
     model_file = Path(model_file)
-    return ModelConfig(model_file.stem, _validate(ModelSpec, model_file), model_file)
+    spec = _validate(ModelSpec, model_file)
+    if problems := _file_name_problems(model_file, "model"):
+        raise ConfigError(problems)
+    return ModelConfig(model_file.stem, spec, model_file)
+
+
+def _file_name_problems(path: Path, what: str) -> list[Problem]:
+    """A rig's or model's name is its file's stem, and it must follow the name rule."""
+    problem = name_problem(path.stem)
+    if problem is None:
+        return []
+    return [Problem(path, "", path.stem, f"the {what}'s name is its file name without .yml; {problem}")]
 
 
 def _validate(schema: type[BaseModel], path: Path) -> Any:

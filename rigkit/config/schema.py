@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -22,6 +23,7 @@ from pydantic import (
 )
 
 from rigkit.config import gpu_models
+from rigkit.config.names import name_problem
 
 MAX_GPUS_PER_RIG = 8
 
@@ -32,6 +34,12 @@ class _Strict(BaseModel):
 
 
 # ----- rig file ---------------------------------------------------------------
+
+
+def _follows_name_rule(value: str | None) -> str | None:
+    if value is not None and (problem := name_problem(value)):
+        raise ValueError(problem)
+    return value
 
 
 class ClockLock(_Strict):
@@ -84,7 +92,7 @@ class RigSpec(_Strict):
     system_w: int = Field(ge=0, le=5_000)
     psu_headroom_share: float = Field(default=0.20, ge=0.0, lt=1.0)
     gpus: list[GpuSpec] = Field(min_length=1, max_length=MAX_GPUS_PER_RIG)
-    models: list[str] = Field(default_factory=list)
+    models: list[Annotated[str, AfterValidator(_follows_name_rule)]] = Field(default_factory=list)
     gpu_policy: Literal["apply", "remove"] = "apply"
     psu_budget_override: bool = False
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
@@ -102,13 +110,13 @@ class RigSpec(_Strict):
 
 # ----- model catalog ----------------------------------------------------------
 
-_PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}|@sha256:[0-9a-f]{64})$")
+_PINNED_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}|@sha256:[0-9a-f]{64})")
 
 
 class WeightsSpec(_Strict):
     source: str = Field(min_length=1)  # directory on the rig, or a Windows path as Docker Desktop sees it
     storage: Literal["volume", "bind"] = "volume"
-    volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+    volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{1,127}$")  # Docker's volume rule
     helper_image: str | None = None  # image with python3 that copies; default: the serving image
 
 
@@ -133,7 +141,7 @@ class VllmOptions(_Strict):
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     speculative: SpeculativeSpec | None = None
-    served_model_name: str | None = None
+    served_model_name: Annotated[str | None, AfterValidator(_follows_name_rule)] = None
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     safetensors_load_strategy: Literal["lazy", "eager", "prefetch"] | None = None
@@ -167,7 +175,8 @@ class ModelSpec(_Strict):
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str) -> str:
-        if not _PINNED_IMAGE.match(value) or value.endswith(":latest"):
+        # fullmatch: `re.match(...$)` would also accept a tag with a trailing newline.
+        if not _PINNED_IMAGE.fullmatch(value) or value.endswith(":latest"):
             raise ValueError("pin the image to a tag or digest, e.g. vllm/vllm-openai:v0.11.0 (not :latest, not untagged)")
         return value
 

@@ -14,6 +14,7 @@ import yaml
 from rigkit.config.errors import ConfigError, Problem
 
 Location = tuple[str | int, ...]
+MAX_DEPTH = 32  # a rig file nests 4 levels; a deeper document is not one
 
 
 def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
@@ -21,7 +22,11 @@ def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError([Problem(path, "", None, f"cannot read the file: {exc.strerror}")]) from exc
+        raise ConfigError([Problem(path, "", None, f"cannot read the file: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError([Problem(path, "", None, f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                                                   f"{exc.start}); save the file as UTF-8", line)]) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -29,14 +34,37 @@ def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         what = " ".join(str(part) for part in (exc.context, exc.problem) if part)
-        raise ConfigError([Problem(path, "", None, f"YAML syntax error: {what}", line)]) from exc
+        raise ConfigError([Problem(path, "", None, f"YAML syntax error: {what}", line)]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([Problem(path, "", None, f"YAML error: {exc}")]) from None
+    except RecursionError:
+        # PyYAML recurses once per nesting level; no rig file nests more than a few levels.
+        raise ConfigError([Problem(path, "", None, "nested too deeply to be a rig or model file")]) from None
     lines: dict[Location, int] = {}
     problems: list[Problem] = []
     if root is not None:
+        if _depth(root) > MAX_DEPTH:
+            raise ConfigError([Problem(path, "", None, f"nested more than {MAX_DEPTH} levels deep; "
+                                                       "not a rig or model file")])
         _walk(root, (), lines, problems, path)
     if problems:
         raise ConfigError(problems)
     return data, lines
+
+
+def _depth(root: yaml.Node) -> int:
+    """Nesting depth, without recursion (a hostile file must not exhaust the stack here)."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((v, depth + 1) for _, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, depth + 1) for v in node.value)
+    return deepest
 
 
 def _walk(node: yaml.Node, loc: Location, lines: dict, problems: list, path: Path) -> None:

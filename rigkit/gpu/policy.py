@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rigkit.config import gpu_models
 from rigkit.config.schema import RigSpec
 from rigkit.gpu.nvsmi import GpuReport
 
@@ -103,3 +104,27 @@ def policy_problems(spec: RigSpec, report: GpuReport) -> tuple[list[str], str | 
         "in the rig file to accept the risk of over-current trips"
     )
     return problems, None
+
+
+def reference_budget_problems(spec: RigSpec) -> tuple[list[str], list[str]]:
+    """The PSU budget checked before reaching the rig (`rigkit check`): each GPU without a cap
+    counts at its reference board's default limit. Returns (problems, notes); the deploy checks
+    again with the defaults the rig's own driver reports."""
+    defaults, unknown = {}, []
+    for gpu in spec.gpus:
+        info = gpu_models.lookup(gpu.model)
+        if info:
+            defaults[gpu.index] = float(info.power_default_w)
+        elif gpu.power_limit_w is None:
+            unknown.append(f"GPU {gpu.index} ({gpu.model})")
+    if unknown:
+        return [], [f"PSU budget not checked offline: no reference default limit for {', '.join(unknown)}; "
+                    "the deploy checks it with the rig's own numbers"]
+    budget = psu_budget(spec, defaults)
+    if budget.ok:
+        return [], []
+    if spec.psu_budget_override:
+        return [], [f"PSU budget override in the rig file: {budget.arithmetic()}"]
+    return [f"PSU budget: {budget.arithmetic()}. Lower the caps, or set psu_budget_override: true "
+            "in the rig file to accept the risk of over-current trips"], []
+

@@ -1,4 +1,7 @@
-"""Secrets rigkit reads on the control machine: refused unless private to their owner."""
+"""The API key every vLLM server on a rig requires: read on the control machine from the rig's
+`api_key_file`, refused unless private to its owner, and written to the rig as an env file
+that Compose reads in `raw` format, so the key reaches the container byte for byte
+(`$`, quotes, `#` and spaces included)."""
 
 from __future__ import annotations
 
@@ -7,21 +10,52 @@ from pathlib import Path
 
 from rigkit.config.schema import RigConfig
 
+ENV_NAME = "VLLM_API_KEY"
+
 
 class SecretFileError(Exception):
     pass
+
+
+def read_key_file(path: Path | str, what: str) -> str:
+    """One key from a private file: the file's text without its final newline. `what` names
+    where the path came from, for the error."""
+    path = Path(path).expanduser()
+    try:
+        mode = path.stat().st_mode
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SecretFileError(f"{what} {path} does not exist; create it (mode 600) or remove the field") from None
+    except OSError as exc:
+        raise SecretFileError(f"{what} {path} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise SecretFileError(f"{what} {path} is not a regular file")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SecretFileError(f"{what} {path} is readable by others; run chmod 600 {path}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SecretFileError(f"{what} {path} is not UTF-8 text") from None
+    key = text[:-1] if text.endswith("\n") else text
+    key = key[:-1] if key.endswith("\r") else key
+    if not key:
+        raise SecretFileError(f"{what} {path} is empty; it must hold the key on one line")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise SecretFileError(f"{what} {path} must hold one key on one line (no line breaks or control characters)")
+    if key != key.strip():
+        # HTTP drops spaces around a header value, so such a key could never be sent.
+        raise SecretFileError(f"{what} {path}: the key starts or ends with a space; remove it")
+    return key
 
 
 def read_api_key(rig: RigConfig) -> str | None:
     """The rig's API key from its `api_key_file` (mode 600), or None when the rig has none."""
     if not rig.spec.api_key_file:
         return None
-    path = Path(rig.spec.api_key_file).expanduser()
-    if not path.is_file():
-        raise SecretFileError(f"{rig.file}: api_key_file {path} does not exist; create it (mode 600) or remove the field")
-    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SecretFileError(f"{rig.file}: api_key_file {path} is readable by others; run chmod 600 {path}")
-    key = path.read_text().strip()
-    if not key or any(c.isspace() for c in key):
-        raise SecretFileError(f"{rig.file}: api_key_file {path} must hold one key with no spaces")
-    return key
+    return read_key_file(rig.spec.api_key_file, f"{rig.file}: api_key_file")
+
+
+def api_key_env_file(key: str) -> bytes:
+    """The rig's env file. Compose reads it with `format: raw` (see compose.yml.j2): the value
+    is the rest of the line, never interpolated or unquoted; rigkit-stack reads it the same way."""
+    return f"{ENV_NAME}={key}\n".encode()

@@ -93,7 +93,8 @@ def render_compose(model: ModelConfig, with_api_key: bool) -> str:
         image=spec.image,
         command=vllm_args(model),
         environment=environment,
-        env_files=[SECRETS_ENV_FILE] if with_api_key else [],
+        # raw: Compose neither interpolates `$` nor strips quotes or `#` in the key.
+        env_files=[{"path": SECRETS_ENV_FILE, "format": "raw"}] if with_api_key else [],
         mounts=[mount],
         volumes=volumes,
         device_ids=[str(i) for i in spec.gpus],

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra.api import FactBase
 
 
 class RigkitStacks(FactBase):
-    """Each vLLM stack rigkit manages on the rig: whether its wanted compose file is
-    what runs (`pending` when not), and how many of its containers are running.
+    """Each vLLM stack rigkit manages on the rig: whether its wanted files (compose.next.yml,
+    stack.next.json) are the last ones proven ready (compose.yml, stack.json) -- `pending`
+    when not, as after an interrupted or failed rollout -- and how many of its containers run.
 
     Returns {name: {"pending": bool, "running": int}}.
     """
 
     def command(self, stacks_dir: str) -> str:
         return (
-            f'for d in {stacks_dir}/*/; do [ -f "$d/stack.json" ] || continue; n=$(basename "$d"); '
-            'p=0; cmp -s "$d/compose.yml" "$d/compose.next.yml" 2>/dev/null || p=1; '
-            'r=$(docker compose -p "rigkit-$n" ps --status running -q 2>/dev/null | wc -l); '
+            f"for d in {shlex.quote(stacks_dir)}/*/; do "
+            '[ -f "$d/stack.next.json" ] || [ -f "$d/stack.json" ] || continue; n=$(basename "$d"); '
+            'p=0; { cmp -s "$d/compose.yml" "$d/compose.next.yml" && cmp -s "$d/stack.json" "$d/stack.next.json"; } '
+            "2>/dev/null || p=1; "
+            'r=$(timeout 30 docker compose -p "rigkit-$n" ps --status running -q 2>/dev/null | wc -l); '
             'echo "$n $p $r"; done'
         )
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 import docker
+import requests
+from docker.types import Mount
 
 from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
@@ -67,6 +70,16 @@ def helper_name(model: ModelConfig) -> str:
     return f"rigkit-weights-{model.name}-helper"
 
 
+def source_layout(source: str) -> tuple[str, str]:
+    """(the folder to mount, the model folder inside it). A Hugging Face cache snapshot
+    (models--ORG--NAME/snapshots/<revision>) holds only symlinks into ../../blobs, so the
+    whole models--ORG--NAME folder is mounted and the links may point anywhere inside it."""
+    path = PurePosixPath(source)
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith(("models--", "datasets--")):
+        return str(path.parent.parent), str(path.relative_to(path.parent.parent))
+    return source, "."
+
+
 def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> dict:
     """Run the copier in `mode` and return its JSON report. Any earlier helper for this model is
     stopped first: the copy protocol makes a second start a resume, never a second writer."""
@@ -74,29 +87,41 @@ def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> di
         client.containers.get(helper_name(model)).remove(force=True)
     except docker.errors.NotFound:
         pass
-    container = client.containers.run(
-        helper_image(model),
-        ["python3", "-c", template_text("weights/rigkit-copy.py"), mode],
-        entrypoint=[],
-        name=helper_name(model),
-        volumes={
-            model.spec.weights.source: {"bind": "/src", "mode": "ro"},
-            volume_name(model): {"bind": "/dst", "mode": "rw"},
-        },
-        network_mode="none",
-        labels={"rigkit.weights-helper": model.name},
-        detach=True,
-    )
+    root, inside = source_layout(model.spec.weights.source)
+    try:
+        container = client.containers.run(
+            helper_image(model),
+            ["python3", "-c", template_text("weights/rigkit-copy.py"), mode, f"/src/{inside}", "/dst", "/src"],
+            entrypoint=[],
+            name=helper_name(model),
+            # A bind Mount, unlike `volumes=`, never creates a missing source folder on the rig.
+            mounts=[
+                Mount("/src", root, type="bind", read_only=True),
+                Mount("/dst", volume_name(model), type="volume"),
+            ],
+            network_mode="none",
+            labels={"rigkit.weights-helper": model.name},
+            detach=True,
+        )
+    except docker.errors.APIError as exc:
+        raise WeightsError(f"{model.name}: the weights helper could not start: {exc.explanation or exc}") from None
     try:
         status = container.wait(timeout=COPY_TIMEOUT_S)
         output = container.logs().decode(errors="replace").strip()
+    except requests.exceptions.RequestException as exc:
+        raise WeightsError(f"{model.name}: the weights helper ({mode}) did not finish within "
+                           f"{COPY_TIMEOUT_S} s or the connection to the rig's Docker Engine broke: {exc}") from None
     finally:
         container.remove(force=True)
     last = output.splitlines()[-1] if output else ""
+    return _parse_report(model, status.get("StatusCode"), output, last)
+
+
+def _parse_report(model: ModelConfig, exit_code, output: str, last: str) -> dict:
     try:
         result = json.loads(last)
     except ValueError:
-        raise WeightsError(f"{model.name}: the weights helper exited {status.get('StatusCode')}: {output[-500:]}") from None
+        raise WeightsError(f"{model.name}: the weights helper exited {exit_code}: {output[-500:]}") from None
     if result.get("status") == "error":
         if result.get("error") == "no space":
             raise WeightsError(
@@ -104,7 +129,7 @@ def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> di
                 f"{result['needed_bytes'] / 1e9:.2f} GB more (free: {result.get('free_bytes', 0) / 1e9:.2f} GB). "
                 "Free space on the Docker data disk and deploy again; the copy resumes"
             )
-        raise WeightsError(f"{model.name}: {result.get('error')}")
+        raise WeightsError(f"{model.name}: weights from {model.spec.weights.source}: {result.get('error')}")
     return result
 
 

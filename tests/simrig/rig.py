@@ -80,10 +80,14 @@ class SimRig:
         authorized.chmod(0o600)
         self.remove()
         SIM_MODELS.mkdir(parents=True, exist_ok=True)
+        volumes_dir = f"{client.info()['DockerRootDir']}/volumes"
         mounts = {
             str(SIM_MODELS): (str(SIM_MODELS), "ro"),  # same path in the rig as on the host (see weights.py)
             "/sys/fs/cgroup": ("/sys/fs/cgroup", "ro"),
             "/var/run/docker.sock": ("/run/docker.sock", "rw"),
+            # The engine's volumes at the path `docker volume inspect` reports, as root sees them on a
+            # real rig whose engine is local (rigkit reads weights markers there, read-only).
+            volumes_dir: (volumes_dir, "ro"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
             str(FAKE_POWERSHELL): ("/usr/local/bin/powershell.exe", "ro"),

@@ -1,0 +1,28 @@
+"""The one rule for names rigkit turns into things: rig and catalog names (file stems),
+served model names. A catalog name becomes a Compose project (`rigkit-<name>`), a folder
+on the rig, a Docker volume, a shell argument and a path in the Windows bundle; a rig
+name becomes a results folder. Docker Compose allows project names of lowercase letters,
+digits, '-' and '_' only, starting with a letter or digit; such a name is also a safe
+file name on Linux and Windows and a single shell word, so one rule serves everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+NAME_RULE = (
+    "names may use lowercase letters, digits, '-' and '_', start with a letter or digit and "
+    "have at most 63 characters (Docker Compose's rule for project names; such a name is also a "
+    "safe file name and shell word)"
+)
+
+
+def name_problem(value: object) -> str | None:
+    """Why `value` breaks the name rule, or None when it follows it."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        hint = ""
+        if isinstance(value, str) and NAME_PATTERN.fullmatch(value.lower().replace(".", "-")):
+            hint = f"; for example {value.lower().replace('.', '-')!r}"
+        return f"{NAME_RULE}{hint}"
+    return None

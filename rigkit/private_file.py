@@ -1,0 +1,33 @@
+"""A pyinfra operation for secrets on a Linux rig: `private_file`.
+
+pyinfra's `files.put` prints the old and new contents of a changed text file under
+`--diff`, and uploads through a temporary file in /tmp that other users can read until it
+is moved. A secret must do neither: this operation compares SHA-256 digests only (the
+digest is what the fact reads, never the content), uploads to a temporary name inside the
+destination's own folder (which the caller keeps root-only), and then sets the mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from io import BytesIO
+from pathlib import PurePosixPath
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, operation
+from pyinfra.facts.files import File, Sha256File
+
+
+@operation()
+def private_file(dest: str, data: bytes, mode: str = "600"):
+    """Put `data` at `dest` with `mode` unless it is already there; never shows the data."""
+    info = host.get_fact(File, path=dest)
+    same = info is not None and host.get_fact(Sha256File, path=dest) == hashlib.sha256(data).hexdigest()
+    if same and f"{info['mode']}" == mode.lstrip("0"):
+        host.noop(f"{dest} is up to date (compared by SHA-256)")
+        return
+    if not same:
+        temporary = str(PurePosixPath(dest).with_name(f".{PurePosixPath(dest).name}.rigkit-upload"))
+        yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=temporary)
+    yield f"chmod {shlex.quote(mode)} {shlex.quote(dest)}"

@@ -1,0 +1,156 @@
+"""Hostile and unlucky inputs refused before any rig is touched, with the file, field, value
+and what is allowed. Pure: no rig, no Docker (one test runs the real Compose CLI's `config`,
+which needs no engine). Simulates nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigkit.cli import main
+from rigkit.config.errors import ConfigError
+from rigkit.config.loader import load_rig
+from rigkit.render import render
+from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_key_file
+from tests.conftest import SERVING_RIG, TEST_CATALOG, copy_catalog
+
+RULE = "names may use lowercase letters, digits, '-' and '_'"
+
+
+def catalog_with(tmp_path: Path, name: str, text: str | None = None) -> Path:
+    folder = copy_catalog(tmp_path)
+    (folder / f"{name}.yml").write_text(text or (TEST_CATALOG / "test-alpha.yml").read_text())
+    return folder
+
+
+def rig_serving(tmp_path: Path, models: str, file_name: str = "rig.yml") -> Path:
+    rig = tmp_path / file_name
+    rig.write_text(SERVING_RIG.read_text().replace("models: [test-alpha, test-beta]", f"models: [{models}]"))
+    return rig
+
+
+@pytest.mark.parametrize("name", ["Llama-3.1-8B", "llama-3.1-8b", "a;b", "a b", "../x", "-x", "x" * 64, "é"])
+def test_a_catalog_name_outside_the_name_rule_is_refused(tmp_path, name):
+    rig = rig_serving(tmp_path, yaml.safe_dump([name], default_flow_style=True).strip()[1:-1])
+    with pytest.raises(ConfigError) as refused:
+        load_rig(rig, TEST_CATALOG)
+    text = refused.value.render()
+    assert f"{rig}, line" in text and "models[0]" in text and RULE in text
+
+
+def test_the_error_suggests_a_name_that_follows_the_rule(tmp_path):
+    with pytest.raises(ConfigError, match=r"for example 'llama-3-1-8b'"):
+        load_rig(rig_serving(tmp_path, "Llama-3.1-8B"), TEST_CATALOG)
+
+
+@pytest.mark.parametrize("served", ["Qwen/Qwen3-8B", "model 1", "smile\U0001f600", "x;reboot"])
+def test_a_served_name_outside_the_rule_is_refused(tmp_path, served):
+    text = (TEST_CATALOG / "test-alpha.yml").read_text().replace("vllm:\n", f"vllm:\n  served_model_name: {served!r}\n")
+    folder = catalog_with(tmp_path, "test-alpha", text)
+    with pytest.raises(ConfigError) as refused:
+        load_rig(SERVING_RIG, folder)
+    assert "vllm.served_model_name" in refused.value.render() and RULE in refused.value.render()
+
+
+def test_rig_and_model_file_names_follow_the_rule(tmp_path):
+    with pytest.raises(ConfigError, match="the rig's name is its file name"):
+        load_rig(rig_serving(tmp_path, "test-alpha", "My Rig.yml"), TEST_CATALOG)
+
+
+def test_an_image_tag_with_a_trailing_newline_is_refused(tmp_path):
+    text = (TEST_CATALOG / "test-alpha.yml").read_text().replace(
+        "image: rigkit-vllm-standin:sim", 'image: "rigkit-vllm-standin:sim\\n"')
+    with pytest.raises(ConfigError, match="pin the image to a tag or digest"):
+        load_rig(SERVING_RIG, catalog_with(tmp_path, "test-alpha", text))
+
+
+def test_a_non_utf8_rig_file_is_a_config_error(tmp_path):
+    rig = tmp_path / "rig.yml"
+    rig.write_bytes(b"os: linux\npsu_w: 1000 # \xff\n")
+    with pytest.raises(ConfigError, match=r"line 2: not UTF-8 text \(byte 0xff"):
+        load_rig(rig, TEST_CATALOG)
+
+
+@pytest.mark.parametrize("text", ["a: " + "[" * 5000 + "]" * 5000, "a:\n" + "".join("  " * i + "b:\n" for i in range(1, 80))])
+def test_deeply_nested_yaml_is_a_config_error(tmp_path, text):
+    rig = tmp_path / "rig.yml"
+    rig.write_text(text)
+    with pytest.raises(ConfigError, match="nested"):
+        load_rig(rig, TEST_CATALOG)
+
+
+def test_check_reports_the_psu_budget_and_the_api_key_file_without_a_rig(tmp_path, capsys, monkeypatch):
+    rig = tmp_path / "rigs" / "hot.yml"
+    rig.parent.mkdir()
+    rig.write_text(SERVING_RIG.read_text().replace("power_limit_w: 330", "power_limit_w: 600")
+                   + f"api_key_file: {tmp_path / 'missing.key'}\n")
+    shutil.copytree(TEST_CATALOG, tmp_path / "models")  # found beside rigs/, from any directory
+    monkeypatch.chdir("/")
+    assert main(["check", str(rig)]) == 1
+    err = capsys.readouterr().err
+    assert "PSU budget: GPU caps 600 + 600 W" in err
+    assert f"api_key_file {tmp_path / 'missing.key'} does not exist" in err
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "is empty"),
+    (b"a\nb\n", "one key on one line"),
+    (b" padded\n", "starts or ends with a space"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_a_bad_key_file_is_refused_with_the_reason(tmp_path, content, problem):
+    key = tmp_path / "k"
+    key.write_bytes(content)
+    key.chmod(0o600)
+    with pytest.raises(SecretFileError, match=problem):
+        read_key_file(key, "api_key_file")
+
+
+def test_a_key_file_readable_by_others_or_missing_is_refused(tmp_path):
+    key = tmp_path / "k"
+    with pytest.raises(SecretFileError, match="does not exist"):
+        read_key_file(key, "api_key_file")
+    key.write_text("k\n")
+    key.chmod(0o640)
+    with pytest.raises(SecretFileError, match="readable by others; run chmod 600"):
+        read_key_file(key, "api_key_file")
+
+
+def test_a_key_with_dollars_quotes_hashes_and_spaces_survives_compose_byte_for_byte(tmp_path):
+    """The real Compose CLI reads the env file rigkit writes, as it will on the rig."""
+    key = "s$k-'q' \"d\" #h ${HOME} `x` \\n end"
+    key_file = tmp_path / "k"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    assert read_key_file(key_file, "api_key_file") == key
+    env_file = tmp_path / "vllm-api-key.env"
+    env_file.write_bytes(api_key_env_file(key))
+    compose = render("serving/compose.yml.j2", **{
+        "model_file": "m.yml", "project": "rigkit-k", "image": "busybox:1", "command": ["x"],
+        "environment": {"E": "\U0001f600 $x"}, "env_files": [{"path": str(env_file), "format": "raw"}],
+        "mounts": [], "volumes": {}, "device_ids": ["0"], "windows_mount": False,
+    })
+    (tmp_path / "compose.yml").write_text(compose)
+    out = subprocess.run(["docker", "compose", "-f", str(tmp_path / "compose.yml"), "config", "--format", "json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    environment = yaml.safe_load(out.stdout)["services"]["vllm"]["environment"]
+    # `config` prints $ doubled (re-escaped for interpolation); the container gets one $.
+    assert environment["VLLM_API_KEY"].replace("$$", "$") == key
+    assert environment["E"].replace("$$", "$") == "\U0001f600 $x"
+
+
+def test_docker_api_forward_is_a_socket_only_its_user_can_open():
+    from rigkit.sshforward import forward_docker
+
+    with forward_docker(transport=None) as path:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+    assert not os.path.exists(path)

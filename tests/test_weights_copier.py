@@ -1,0 +1,145 @@
+"""The weights copier (templates/weights/rigkit-copy.py) run directly on local folders, the
+way the deploy's read-only fact runs its `check` on the rig. No Docker.
+
+Simulated: a full disk, by pointing the copy's partial file at /dev/full (every write, or
+the flush at close, fails with ENOSPC), as a volume that fills while a file is written.
+Real: the Hugging Face cache layout (a snapshot folder of symlinks into ../../blobs).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+COPIER = REPO / "templates" / "weights" / "rigkit-copy.py"
+
+
+def run(mode: str, src: Path, dst: Path, root: Path | None = None) -> tuple[int, dict]:
+    args = [sys.executable, str(COPIER), mode, str(src), str(dst), *([str(root)] if root else [])]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def hf_snapshot(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
+    """models--org--tiny/snapshots/<rev>/ of symlinks into ../../blobs/<sha256>, as huggingface_hub makes it."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / "0123abcd"
+    (repo / "blobs").mkdir(parents=True)
+    (snapshot / "sub").mkdir(parents=True)
+    files = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": os.urandom(300_000),
+             "sub/tokenizer.json": b'{"v": 1}'}
+    for name, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = snapshot / name
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return repo, snapshot, files
+
+
+def test_a_hugging_face_snapshot_is_copied_with_the_bytes_behind_its_links(tmp_path):
+    repo, snapshot, files = hf_snapshot(tmp_path)
+    dst = tmp_path / "volume"
+    dst.mkdir()
+    code, result = run("copy", snapshot, dst, repo)
+    assert code == 0 and result["status"] == "copied" and result["files"] == 3, result
+    for name, data in files.items():
+        copied = dst / name
+        assert not copied.is_symlink() and copied.read_bytes() == data
+    assert run("check", snapshot, dst, repo)[1]["status"] == "unchanged"
+    assert run("verify", snapshot, dst, repo)[1]["status"] == "verified"
+
+
+def test_links_that_dangle_or_leave_the_cache_are_refused(tmp_path):
+    repo, snapshot, _ = hf_snapshot(tmp_path)
+    dst = tmp_path / "volume"
+    dst.mkdir()
+    (snapshot / "outside.bin").symlink_to("/etc/hostname")
+    code, result = run("copy", snapshot, dst, repo)
+    assert code == 2 and "links to /etc/hostname, outside" in result["error"]
+    (snapshot / "outside.bin").unlink()
+    (snapshot / "half.bin").symlink_to("../../blobs/not-downloaded")
+    code, result = run("check", snapshot, dst, repo)
+    assert code == 2 and "dangling symlink" in result["error"] and "incomplete" in result["error"]
+    assert not (dst / ".rigkit" / "complete").exists()
+
+
+def test_without_the_cache_root_a_snapshot_cannot_be_copied_as_if_complete(tmp_path):
+    _, snapshot, _ = hf_snapshot(tmp_path)
+    dst = tmp_path / "volume"
+    dst.mkdir()
+    code, result = run("copy", snapshot, dst)  # ROOT defaults to the snapshot itself
+    assert code == 2 and "outside" in result["error"]
+    assert not (dst / ".rigkit" / "complete").exists()
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p.mkdir(), "has no files"),
+    (lambda p: None, "does not exist"),
+])
+def test_an_empty_or_missing_source_is_an_error_not_complete(tmp_path, make, words):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    make(src)
+    dst.mkdir()
+    code, result = run("copy", src, dst)
+    assert code == 2 and words in result["error"]
+    assert not (dst / ".rigkit" / "complete").exists()
+
+
+def load_copier(src: Path, dst: Path):
+    spec = importlib.util.spec_from_file_location("rigkit_copy", COPIER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.SRC, module.DST, module.ROOT = str(src), str(dst), str(src)
+    return module
+
+
+@pytest.mark.parametrize("size", [100, 40 * 1024 * 1024])  # fails at close (buffered), and at a write mid-file
+def test_a_disk_that_fills_during_a_file_ends_with_enospc_not_a_hang(tmp_path, size):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    (src / "w.bin").write_bytes(b"\0" * size)
+    (dst / "w.bin.rigkit-partial").symlink_to("/dev/full")
+    copier = load_copier(src, dst)
+    outcome = []
+
+    def copy():
+        try:
+            copier.copy_file("w.bin", 0)
+        except OSError as exc:
+            outcome.append(exc.errno)
+
+    worker = threading.Thread(target=copy, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the copy hung on a full disk"
+    assert outcome == [errno.ENOSPC]
+
+
+def test_the_space_check_counts_only_what_is_added(tmp_path):
+    """A changed 3 MB file replacing a 3 MB file needs no new space: statvfs is patched to
+    report 1 MB free, and the copy still goes ahead."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    (src / "w.bin").write_bytes(os.urandom(3_000_000))
+    copier = load_copier(src, dst)
+    assert copier.copy() == 0
+    (src / "w.bin").write_bytes(os.urandom(3_000_000))
+    real = os.statvfs(dst)
+    copier.os.statvfs = lambda path: type("S", (), {"f_bavail": 1_000_000 // real.f_frsize, "f_frsize": real.f_frsize})()
+    assert copier.copy() == 0
+    assert (dst / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
+    (src / "new.bin").write_bytes(os.urandom(2_000_000))
+    assert copier.copy() == 3  # 2 MB really added, 1 MB free: refused before copying
