@@ -115,7 +115,6 @@ def main() -> None:
                        ANSIBLE_FORKS="8", ANSIBLE_NOCOLOR="1")
     playbook_bin = ensure_ansible()
 
-    demo = SimRig(name="rigkit-sim", ssh_port=2222)
     print("starting the demo rig and 8 GPU-policy rigs", flush=True)
     subprocess.run([sys.executable, "-m", "tests.simrig", "up"], cwd=REPO, check=True, capture_output=True)
     rigs = [SimRig(name=f"rigkit-bench-{n}", ssh_port=FIRST_PORT + n).start(log=lambda m: None) for n in range(8)]

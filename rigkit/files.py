@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, operation
-from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.files import FileContents
+from pyinfra.operations.util.files import generate_color_diff
 
 
 class FileStates(FactBase):

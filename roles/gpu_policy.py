@@ -12,7 +12,6 @@ the rig's driver reports, and the PSU budget (unless `psu_budget_override`).
 
 from __future__ import annotations
 
-
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import File

@@ -24,8 +24,8 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 import rigkit.verify.telemetry
-from rigkit.files import put
 from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.files import put
 from rigkit.serving.api_key import read_api_key
 from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
@@ -117,7 +117,9 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model)}
     result = build_result(rig, model, bench, telemetry, latest_result(folder), serving=serving)
     path = save_result(folder, result)
-    from rigkit.verify.chart import draw  # matplotlib costs ~0.35 s to import: only when a chart is drawn
+    from rigkit.verify.chart import (
+        draw,  # matplotlib costs ~0.35 s to import: only when a chart is drawn
+    )
 
     draw(path.with_suffix(".png"), rig, model.name, telemetry)
     logger.info(f"{host.print_prefix}{_summary(result, path)}")
