@@ -33,7 +33,7 @@ from rigkit.verify.client import run_bench
 from rigkit.verify.result import (
     VerificationResult,
     build_result,
-    latest_result,
+    earlier_results,
     results_folder,
     roofline_tok_s,
     save_result,
@@ -115,7 +115,7 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     folder = results_folder(results_dir, rig.name, model.name)
     # The image as the catalog names it; its digest stays null until the serving role records one.
     serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model)}
-    result = build_result(rig, model, bench, telemetry, latest_result(folder), serving=serving)
+    result = build_result(rig, model, bench, telemetry, earlier_results(folder), serving=serving)
     path = save_result(folder, result)
     from rigkit.verify.chart import (
         draw,  # matplotlib costs ~0.35 s to import: only when a chart is drawn

@@ -54,7 +54,8 @@ class _docker:
         import docker  # the SDK costs an import only when a copy runs
         self._forward = forward_docker(host.connector.client.get_transport())
         path = self._forward.__enter__()
-        self._client = docker.DockerClient(base_url=f"unix://{path}", timeout=DOCKER_API_TIMEOUT_S)
+        # Each pooled connection is an SSH session on the rig: keep few (sshd allows 10 a connection).
+        self._client = docker.DockerClient(base_url=f"unix://{path}", timeout=DOCKER_API_TIMEOUT_S, max_pool_size=2)
         return self._client
 
     def __exit__(self, *exc) -> None:
