@@ -16,6 +16,7 @@ tasks and their scripts, installed and run now (roles/windows.py).
 from pyinfra import host, inventory, logger
 
 from rigkit.config.inventory import rig_config, run_options, validate_inventory
+from rigkit.ssh import tcp_nodelay
 from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
 from roles.serving import serving
@@ -24,6 +25,7 @@ from roles.weights import weights
 from roles.windows import windows
 
 validate_inventory(inventory)
+tcp_nodelay(host)  # ~45 ms less per round trip (rigkit/ssh.py)
 rig = rig_config(host)
 options = run_options(host)
 

@@ -12,6 +12,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 
 
@@ -58,6 +59,23 @@ def forward_docker(transport):
             yield path
 
 
+OPEN_RETRY_S = 10.0  # sshd frees a closed session's slot (MaxSessions, 10 by default) a moment later
+
+
+def _open_with_retries(open_channel, address):
+    """A channel, or None. A refusal is retried for a few seconds: a client that opens
+    connections in quick succession (the docker SDK replacing pooled ones) can briefly hold
+    more sessions than sshd's MaxSessions while the closed ones are still being torn down."""
+    deadline = time.monotonic() + OPEN_RETRY_S
+    while True:
+        try:
+            return open_channel(address)
+        except Exception:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
+
+
 @contextmanager
 def _serve(open_channel, unix_path: str | None = None):
     if unix_path:
@@ -77,9 +95,8 @@ def _serve(open_channel, unix_path: str | None = None):
                 client, address = listener.accept()
             except (socket.timeout, OSError):
                 continue
-            try:
-                channel = open_channel(address)
-            except Exception:  # the rig refused: close this connection, keep serving
+            channel = _open_with_retries(open_channel, address)
+            if channel is None:  # the rig refused: close this connection, keep serving
                 client.close()
                 continue
             threading.Thread(target=_pump, args=(client, channel), daemon=True).start()

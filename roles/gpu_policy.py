@@ -12,14 +12,13 @@ the rig's driver reports, and the PSU budget (unless `psu_budget_override`).
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
 from rigkit.config.schema import RigConfig
+from rigkit.files import put
 from rigkit.gpu.gate import check_policy
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.gpu.policy import power_drift
@@ -41,24 +40,24 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
         return _remove()
     check_policy(rig, report)
 
-    script = files.put(
+    paths = (SCRIPT_PATH, POLICY_PATH, UNIT_PATH)  # their state is read in one command
+    script = put(
         name="Install the GPU policy script",
-        src=StringIO(template_text("gpu_policy/rigkit-gpu-policy.sh")),
-        dest=SCRIPT_PATH, mode="755",
+        data=template_text("gpu_policy/rigkit-gpu-policy.sh"), dest=SCRIPT_PATH, mode="755", batch=paths,
     )
-    policy = files.put(
+    policy = put(
         name="Write the rig's GPU policy",
-        src=StringIO(render("gpu_policy/gpu-policy.conf.j2", rig_name=rig.name, rig_file=rig.file, gpus=rig.spec.gpus)),
-        dest=POLICY_PATH, mode="644",
+        data=render("gpu_policy/gpu-policy.conf.j2", rig_name=rig.name, rig_file=rig.file, gpus=rig.spec.gpus),
+        dest=POLICY_PATH, mode="644", batch=paths,
     )
-    unit = files.put(
+    unit = put(
         name="Install the boot-time GPU policy unit",
-        src=StringIO(render(
+        data=render(
             "gpu_policy/rigkit-gpu-policy.service.j2",
             script_path=SCRIPT_PATH, policy_path=POLICY_PATH,
             wait_for_gpus_s=WAIT_FOR_GPUS_S, before_units=[],
-        )),
-        dest=UNIT_PATH, mode="644",
+        ),
+        dest=UNIT_PATH, mode="644", batch=paths,
     )
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
     systemd.service(name="Enable the GPU policy at boot", service=UNIT, enabled=True)

@@ -15,7 +15,6 @@ reads raw (no interpolation), and never through --diff.
 from __future__ import annotations
 
 import shlex
-from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
@@ -24,6 +23,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server
 
 from rigkit.config.schema import RigConfig
+from rigkit.files import put
 from rigkit.private_file import private_file
 from rigkit.render import template_text
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
@@ -54,10 +54,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
     stacks = host.get_fact(RigkitStacks, stacks_dir=STACKS_DIR) or {}
     changes = []
 
-    files.put(
-        name="Install the stack helper",
-        src=StringIO(template_text("serving/rigkit-stack")), dest=HELPER_PATH, mode="755",
-    )
+    wanted_files = {m.name: (f"{STACKS_DIR}/{m.name}/compose.next.yml", f"{STACKS_DIR}/{m.name}/stack.next.json")
+                    for m in rig.models}
+    paths = (HELPER_PATH, *(p for pair in wanted_files.values() for p in pair))  # read in one command
+    put(name="Install the stack helper", data=template_text("serving/rigkit-stack"), dest=HELPER_PATH, mode="755",
+        batch=paths)
     key = None
     if with_key:
         files.directory(name="Secrets folder, root only", path=str(Path(SECRETS_ENV_FILE).parent), mode="700")
@@ -65,15 +66,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
                            data=api_key_env_file(api_key))
 
     for model in rig.models:
-        stack_dir = f"{STACKS_DIR}/{model.name}"
-        compose = files.put(
-            name=f"Compose file for {model.name}",
-            src=StringIO(render_compose(model, with_key)), dest=f"{stack_dir}/compose.next.yml", mode="644",
-        )
-        settings = files.put(
-            name=f"Readiness settings for {model.name}",
-            src=StringIO(stack_settings(model, with_key)), dest=f"{stack_dir}/stack.next.json", mode="644",
-        )
+        compose_path, settings_path = wanted_files[model.name]
+        compose = put(name=f"Compose file for {model.name}", data=render_compose(model, with_key),
+                      dest=compose_path, mode="644", batch=paths)
+        settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
+                       dest=settings_path, mode="644", batch=paths)
         state = stacks.get(model.name, {"pending": True, "running": 0})
         if not state["pending"] and not state["running"]:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")

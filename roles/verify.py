@@ -21,19 +21,19 @@ import pynvml
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files, python
+from pyinfra.operations import python
 
 import rigkit.verify.telemetry
 from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.files import put
 from rigkit.serving.api_key import read_api_key
 from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
-from rigkit.verify.chart import draw
 from rigkit.verify.client import run_bench
 from rigkit.verify.result import (
     VerificationResult,
     build_result,
-    latest_result,
+    earlier_results,
     results_folder,
     roofline_tok_s,
     save_result,
@@ -44,6 +44,7 @@ from rigkit.verify.table import bench_table
 REMOTE_DIR = "/usr/local/lib/rigkit"
 SAMPLER = f"{REMOTE_DIR}/rigkit-telemetry.py"
 SHIPPED_NVML_DIR = f"{REMOTE_DIR}/nvml"
+SHIPPED_NVML = f"{SHIPPED_NVML_DIR}/pynvml.py"
 SAMPLE_HZ = 50
 PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small share of TTFT
 OUTPUT_TOKENS = 256
@@ -58,10 +59,12 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) ->
     """`after`: the deploy's operations; verification runs if any changed, or `always`."""
     if not rig.models:
         return
+    paths = (SAMPLER, SHIPPED_NVML)  # read in one command
     installed = [
-        files.put(name="Install the telemetry sampler", src=rigkit.verify.telemetry.__file__, dest=SAMPLER, mode="755"),
-        files.put(name="Ship pynvml for rigs without nvidia-ml-py", src=pynvml.__file__,
-                  dest=f"{SHIPPED_NVML_DIR}/pynvml.py", mode="644"),
+        put(name="Install the telemetry sampler", data=Path(rigkit.verify.telemetry.__file__).read_bytes(),
+            dest=SAMPLER, mode="755", batch=paths),
+        put(name="Ship pynvml for rigs without nvidia-ml-py", data=Path(pynvml.__file__).read_bytes(),
+            dest=SHIPPED_NVML, mode="644", batch=paths),
     ]
     for model in rig.models:
         python.call(
@@ -112,8 +115,12 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     folder = results_folder(results_dir, rig.name, model.name)
     # The image as the catalog names it; its digest stays null until the serving role records one.
     serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model)}
-    result = build_result(rig, model, bench, telemetry, latest_result(folder), serving=serving)
+    result = build_result(rig, model, bench, telemetry, earlier_results(folder), serving=serving)
     path = save_result(folder, result)
+    from rigkit.verify.chart import (
+        draw,  # matplotlib costs ~0.35 s to import: only when a chart is drawn
+    )
+
     draw(path.with_suffix(".png"), rig, model.name, telemetry)
     logger.info(f"{host.print_prefix}{_summary(result, path)}")
     if not result.passed:

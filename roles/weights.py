@@ -13,7 +13,6 @@ stops the deploy with the reason.
 
 from __future__ import annotations
 
-import docker
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError, OperationError
@@ -23,7 +22,6 @@ from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.serving.compose import volume_name
 from rigkit.sshforward import forward_docker
 from rigkit.weights.facts import WeightsVolumeState
-from rigkit.weights.volumes import WeightsError, copy
 
 # Defaults: how long one Docker Engine API call may take (a copy's own wait is longer: COPY_TIMEOUT_S).
 DOCKER_API_TIMEOUT_S = 60
@@ -52,10 +50,12 @@ def weights(rig: RigConfig, verify: bool = False) -> dict:
 class _docker:
     """The rig's Docker Engine through the deploy's SSH connection."""
 
-    def __enter__(self) -> docker.DockerClient:
+    def __enter__(self):
+        import docker  # the SDK costs an import only when a copy runs
         self._forward = forward_docker(host.connector.client.get_transport())
         path = self._forward.__enter__()
-        self._client = docker.DockerClient(base_url=f"unix://{path}", timeout=DOCKER_API_TIMEOUT_S)
+        # Each pooled connection is an SSH session on the rig: keep few (sshd allows 10 a connection).
+        self._client = docker.DockerClient(base_url=f"unix://{path}", timeout=DOCKER_API_TIMEOUT_S, max_pool_size=2)
         return self._client
 
     def __exit__(self, *exc) -> None:
@@ -64,6 +64,8 @@ class _docker:
 
 
 def _copy(model: ModelConfig, verify: bool) -> None:
+    from rigkit.weights.volumes import WeightsError, copy  # imports the docker SDK
+
     with _docker() as client:
         try:
             reports = copy(client, model, verify=verify)

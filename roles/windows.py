@@ -46,6 +46,8 @@ from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_fi
 
 @deploy("Windows rig")
 def windows(rig: RigConfig) -> None:
+    for warning in rig.warnings:
+        logger.warning(f"{host.print_prefix}serving config: {warning}")
     report = accept_gpus(rig, host.get_fact(WindowsNvidiaGpus))
     bundle = render_bundle(rig)
     installed = installed_files(bundle)

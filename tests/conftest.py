@@ -37,6 +37,35 @@ def fresh_rig(simrig):
     simrig.start()
 
 
+SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/models, their ports
+
+
+def remove_test_stacks() -> None:
+    """Remove the test models' stacks from the engine by their Compose project label, whatever
+    the rig's files say (a rebooted rig forgets them; the containers run on the host's engine)."""
+    import docker
+
+    client = docker.from_env()
+    for name in SERVED_TEST_MODELS:
+        for container in client.containers.list(all=True, filters={"label": f"com.docker.compose.project=rigkit-{name}"}):
+            container.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def serving_rig(fresh_rig):
+    """The session's rig, fresh, with the vLLM stand-in image and the test models' checkpoints;
+    no test model's stack before or after the module."""
+    from tests.simrig.weights import ensure_checkpoint
+    from tests.vllm_standin.image import ensure_standin_image
+
+    ensure_standin_image()
+    for name in SERVED_TEST_MODELS:
+        ensure_checkpoint(name)
+    remove_test_stacks()
+    yield fresh_rig
+    remove_test_stacks()
+
+
 @dataclass
 class DeployRun:
     returncode: int

@@ -23,9 +23,14 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import REPO, RESULTS, SERVING_RIG, STATE_ROOT, copy_catalog, run_deploy
-from tests.simrig.weights import ensure_checkpoint
-from tests.vllm_standin.image import ensure_standin_image
+from tests.conftest import (
+    REPO,
+    RESULTS,
+    SERVING_RIG,
+    STATE_ROOT,
+    copy_catalog,
+    run_deploy,
+)
 
 pytestmark = pytest.mark.simrig
 
@@ -34,13 +39,8 @@ HANG = ("env:\n", "env:\n  STANDIN_FAULT: hang\n")
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig):
-    ensure_standin_image()
-    for name in PORTS:
-        ensure_checkpoint(name)
-    yield fresh_rig
-    for name in PORTS:
-        fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+def rig(serving_rig):
+    return serving_rig
 
 
 def container_env(name: str) -> list[str]:
@@ -77,7 +77,8 @@ def engine_state() -> tuple:
 
 def test_a_dry_run_reads_and_changes_nothing(rig):
     before_rig, before_engine = rig_state(rig), engine_state()
-    since = int(time.time()) - 1
+    since = int(time.time()) + 1  # events are kept to the second: start the window after the rig's own start
+    time.sleep(since - time.time())
     run = run_deploy(rig, SERVING_RIG, "--dry")
     until = int(time.time()) + 1
     assert run.returncode == 0, run.output

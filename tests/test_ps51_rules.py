@@ -146,7 +146,12 @@ def sent_scripts(rig) -> dict[str, str]:
 
     from rigkit.windows import facts
     from rigkit.windows import operations as winops
-    from rigkit.windows.bundle import LOG_PATH, TASK_BOOTSTRAP, TASK_POWER, render_bundle
+    from rigkit.windows.bundle import (
+        LOG_PATH,
+        TASK_BOOTSTRAP,
+        TASK_POWER,
+        render_bundle,
+    )
     from rigkit.windows.connector import powershell_command_line
 
     path = f"C:\\ProgramData\\rigkit\\{HOSTILE}\\x.ps1"

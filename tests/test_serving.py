@@ -15,8 +15,6 @@ import httpx
 import pytest
 
 from tests.conftest import SERVING_RIG, copy_catalog, run_deploy
-from tests.simrig.weights import ensure_checkpoint
-from tests.vllm_standin.image import ensure_standin_image
 
 pytestmark = pytest.mark.simrig
 
@@ -24,13 +22,8 @@ PORTS = {"test-alpha": 18101, "test-beta": 18102}
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig):
-    ensure_standin_image()
-    for name in PORTS:
-        ensure_checkpoint(name)
-    yield fresh_rig
-    for name in PORTS:
-        fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+def rig(serving_rig):
+    return serving_rig
 
 
 def container(name):

@@ -149,3 +149,15 @@ def test_an_earlier_result_without_provenance_is_not_compared():
     del old["provenance"]
     after = build_result(rig, model, replace(BENCH, decode_tok_s=20.0), telemetry(), old)
     assert after.regressions == [] and after.previous["changed"][0]["key"] == "provenance"
+
+
+def test_regressions_compare_with_the_newest_run_measured_the_same_way():
+    rig, model = rig_and_model()
+    same = build_result(rig, model, BENCH, telemetry(), None).to_json()
+    other = build_result(rig, model, BENCH, telemetry(limit=300.0), None).to_json()  # another enforced limit
+    after = build_result(rig, model, replace(BENCH, decode_tok_s=34.0), telemetry(), [other, same])
+    assert after.previous["comparable"] is True
+    assert "decode_tok_s" in [r.figure for r in after.regressions]
+    alone = build_result(rig, model, replace(BENCH, decode_tok_s=34.0), telemetry(), [other])
+    assert alone.regressions == [] and alone.previous["comparable"] is False
+    assert any(c["key"] == "gpus" for c in alone.previous["changed"])

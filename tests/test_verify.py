@@ -15,8 +15,6 @@ import shutil
 import pytest
 
 from tests.conftest import RESULTS, SERVING_RIG, copy_catalog, run_deploy
-from tests.simrig.weights import ensure_checkpoint
-from tests.vllm_standin.image import ensure_standin_image
 
 pytestmark = pytest.mark.simrig
 
@@ -24,14 +22,9 @@ MODELS = ("test-alpha", "test-beta")
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig):
-    ensure_standin_image()
-    for name in MODELS:
-        ensure_checkpoint(name)
+def rig(serving_rig):
     shutil.rmtree(RESULTS, ignore_errors=True)
-    yield fresh_rig
-    for name in MODELS:
-        fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+    return serving_rig
 
 
 def runs(model):

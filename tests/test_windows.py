@@ -207,7 +207,12 @@ def test_a_deploy_over_ssh_installs_what_the_tasks_and_scripts_refer_to():
 def test_the_bootstrap_time_limit_is_derived_from_the_docker_wait_and_the_models():
     from dataclasses import replace
 
-    from rigkit.windows.timing import TASK_LIMIT_MAX_S, BootstrapBudget, bootstrap_budget, timing_findings
+    from rigkit.windows.timing import (
+        TASK_LIMIT_MAX_S,
+        BootstrapBudget,
+        bootstrap_budget,
+        timing_findings,
+    )
 
     rig = load_rig(WIN_RIG, CATALOG)
     budget = bootstrap_budget(rig)

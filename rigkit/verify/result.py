@@ -89,8 +89,8 @@ class VerificationResult:
 
 
 def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemetry: dict,
-                 previous: dict | None, now: datetime | None = None, serving: dict | None = None) -> VerificationResult:
-    """`previous`: the JSON document of the latest earlier run, as `latest_result` reads it.
+                 previous: list[dict] | dict | None, now: datetime | None = None, serving: dict | None = None) -> VerificationResult:
+    """`previous`: earlier runs' JSON documents, newest first (`earlier_results`), or the latest one.
     `serving`: what the caller knows of the server ({image, image_digest, vllm_args}), for provenance."""
     policy = {g.index: g for g in rig.spec.gpus}
     loads = [gpu_load(g, telemetry["t_start"], telemetry["t_end"]) for g in telemetry["gpus"]]
@@ -140,12 +140,16 @@ def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemet
     }
     made_with = provenance(rig, {**bench.provenance, **workload}, telemetry, loads, serving)
     earlier, found = None, []
-    if previous:
-        changed = changes(previous.get("provenance"), made_with)
-        earlier = {"time": previous.get("time"), "figures": previous.get("figures", {}), "comparable": not changed,
+    history = previous if isinstance(previous, list) else [previous] if previous else []
+    if history:
+        # Compared with the newest earlier run measured the same way (driver, image, limits, workload);
+        # if there is none, the newest run is shown with what changed, never called a regression.
+        match = next((p for p in history if not changes(p.get("provenance"), made_with)), None)
+        base = match or history[0]
+        changed = [] if match else changes(history[0].get("provenance"), made_with)
+        earlier = {"time": base.get("time"), "figures": base.get("figures", {}), "comparable": match is not None,
                    "changed": changed}
-        # Another driver, image, limit or workload is a different measurement: shown, never called a regression.
-        found = regressions(figures, previous.get("figures", {})) if not changed else []
+        found = regressions(figures, base.get("figures", {})) if match else []
     return VerificationResult(
         rig=rig.name,
         model=model.name,
@@ -183,6 +187,17 @@ def results_folder(results_dir: Path, rig: str, model: str) -> Path:
 def latest_result(folder: Path) -> dict | None:
     runs = sorted(folder.glob("*.json"))
     return json.loads(runs[-1].read_text()) if runs else None
+
+
+def earlier_results(folder: Path, most: int = 50) -> list[dict]:
+    """The newest `most` results in `folder`, newest first (unreadable files skipped)."""
+    found = []
+    for path in sorted(folder.glob("*.json"), reverse=True)[:most]:
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def save_result(folder: Path, result: VerificationResult) -> Path:

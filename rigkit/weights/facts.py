@@ -17,7 +17,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigkit.render import template_text
-from rigkit.weights.volumes import source_layout
+from rigkit.weights.layout import source_layout
 
 
 class WeightsVolumeState(FactBase):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 import docker
 import requests
@@ -21,6 +20,7 @@ from docker.types import Mount
 from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
 from rigkit.serving.compose import volume_name
+from rigkit.weights.layout import source_layout
 
 COPY_TIMEOUT_S = 6 * 3600  # tens of GB over a slow mount still end
 
@@ -68,16 +68,6 @@ def helper_image(model: ModelConfig) -> str:
 
 def helper_name(model: ModelConfig) -> str:
     return f"rigkit-weights-{model.name}-helper"
-
-
-def source_layout(source: str) -> tuple[str, str]:
-    """(the folder to mount, the model folder inside it). A Hugging Face cache snapshot
-    (models--ORG--NAME/snapshots/<revision>) holds only symlinks into ../../blobs, so the
-    whole models--ORG--NAME folder is mounted and the links may point anywhere inside it."""
-    path = PurePosixPath(source)
-    if path.parent.name == "snapshots" and path.parent.parent.name.startswith(("models--", "datasets--")):
-        return str(path.parent.parent), str(path.relative_to(path.parent.parent))
-    return source, "."
 
 
 def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> dict:

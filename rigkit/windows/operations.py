@@ -24,7 +24,12 @@ from pyinfra.api import FileUploadCommand, operation
 
 from rigkit.render import ps_quote
 from rigkit.windows.bundle import INSTALL_DIR, same_task
-from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsFolderExists, WindowsTextFile
+from rigkit.windows.facts import (
+    ScheduledTaskXml,
+    WindowsFileSha256,
+    WindowsFolderExists,
+    WindowsTextFile,
+)
 
 APPLIED_DIR = INSTALL_DIR / "applied"  # <task>.txt: digest of the inputs of its last successful run
 TASK_START_S = 20  # a task that has not started by then will not (e.g. its user is not logged on)

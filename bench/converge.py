@@ -1,0 +1,165 @@
+"""How long a deploy takes when nothing changed: rigkit against Ansible, in one run.
+
+Starts simulated rigs (tests/simrig: systemd, sshd on 127.0.0.1, real SSH), converges each
+once, then times converged runs side by side, alternating tools (ABBA) to cancel drift:
+- the demo rig (inventory/rigs/sim.yml: GPU policy, weights on volumes, two served models);
+- 1 and 8 GPU-policy-only rigs (tests/data/rigs/policy.yml), rigkit's deploy.py against an
+  equivalent Ansible playbook (the same files, unit and "apply now when changed" handler),
+  ansible-core installed by this script into its own virtual environment, over the same SSH
+  with the same key (pipelining on: Ansible's fastest documented mode).
+Prints medians and the ratios the converge issue sets targets for.
+
+    .venv/bin/python bench/converge.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rigkit.config.loader import load_rig  # noqa: E402
+from rigkit.render import render, template_text  # noqa: E402
+from tests.simrig.rig import STATE_ROOT, SimRig, ssh_keypair  # noqa: E402
+
+ANSIBLE_VENV = STATE_ROOT / "bench-ansible"
+POLICY_RIG = REPO / "tests/data/rigs/policy.yml"
+FIRST_PORT = 2240
+
+
+def rigkit_inventory(folder: Path, rigs: list[SimRig], rig_file: Path) -> Path:
+    key = ssh_keypair()
+    hosts = ",\n".join(
+        f'    ("{r.name}", {{"ssh_hostname": "127.0.0.1", "ssh_port": {r.ssh_port}, "ssh_user": "root", '
+        f'"ssh_key": "{key}", "ssh_known_hosts_file": "/dev/null", "ssh_strict_host_key_checking": "off", '
+        f'"rig_file": "{rig_file}"}})' for r in rigs)
+    path = folder / f"rigkit-{len(rigs)}.py"
+    path.write_text(f"rigs = [\n{hosts},\n]\n")
+    return path
+
+
+def ansible_files(folder: Path, rigs: list[SimRig]) -> tuple[Path, Path]:
+    """An inventory and a playbook doing the GPU policy role's work, as an Ansible user writes it."""
+    rig = load_rig(POLICY_RIG, REPO / "tests/data/models")
+    (folder / "gpu-policy.sh").write_text(template_text("gpu_policy/rigkit-gpu-policy.sh"))
+    (folder / "gpu-policy.conf").write_text(
+        render("gpu_policy/gpu-policy.conf.j2", rig_name=rig.name, rig_file=rig.file, gpus=rig.spec.gpus))
+    (folder / "unit.service").write_text(render(
+        "gpu_policy/rigkit-gpu-policy.service.j2", script_path="/usr/local/sbin/rigkit-gpu-policy",
+        policy_path="/etc/rigkit/gpu-policy.conf", wait_for_gpus_s=120, before_units=[]))
+    inventory = folder / f"hosts-{len(rigs)}.ini"
+    inventory.write_text("[rigs]\n" + "".join(
+        f"{r.name} ansible_host=127.0.0.1 ansible_port={r.ssh_port} ansible_user=root "
+        f"ansible_ssh_private_key_file={ssh_keypair()} ansible_python_interpreter=/usr/bin/python3\n" for r in rigs))
+    playbook = folder / "gpu-policy.yml"
+    playbook.write_text(f"""- hosts: rigs
+  gather_facts: false
+  tasks:
+    - name: Install the GPU policy script
+      ansible.builtin.copy: {{src: {folder}/gpu-policy.sh, dest: /usr/local/sbin/rigkit-gpu-policy, mode: "0755"}}
+      notify: apply
+    - name: Write the rig's GPU policy
+      ansible.builtin.copy: {{src: {folder}/gpu-policy.conf, dest: /etc/rigkit/gpu-policy.conf, mode: "0644"}}
+      notify: apply
+    - name: Install the boot-time GPU policy unit
+      ansible.builtin.copy: {{src: {folder}/unit.service, dest: /etc/systemd/system/rigkit-gpu-policy.service, mode: "0644"}}
+      notify: [reload, apply]
+    - name: Enable the GPU policy at boot
+      ansible.builtin.systemd_service: {{name: rigkit-gpu-policy.service, enabled: true}}
+  handlers:
+    - name: reload
+      ansible.builtin.systemd_service: {{daemon_reload: true}}
+    - name: apply
+      ansible.builtin.command: systemctl restart rigkit-gpu-policy.service
+""")
+    return inventory, playbook
+
+
+def ensure_ansible() -> Path:
+    playbook_bin = ANSIBLE_VENV / "bin" / "ansible-playbook"
+    if not playbook_bin.exists():
+        print("installing ansible-core into", ANSIBLE_VENV, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(ANSIBLE_VENV)], check=True)
+        subprocess.run([str(ANSIBLE_VENV / "bin" / "pip"), "install", "-q", "ansible-core"], check=True, timeout=600)
+    return playbook_bin
+
+
+def timed(command: list[str], env: dict | None = None) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def changed_ansible(output: str) -> int:
+    return sum(int(part.split("=")[1]) for line in output.splitlines() if "changed=" in line
+               for part in line.split() if part.startswith("changed="))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    pyinfra = [sys.executable, "-m", "pyinfra", "-y"]
+    ansible_env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_PIPELINING="True",
+                       ANSIBLE_FORKS="8", ANSIBLE_NOCOLOR="1")
+    playbook_bin = ensure_ansible()
+
+    print("starting the demo rig and 8 GPU-policy rigs", flush=True)
+    subprocess.run([sys.executable, "-m", "tests.simrig", "up"], cwd=REPO, check=True, capture_output=True)
+    rigs = [SimRig(name=f"rigkit-bench-{n}", ssh_port=FIRST_PORT + n).start(log=lambda m: None) for n in range(8)]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            demo_inventory = "inventory/sim.py"
+            one, eight = (rigkit_inventory(folder, rigs[:1], POLICY_RIG), rigkit_inventory(folder, rigs, POLICY_RIG))
+            ans_one, playbook = ansible_files(folder, rigs[:1])
+            ans_eight, _ = ansible_files(folder, rigs)
+            # Converge everything once (first deploys are not what is measured).
+            timed(pyinfra + [demo_inventory, "deploy.py"])
+            timed(pyinfra + [str(eight), "deploy.py"])
+            timed([str(playbook_bin), "-i", str(ans_eight), str(playbook)], ansible_env)
+            check = subprocess.run([str(playbook_bin), "-i", str(ans_eight), str(playbook)], env=ansible_env,
+                                   capture_output=True, text=True, timeout=600)
+            assert changed_ansible(check.stdout) == 0, check.stdout  # converged: the comparison is fair
+
+            times: dict[str, list[float]] = {k: [] for k in ("demo", "rk1", "an1", "rk8", "an8")}
+            for n in range(args.repeats):
+                order = [("rk1", "an1"), ("rk8", "an8")] if n % 2 == 0 else [("an1", "rk1"), ("an8", "rk8")]
+                times["demo"].append(timed(pyinfra + [demo_inventory, "deploy.py"]))
+                for pair in order:
+                    for key in pair:
+                        if key.startswith("rk"):
+                            inv = one if key == "rk1" else eight
+                            times[key].append(timed(pyinfra + [str(inv), "deploy.py"]))
+                        else:
+                            inv = ans_one if key == "an1" else ans_eight
+                            times[key].append(timed([str(playbook_bin), "-i", str(inv), str(playbook)], ansible_env))
+                print(f"round {n + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
+                      flush=True)
+    finally:
+        for rig in rigs:
+            rig.remove()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\nmedians of {args.repeats} converged runs (zero changes each):")
+    print(f"  demo rig (policy + weights + 2 models): rigkit {med['demo']:.2f} s   (target <= 1.5 s)")
+    print(f"  1 GPU-policy rig:  rigkit {med['rk1']:.2f} s, Ansible {med['an1']:.2f} s, "
+          f"rigkit/Ansible {med['rk1'] / med['an1']:.2f}   (target <= 0.4)")
+    print(f"  8 GPU-policy rigs: rigkit {med['rk8']:.2f} s, Ansible {med['an8']:.2f} s, "
+          f"rigkit/Ansible {med['rk8'] / med['an8']:.2f}")
+    print(f"  rigkit T(8)/T(1) {med['rk8'] / med['rk1']:.2f}   (target <= 1.3); "
+          f"Ansible T(8)/T(1) {med['an8'] / med['an1']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

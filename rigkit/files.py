@@ -1,0 +1,70 @@
+"""Put rigkit's files on a Linux rig in few round trips: one fact reads the state of every
+file a role manages, in one command; `put` compares against it.
+
+pyinfra's `files.put` reads three facts per file (the folder, the file, its SHA-1), each a
+command and a round trip: 30 round trips for the demo rig's 10 files, before anything is
+known to differ. `put` takes the role's whole list of paths (`batch`), so pyinfra's fact
+cache makes that one `FileStates` command per role. Under `--diff` it shows what changes,
+as files.put does; secrets go through rigkit.private_file instead, which never shows them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from io import BytesIO
+from pathlib import PurePosixPath
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FileUploadCommand, operation
+from pyinfra.facts.files import FileContents
+from pyinfra.operations.util.files import generate_color_diff
+
+
+class FileStates(FactBase):
+    """{path: {"mode": "644", "sha256": hex} or None (absent)} for every path, in one command."""
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return (
+            f"for p in {quoted}; do if [ -f \"$p\" ]; then "
+            'printf "%s %s %s\\n" "$(stat -c %a "$p")" "$(sha256sum < "$p" | cut -d" " -f1)" "$p"; '
+            'else printf -- "- - %s\\n" "$p"; fi; done'
+        )
+
+    def process(self, output) -> dict:
+        states = {}
+        for line in output:
+            mode, digest, path = line.split(" ", 2)
+            states[path] = None if mode == "-" else {"mode": mode, "sha256": digest}
+        return states
+
+
+@operation()
+def put(dest: str, data: str | bytes, mode: str = "644", batch: tuple[str, ...] = ()):
+    """Put `data` at `dest` with `mode` unless it is there already. `batch`: every path the role
+    puts (the same tuple for each call), read in one command; `dest` must be among them."""
+    data = data.encode() if isinstance(data, str) else data
+    state = host.get_fact(FileStates, paths=tuple(batch) or (dest,)).get(dest)
+    same_content = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
+    if same_content and state["mode"] == mode.lstrip("0"):
+        host.noop(f"{dest} is up to date")
+        return
+    if not same_content:
+        if host.state.config.DIFF:
+            _show_diff(dest, state, data)
+        yield f"mkdir -p {shlex.quote(str(PurePosixPath(dest).parent))}"
+        yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
+    yield f"chmod {shlex.quote(mode)} {shlex.quote(dest)}"
+
+
+def _show_diff(dest: str, state: dict | None, data: bytes) -> None:
+    current = [line + "\n" for line in host.get_fact(FileContents, path=dest) or []] if state else []
+    try:
+        wanted = data.decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        logger.info(f"    {dest}: binary file")
+        return
+    host.log(f"Will {'modify' if state else 'create'} {dest}", logger.info)
+    for line in generate_color_diff(current, wanted):
+        logger.info(f"  {line}")
