@@ -1,7 +1,8 @@
 """The `rigkit` command.
 
     rigkit check RIG_FILE [RIG_FILE ...] [--catalog DIR]   validate rig files offline
-    rigkit deploy INVENTORY [--verify-weights]             pyinfra -y INVENTORY deploy.py
+    rigkit deploy INVENTORY [--limit RIG] [--verify-weights]   pyinfra -y INVENTORY deploy.py
+    rigkit status INVENTORY [--limit RIG] [--json FILE]   read every rig's state (changes nothing), report drift
     rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
     rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
     rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
@@ -156,6 +157,8 @@ def deploy(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "pyinfra", "-y"]
     if args.verify_weights:
         command += ["--data", "rigkit_weights_verify=1"]
+    if args.limit:
+        command += ["--limit", args.limit]
     return subprocess.run(command + [args.inventory, "deploy.py"]).returncode
 
 
@@ -164,6 +167,56 @@ def verify(args: argparse.Namespace) -> int:
     if args.limit:
         command += ["--limit", args.limit]
     return subprocess.run(command + [args.inventory, "verify.py"]).returncode
+
+
+def status(args: argparse.Namespace) -> int:
+    """Fleet status: status.py on every rig at once (read-only), one table per rig, one JSON document."""
+    import fnmatch
+    import tempfile
+    import time
+    from datetime import datetime, timezone
+
+    from rigkit.status.collect import document_path
+    from rigkit.status.report import unreachable
+    from rigkit.status.table import status_table
+
+    names = [n for n in rig_names(args.inventory) if not args.limit or fnmatch.fnmatch(n, args.limit)]
+    if not names:
+        print(f"rigkit status: no rig in {args.inventory} matches --limit {args.limit}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rigkit-status-") as folder:
+        command = [sys.executable, "-m", "pyinfra", "-y", "--data", f"rigkit_status_dir={folder}",
+                   "--data", f"rigkit_status_inventory={args.inventory}"]
+        if args.limit:
+            command += ["--limit", args.limit]
+        run = subprocess.run(command + [args.inventory, "status.py"], capture_output=True, text=True)
+        output = run.stdout + run.stderr
+        now = datetime.now(timezone.utc)
+        rigs = []
+        for name in names:
+            path = document_path(Path(folder), name)
+            rigs.append(json.loads(path.read_text()) if path.is_file() else unreachable(name, _why(output, name), now))
+    if all(not r["reachable"] for r in rigs) and "No hosts remaining" not in output and run.returncode != 0:
+        print(output[-3000:], file=sys.stderr)  # not a connection problem: a config error, a bug
+        return 2
+    document = {"inventory": args.inventory, "checked_at": now.isoformat(timespec="seconds"),
+                "wall_s": round(time.monotonic() - started, 2), "ok": all(r["ok"] for r in rigs), "rigs": rigs}
+    for rig in rigs:
+        print(status_table(rig) + "\n")
+    drift = sum(len(r["drift"]) for r in rigs)
+    failed = sum(len(r["failures"]) for r in rigs)
+    print(f"rigkit status: {len(rigs)} rig(s), {sum(not r['reachable'] for r in rigs)} unreachable, "
+          f"{drift} drift, {failed} failure(s) in {document['wall_s']:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+    return 0 if document["ok"] else 1
+
+
+def _why(output: str, name: str) -> str:
+    """pyinfra's own words about a rig it could not reach."""
+    said = [line.strip() for line in output.splitlines() if f"[{name}]" in line and "Ready" not in line]
+    return " ".join(said)[-400:] or "no answer (pyinfra did not reach it; run pyinfra with -v to see why)"
 
 
 def windows_bundle(args: argparse.Namespace) -> int:
@@ -210,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     deploy_parser.add_argument("inventory")
     deploy_parser.add_argument("--verify-weights", action="store_true",
                                help="re-hash every weights volume against its manifest; copy again what differs")
+    deploy_parser.add_argument("--limit", help="only this rig (inventory name or glob)")
     deploy_parser.set_defaults(func=deploy)
     rollout_parser = commands.add_parser("rollout", help="deploy one rig at a time, stop at the first failure")
     rollout_parser.add_argument("inventory")
@@ -219,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     verify_parser.add_argument("inventory")
     verify_parser.add_argument("--limit", help="only this rig (inventory name)")
     verify_parser.set_defaults(func=verify)
+    status_parser = commands.add_parser("status", help="read every rig's state without changing it; report drift")
+    status_parser.add_argument("inventory")
+    status_parser.add_argument("--limit", help="only this rig (inventory name or glob)")
+    status_parser.add_argument("--json", help="write the whole report here")
+    status_parser.set_defaults(func=status)
     bench_parser = commands.add_parser("bench", help="benchmark any OpenAI-compatible server, no rig config needed")
     bench_parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     bench_parser.add_argument("--model", required=True, help="the served model name")

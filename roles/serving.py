@@ -8,7 +8,9 @@ with `docker compose config`, brings the wanted config up, waits for a real comp
 and a warm-up, and only then promotes it to compose.yml/stack.json; on failure it brings
 the last proven config back, judged by that config's own port and key, and exits
 non-zero so the deploy reports the rollback. Stacks of models no longer in the rig file
-are taken down and removed. The API key goes into a root-only env file that Compose
+are taken down and removed. Then the watchdog (rigkit.serving.watchdog, below the stacks):
+a timer that restarts a model wedged by both of its signals, capped, never during a rollout.
+The API key goes into a root-only env file that Compose
 reads raw (no interpolation), and never through --diff.
 """
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import files, server
+from pyinfra.operations import files, server, systemd
 
 from rigkit.config.schema import RigConfig
 from rigkit.files import put
@@ -34,6 +36,9 @@ from rigkit.serving.compose import (
     stack_settings,
 )
 from rigkit.serving.facts import RigkitStacks
+from rigkit.serving.watchdog import (
+    CONFIG_PATH, SERVICE, TIMER, UNIT_DIR, WATCHDOG_PATH, service_unit, timer_unit, watchdog_config, watched,
+)
 
 # Defaults: where the helper lives on the rig.
 HELPER_PATH = "/usr/local/sbin/rigkit-stack"
@@ -95,4 +100,21 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
             server.shell(name=f"Take down {name} (no longer in the rig file)",
                          commands=[f"{HELPER_PATH} down {shlex.quote(name)}"])
         )
+    _watchdog(rig, with_key)
     return changes
+
+
+def _watchdog(rig: RigConfig, with_key: bool) -> None:
+    """The watchdog's script, settings and timer; the timer is stopped when no model is watched."""
+    files.put(name="Install the watchdog", src=StringIO(template_text("serving/rigkit-watchdog")),
+              dest=WATCHDOG_PATH, mode="755")
+    files.put(name="Watchdog settings", src=StringIO(watchdog_config(rig, with_key)), dest=CONFIG_PATH, mode="644")
+    units = [
+        files.put(name="Watchdog service unit", src=StringIO(service_unit()), dest=f"{UNIT_DIR}/{SERVICE}", mode="644"),
+        files.put(name="Watchdog timer unit", src=StringIO(timer_unit(rig)), dest=f"{UNIT_DIR}/{TIMER}", mode="644"),
+    ]
+    systemd.daemon_reload(name="Reload systemd units (watchdog)", _if=lambda: any(u.did_change() for u in units))
+    on = bool(watched(rig))
+    systemd.service(name=f"Watchdog timer {'on' if on else 'off'}", service=TIMER, running=on, enabled=on,
+                    restarted=on, _if=lambda: any(u.did_change() for u in units))
+    systemd.service(name=f"Watchdog timer {'running' if on else 'stopped'}", service=TIMER, running=on, enabled=on)

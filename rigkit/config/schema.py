@@ -148,6 +148,16 @@ class VllmOptions(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class WatchdogSpec(_Strict):
+    """The rig-side watchdog for one model (templates/serving/rigkit-watchdog; docs/serving.md#watchdog)."""
+
+    enabled: bool = True
+    interval_s: int = Field(default=30, ge=1, le=3600)  # one probe and one /metrics read this often
+    wedged_after_s: int = Field(default=120, ge=1, le=86_400)  # both signals this long -> restart
+    max_restarts_per_hour: int = Field(default=3, ge=0, le=60)
+    probe_timeout_s: int = Field(default=15, ge=1, le=600)  # deadline of the one-token completion
+
+
 class ModelSpec(_Strict):
     image: str
     weights: WeightsSpec
@@ -161,6 +171,7 @@ class ModelSpec(_Strict):
     weight_bytes: int | None = Field(default=None, gt=0)  # checkpoint size, for "fits on one card"
     active_weight_bytes: int | None = Field(default=None, gt=0)  # bytes read per decoded token
     ready_timeout_s: int = Field(default=900, ge=30, le=7200)
+    watchdog: WatchdogSpec = WatchdogSpec()
 
     @field_validator("env")
     @classmethod

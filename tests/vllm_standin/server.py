@@ -44,6 +44,15 @@ What it fakes, and the traps it reproduces:
 - Rejections: STANDIN_REJECT_SHARE (e.g. 0.5) of the requests that arrive while
   another is generating are refused with HTTP STANDIN_REJECT_STATUS (default 429)
   and an OpenAI error body; a lone request is never refused.
+- Wedge (a stuck engine: /health stays 200, requests stay "running" in /metrics, no token
+  comes out): STANDIN_FAULT=wedge wedges after STANDIN_WEDGE_AFTER requests (default 0),
+  counted since start, so a restart serves that many again; or at runtime with the
+  test-only POST /standin/wedge. POST /standin/long_prefill?seconds=S makes every request's
+  prefill take S seconds (default 60), processed in chunks: `vllm:iteration_tokens_total`
+  advances per chunk while no token comes out, and `vllm:prompt_tokens_total` only when a
+  prefill completes (as vLLM V1 counts it); STANDIN_LONG_PREFILL_S sets it at start.
+  POST /standin/normal ends both. /metrics has vLLM's gauges `vllm:num_requests_running`
+  and `vllm:num_requests_waiting`.
 - GET /version answers {"version": "standin"}, as vLLM answers its version.
 - The API key (--api-key or VLLM_API_KEY) is enforced on /v1/* as vLLM does.
 - The model path must hold a config.json, as vLLM needs one: the weights must really be mounted.
@@ -137,6 +146,13 @@ class Engine:
         self.active = 0
         self.busy_arrivals = 0
         self.api_key = args.api_key or env.get("VLLM_API_KEY")
+        self.wedge_after = int(env.get("STANDIN_WEDGE_AFTER", "0")) if "wedge" in self.faults else None
+        self.wedged = False
+        self.long_prefill_s = float(env.get("STANDIN_LONG_PREFILL_S", "0"))
+        self.arrivals = 0
+        self.running = 0
+        self.iteration_steps = 0
+        self.iteration_tokens = 0
         self.names = args.served_model_name or [args.model]
 
     def tokens_per_step(self, step: int) -> int:
@@ -145,6 +161,24 @@ class Engine:
             return 1
         a = self.accepted_per_draft
         return 1 + int((step + 1) * a) - int(step * a)
+
+    def arrive(self) -> bool:
+        """Count a request; True when the engine is (now) wedged and it will never be answered."""
+        with self.lock:
+            self.arrivals += 1
+            if self.wedge_after is not None and self.arrivals > self.wedge_after:
+                self.wedged = True
+            return self.wedged
+
+    def step(self, tokens: int) -> None:
+        """One engine step of `tokens` (a prefill chunk or decoded tokens), as vllm:iteration_tokens_total."""
+        with self.lock:
+            self.iteration_steps += 1
+            self.iteration_tokens += tokens
+
+    def set_running(self, delta: int) -> None:
+        with self.lock:
+            self.running += delta
 
     def admit(self) -> bool:
         """False for the share of requests refused while another is generating (deterministic)."""
@@ -184,6 +218,13 @@ class Engine:
             f"vllm:generation_tokens_total{label} {m['generation']}.0",
             "# TYPE vllm:request_success_total counter",
             f"vllm:request_success_total{label} {m['requests']}.0",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {self.running}.0",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} 0.0",
+            "# TYPE vllm:iteration_tokens_total histogram",
+            f"vllm:iteration_tokens_total_sum{label} {self.iteration_tokens}.0",
+            f"vllm:iteration_tokens_total_count{label} {self.iteration_steps}.0",
         ]
         counters = {"full": ("drafts", "draft_tokens", "accepted", "per_pos"), "old": ("draft_tokens", "accepted"),
                     "per_pos": ("draft_tokens", "per_pos"), "none": ()}[self.spec_counters] if self.spec else ()
@@ -256,6 +297,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             if self.authorised():
                 self.send_json(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in ENGINE.names]})
+        elif self.path == "/standin/state":
+            self.send_json(200, {"wedged": ENGINE.wedged, "long_prefill_s": ENGINE.long_prefill_s,
+                                 "running": ENGINE.running, "arrivals": ENGINE.arrivals})
         elif self.path == "/version":
             self.send_json(200, {"version": "standin"})
         elif self.path == "/standin/info":
@@ -269,6 +313,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"error": "not found"})
 
     def do_POST(self):
+        if self.path.startswith("/standin/"):
+            return self.standin_control()
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             return self.send_json(404, {"error": "not found"})
         if not self.authorised():
@@ -279,7 +325,40 @@ class Handler(BaseHTTPRequestHandler):
         if ENGINE.hang:
             time.sleep(HANG_LIMIT_S)  # /health still says 200 meanwhile
             return self.send_json(500, {"error": "engine hung"})
-        self.generate(body, chat=self.path.endswith("chat/completions"))
+        if ENGINE.arrive():
+            return self.stay_wedged()
+        ENGINE.set_running(1)
+        try:
+            self.generate(body, chat=self.path.endswith("chat/completions"))
+        finally:
+            ENGINE.set_running(-1)
+
+    def standin_control(self):
+        """Test-only switches: POST /standin/wedge, /standin/long_prefill?seconds=S, /standin/normal."""
+        path, _, query = self.path.partition("?")
+        params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with ENGINE.lock:
+            if path == "/standin/wedge":
+                ENGINE.wedged = True
+            elif path == "/standin/long_prefill":
+                ENGINE.long_prefill_s = float(params.get("seconds", "60"))
+            elif path == "/standin/normal":
+                ENGINE.wedged, ENGINE.long_prefill_s, ENGINE.wedge_after = False, 0.0, None
+            else:
+                return self.send_json(404, {"error": "not found"})
+        self.send_json(200, {"wedged": ENGINE.wedged, "long_prefill_s": ENGINE.long_prefill_s})
+
+    def stay_wedged(self):
+        """A request the stuck engine took and will never answer: it counts as running."""
+        ENGINE.set_running(1)
+        try:
+            deadline = time.monotonic() + HANG_LIMIT_S
+            while ENGINE.wedged and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            ENGINE.set_running(-1)
+        self.send_json(500, {"error": "engine was wedged"})
 
     def generate(self, body: dict, chat: bool) -> None:
         arrived = time.monotonic()
@@ -303,6 +382,8 @@ class Handler(BaseHTTPRequestHandler):
         cached = ENGINE.args.enable_prefix_caching and key in ENGINE.cache
         ENGINE.cache.add(key)
         prefill_s = real_prompt / ENGINE.prefill_tok_s * (0.1 if cached else 1.0)
+        if ENGINE.long_prefill_s:
+            self.long_prefill(real_prompt, ENGINE.long_prefill_s)
 
         steps, produced, drafts, accepted = [], 0, 0, 0
         while produced < wanted:
@@ -368,6 +449,15 @@ class Handler(BaseHTTPRequestHandler):
         if (body.get("stream_options") or {}).get("include_usage"):
             self.write_event({"id": rid, "object": kind, "model": model, "choices": [], "usage": usage})
         self.finish_stream()
+
+    def long_prefill(self, prompt_tokens: int, seconds: float) -> None:
+        """A prefill that takes `seconds`, in 0.5 s chunks: each chunk is an engine step in
+        vllm:iteration_tokens_total; no token comes out until it is done (or /standin/normal)."""
+        end = time.monotonic() + seconds
+        chunks = max(1, int(seconds / 0.5))
+        while (left := end - time.monotonic()) > 0 and ENGINE.long_prefill_s:  # /standin/normal ends it
+            time.sleep(min(0.5, left))
+            ENGINE.step(max(1, prompt_tokens // chunks))
 
     def wait_until(self, target: float) -> None:
         """Sleep until `target`; the `comments` SSE variant sends keep-alive comments meanwhile."""

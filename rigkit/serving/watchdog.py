@@ -1,0 +1,63 @@
+"""The rig-side watchdog (templates/serving/rigkit-watchdog): its settings file and its systemd
+timer, rendered from the catalog's `watchdog:` entries. Pure functions; roles/serving.py installs
+what they return. Windows rigs get no watchdog yet (docs/serving.md#watchdog)."""
+
+from __future__ import annotations
+
+import json
+
+from rigkit.config.schema import RigConfig
+from rigkit.render import render
+from rigkit.serving.api_key import ENV_NAME
+from rigkit.serving.compose import SECRETS_ENV_FILE, project_name, served_name
+
+WATCHDOG_PATH = "/usr/local/sbin/rigkit-watchdog"
+CONFIG_PATH = "/etc/rigkit/watchdog.json"
+STATE_DIR = "/var/lib/rigkit/watchdog"  # one JSON file per model: last sample, suspicion, restarts
+SERVICE = "rigkit-watchdog.service"
+TIMER = "rigkit-watchdog.timer"
+UNIT_DIR = "/etc/systemd/system"
+
+
+def watched(rig: RigConfig) -> list:
+    return [m for m in rig.models if m.spec.watchdog.enabled]
+
+
+def watchdog_config(rig: RigConfig, with_api_key: bool) -> str:
+    """The settings file the watchdog reads on every pass (JSON)."""
+    models = []
+    for model in watched(rig):
+        w = model.spec.watchdog
+        models.append({
+            "name": model.name,
+            "project": project_name(model),
+            "port": model.spec.port,
+            "served_model_name": served_name(model),
+            "interval_s": w.interval_s,
+            "wedged_after_s": w.wedged_after_s,
+            "max_restarts_per_hour": w.max_restarts_per_hour,
+            "probe_timeout_s": w.probe_timeout_s,
+            "ready_timeout_s": model.spec.ready_timeout_s,
+        })
+    document = {
+        "rig": rig.name,
+        "api_key_env_file": SECRETS_ENV_FILE if with_api_key else None,
+        "api_key_env_name": ENV_NAME,
+        "state_dir": STATE_DIR,
+        "models": models,
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def timer_interval_s(rig: RigConfig) -> int:
+    """The timer fires at the shortest interval of the watched models; each pass skips a model
+    whose own interval has not passed since its last check."""
+    return min((m.spec.watchdog.interval_s for m in watched(rig)), default=30)
+
+
+def service_unit() -> str:
+    return render("serving/rigkit-watchdog.service.j2", script_path=WATCHDOG_PATH, config_path=CONFIG_PATH)
+
+
+def timer_unit(rig: RigConfig) -> str:
+    return render("serving/rigkit-watchdog.timer.j2", interval_s=timer_interval_s(rig), service=SERVICE)

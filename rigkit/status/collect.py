@@ -1,0 +1,68 @@
+"""What status.py runs on each rig, inside one `python.call` so that pyinfra's execution runs it on
+every rig at once: read the facts (nvidia-smi, the status probe, each weights volume), set them
+against the config, and leave the rig's document where `rigkit status` collects it.
+
+Reads only: pyinfra facts and the read-only probe; no operation that writes is ever yielded.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import quote
+
+from pyinfra import host
+
+from rigkit.config.schema import RigConfig
+from rigkit.gpu.facts import NvidiaGpus
+from rigkit.serving.api_key import SecretFileError, read_api_key
+from rigkit.serving.compose import STACKS_DIR, project_name, render_compose, served_name, stack_settings, volume_name
+from rigkit.serving.watchdog import STATE_DIR, TIMER
+from rigkit.status.facts import RigStatusProbe, probe_args
+from rigkit.status.report import Commands, build_status, sha256
+from rigkit.verify.result import latest_result, results_folder
+from rigkit.weights.facts import WeightsVolumeState
+
+# Defaults (docs/status.md)
+READY_DEADLINE_S = 15  # the one-token completion per model
+GPU_UNIT = "rigkit-gpu-policy.service"
+HELPER_PATH = "/usr/local/sbin/rigkit-stack"
+
+
+def document_path(status_dir: Path, host_name: str) -> Path:
+    return Path(status_dir) / f"{quote(host_name, safe='')}.json"
+
+
+def wanted_files(rig: RigConfig) -> dict[str, dict[str, str]]:
+    try:
+        with_key = read_api_key(rig) is not None
+    except SecretFileError:
+        with_key = True  # the deploy refuses such a key file; the files are judged as if it were fixed
+    return {m.name: {"compose.yml": sha256(render_compose(m, with_key)), "stack.json": sha256(stack_settings(m, with_key))}
+            for m in rig.models}
+
+
+def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path) -> None:
+    now = datetime.now(timezone.utc)
+    commands = Commands(inventory, host.name)
+    if rig.spec.os != "linux":
+        doc = {"rig": host.name, "rig_name": rig.name, "reachable": True, "checked_at": now.isoformat(timespec="seconds"),
+               "drift": [], "notes": [], "ok": False,
+               "failures": [{"what": "status", "detail": "rigkit status is not built for Windows rigs yet", "repair": None}]}
+    else:
+        args = probe_args(
+            stacks_dir=STACKS_DIR, gpu_unit=GPU_UNIT, watchdog_timer=TIMER, watchdog_state_dir=STATE_DIR,
+            deadline_s=READY_DEADLINE_S,
+            models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
+                     "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
+                    for m in rig.models],
+        )
+        weights = {m.name: host.get_fact(WeightsVolumeState, volume=volume_name(m), source=m.spec.weights.source)
+                   for m in rig.models if m.spec.weights.storage == "volume"}
+        results = {m.name: latest_result(results_folder(results_dir, rig.name, m.name)) for m in rig.models}
+        doc = build_status(rig, host.name, commands, host.get_fact(NvidiaGpus), host.get_fact(RigStatusProbe, probe_args=args),
+                           weights, wanted_files(rig), results, now, GPU_UNIT, HELPER_PATH)
+    path = document_path(status_dir, host.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,264 @@
+"""One rig's status document: what the rig reports, set against what the inventory says. Pure.
+
+`build_status` takes the validated config, the facts read on the rig and the latest
+verification results, and returns a JSON-ready document. Every difference from the inventory is
+a `drift` entry with the command that repairs it; what is wrong but not a difference from the
+inventory (a requested power limit that is not enforced, a model that does not answer, a failed
+verification) is a `failure`; `notes` never fail the run. The document is described in
+docs/status.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import datetime
+
+from rigkit.config.schema import RigConfig
+from rigkit.gpu.nvsmi import GpuReport
+from rigkit.gpu.policy import wanted_limits_w
+from rigkit.serving.compose import volume_name
+
+ENFORCED_TOLERANCE_W = 0.5
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Commands:
+    """The repair commands, spelled for this inventory and rig."""
+
+    def __init__(self, inventory: str, rig: str):
+        self.deploy = f"rigkit deploy {inventory} --limit {rig}"
+        self.verify_weights = f"rigkit deploy {inventory} --limit {rig} --verify-weights"
+        self.verify = f"rigkit verify {inventory} --limit {rig}"
+        self.rig = rig
+
+    def on_rig(self, command: str) -> str:
+        return f"on {self.rig} as root: {command}"
+
+
+def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuReport | None, probe: dict,
+                 weights: dict[str, dict], wanted_files: dict[str, dict[str, str]],
+                 results: dict[str, dict | None], now: datetime, gpu_unit: str, helper_path: str) -> dict:
+    """`weights`: {model: WeightsVolumeState}; `wanted_files`: {model: {file name: sha256 of what the
+    catalog renders}}; `results`: {model: latest verification document or None}."""
+    doc = {"rig": host_name, "rig_name": rig.name, "rig_file": str(rig.file), "reachable": True,
+           "checked_at": now.isoformat(timespec="seconds"), "gpus": [], "gpu_policy_unit": None, "stacks": [],
+           "weights": [], "verification": [], "watchdog": None, "drift": [], "failures": [], "notes": []}
+
+    def drift(what: str, found, wanted, repair: str) -> None:
+        doc["drift"].append({"what": what, "found": found, "wanted": wanted, "repair": repair})
+
+    def failure(what: str, detail: str, repair: str | None = None) -> None:
+        doc["failures"].append({"what": what, "detail": detail, "repair": repair})
+
+    if probe.get("error"):
+        failure("status probe", probe["error"])
+        probe = {}
+    _gpus(doc, rig, gpus, probe, commands, drift, failure)
+    _policy_unit(doc, rig, probe.get("gpu_unit"), commands, drift, failure, gpu_unit)
+    _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path)
+    _weights(doc, rig, weights, probe.get("volumes", {}), commands, drift, failure)
+    _verification(doc, rig, results, now, commands, failure)
+    _watchdog(doc, rig, probe.get("watchdog"), commands, drift)
+    doc["ok"] = not doc["drift"] and not doc["failures"]
+    return doc
+
+
+def unreachable(host_name: str, reason: str, now: datetime) -> dict:
+    return {"rig": host_name, "reachable": False, "checked_at": now.isoformat(timespec="seconds"),
+            "error": reason, "drift": [], "failures": [{"what": "connection", "detail": reason, "repair": None}],
+            "notes": [], "ok": False}
+
+
+def _w(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else round(value, 1)
+
+
+def _gpus(doc, rig, report, probe, commands, drift, failure):
+    if report is None:
+        failure("GPUs", "nvidia-smi is not installed on the rig")
+        return
+    if report.error:
+        failure("GPUs", f"nvidia-smi failed (exit {report.exit_code}): {report.error}")
+        return
+    found = {g.index: g for g in report.gpus}
+    missing = [g.index for g in rig.spec.gpus if g.index not in found]
+    if missing:
+        failure("GPUs", f"GPU(s) {missing} are in the rig file but the rig reports {sorted(found)}")
+    known = [g for g in rig.spec.gpus if g.index in found]
+    wanted = wanted_limits_w(rig.spec.model_copy(update={"gpus": known}), report) if known else {}
+    for spec in known:
+        gpu = found[spec.index]
+        want = wanted[spec.index] if rig.spec.gpu_policy == "apply" else gpu.power_default_w
+        doc["gpus"].append({
+            "index": gpu.index, "name": gpu.name, "requested_w": _w(want), "power_limit_w": _w(gpu.power_limit_w),
+            "enforced_power_limit_w": _w(gpu.enforced_power_limit_w), "persistence": gpu.persistence_mode,
+            "driver_version": probe.get("driver_version"),
+            "clock_lock_mhz": spec.clock_lock_mhz.as_nvidia_smi_arg() if spec.clock_lock_mhz else None,
+        })
+        if abs(gpu.power_limit_w - want) >= 0.5:
+            drift(f"GPU {gpu.index} power limit", f"{gpu.power_limit_w:.0f} W", f"{want:.0f} W", commands.deploy)
+        if abs(gpu.enforced_power_limit_w - gpu.power_limit_w) >= ENFORCED_TOLERANCE_W:
+            failure(f"GPU {gpu.index} enforced power limit",
+                    f"{gpu.enforced_power_limit_w:.0f} W enforced, {gpu.power_limit_w:.0f} W requested: another "
+                    "limit (firmware, thermal, board) is in force; see `nvidia-smi -q -d POWER` on the rig")
+        if rig.spec.gpu_policy == "apply" and not gpu.persistence_mode:
+            drift(f"GPU {gpu.index} persistence mode", "off", "on",
+                  commands.on_rig("systemctl restart rigkit-gpu-policy.service"))
+    if probe.get("driver_error"):
+        doc["notes"].append(f"driver version not read: {probe['driver_error']}")
+
+
+def _policy_unit(doc, rig, unit, commands, drift, failure, name):
+    if unit is None:
+        return
+    ran = bool(unit.get("started")) or bool(unit.get("journal"))
+    doc["gpu_policy_unit"] = {"unit": name, "enabled": unit.get("enabled"), "active": unit.get("active"),
+                              "result": unit.get("result"), "exit_status": unit.get("exit_status"),
+                              "ran_this_boot": ran, "started": unit.get("started"),
+                              "journal": unit.get("journal", []), "journal_error": unit.get("journal_error")}
+    installed = unit.get("load") == "loaded"
+    if rig.spec.gpu_policy == "remove":
+        if installed:
+            drift(f"{name}", "installed", "removed (gpu_policy: remove)", commands.deploy)
+        return
+    if not installed:
+        drift(f"{name}", "not installed", "installed and enabled", commands.deploy)
+        return
+    if unit.get("enabled") != "enabled":
+        drift(f"{name} at boot", unit.get("enabled") or "unknown", "enabled", commands.deploy)
+    if not ran:
+        failure(f"{name}", "did not run at this boot: the caps and clock locks were not applied at boot",
+                commands.on_rig(f"systemctl restart {name}"))
+    elif unit.get("result") not in ("success", None) or unit.get("active") == "failed":
+        last = "; ".join(unit.get("journal", [])[-3:])
+        failure(f"{name}", f"ran at this boot and failed (result {unit.get('result')}, exit "
+                f"{unit.get('exit_status')}): {last}", commands.on_rig(f"journalctl -b -u {name}"))
+
+
+def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path):
+    stacks = probe.get("stacks", {})
+    watchdog = (probe.get("watchdog") or {}).get("models", {})
+    for model in rig.models:
+        found = stacks.get(model.name)
+        if found is None:
+            continue
+        containers = found.get("containers") or []
+        running = [c for c in containers if c.get("running")]
+        catalog_image = found.get("catalog_image") or {}
+        files = found.get("files", {})
+        wanted = wanted_files.get(model.name, {})
+        compose_as_rendered = all(files.get(name) == digest for name, digest in wanted.items())
+        entry = {
+            "model": model.name, "deployed": found.get("deployed"), "running": bool(running),
+            "containers": [{k: c.get(k) for k in ("name", "status", "restart_count", "started_at")} for c in containers],
+            "restarts_since_deploy": sum(c.get("restart_count") or 0 for c in containers),
+            "watchdog_restarts_last_hour": (watchdog.get(model.name) or {}).get("restarts_last_hour"),
+            "ready": found.get("ready", {}).get("ok"), "ready_s": found.get("ready", {}).get("seconds"),
+            "ready_error": found.get("ready", {}).get("error"), "port": found.get("ready", {}).get("port"),
+            "image": model.spec.image, "running_image": containers[0].get("config_image") if containers else None,
+            "image_id": containers[0].get("image_id") if containers else None,
+            "catalog_image_id": catalog_image.get("id"), "repo_digests": catalog_image.get("repo_digests", []),
+            "compose_as_rendered": compose_as_rendered,
+        }
+        doc["stacks"].append(entry)
+        if not found.get("deployed"):
+            drift(f"stack {model.name}", "not deployed", "deployed and running", commands.deploy)
+            continue
+        if found.get("containers_error"):
+            failure(f"stack {model.name}", f"docker could not be asked: {found['containers_error']}")
+        elif not running:
+            states = ", ".join(f"{c.get('name')} {c.get('status')}" for c in containers) or "no container"
+            drift(f"stack {model.name}", f"not running ({states})", "running", commands.deploy)
+        if not compose_as_rendered:
+            changed = [name for name, digest in wanted.items() if files.get(name) != digest]
+            drift(f"stack {model.name} files", f"{', '.join(changed)} differ from what the catalog renders "
+                  "(edited on the rig, catalog changed since the deploy, or a rollout that did not finish)",
+                  f"as rendered from {model.file}", commands.deploy)
+        if running and not entry["ready"]:
+            failure(f"stack {model.name} readiness", f"a one-token completion failed: {entry['ready_error']}",
+                    commands.on_rig(f"{helper_path} rollout {model.name} recreate"))
+        if containers and entry["running_image"] and entry["running_image"] != model.spec.image:
+            drift(f"stack {model.name} image", entry["running_image"], model.spec.image, commands.deploy)
+        elif containers and entry["catalog_image_id"] and entry["image_id"] != entry["catalog_image_id"]:
+            drift(f"stack {model.name} image digest", entry["image_id"],
+                  f"{entry['catalog_image_id']} (what {model.spec.image} names on the rig now)",
+                  commands.on_rig(f"{helper_path} rollout {model.name} recreate"))
+        if entry["restarts_since_deploy"]:
+            doc["notes"].append(f"{model.name}: Docker restarted its container {entry['restarts_since_deploy']} "
+                                "time(s) since it was started (a crash loop if it rises)")
+        if entry["watchdog_restarts_last_hour"]:
+            reason = (watchdog.get(model.name) or {}).get("last_restart_reason")
+            doc["notes"].append(f"{model.name}: the watchdog restarted it {entry['watchdog_restarts_last_hour']} "
+                                f"time(s) in the last hour (last: {reason})")
+    wanted_names = {m.name for m in rig.models}
+    for name in probe.get("stacks_on_rig", []):
+        if name not in wanted_names:
+            drift(f"stack {name}", "on the rig", "absent (not in the rig file)", commands.deploy)
+
+
+def _weights(doc, rig, weights, volumes, commands, drift, failure):
+    for model in rig.models:
+        if model.spec.weights.storage != "volume":
+            doc["weights"].append({"model": model.name, "storage": "bind", "source": model.spec.weights.source})
+            continue
+        name = volume_name(model)
+        state = weights.get(model.name) or {"status": "error", "error": "not read"}
+        files = volumes.get(name) or {}
+        missing, resized = files.get("missing_files", []), files.get("resized_files", [])
+        doc["weights"].append({"model": model.name, "volume": name, "status": state.get("status"),
+                               "marker": state.get("complete"), "manifest_files": files.get("manifest_files"),
+                               "missing_files": missing, "resized_files": resized})
+        status = state.get("status")
+        if status == "missing":
+            drift(f"weights volume {name}", "missing", "copied and complete", commands.deploy)
+        elif status == "needed":
+            found = "no completion marker" if not state.get("complete") else "manifest differs from the source"
+            drift(f"weights volume {name}", found, f"complete copy of {model.spec.weights.source}", commands.deploy)
+        elif status == "error":
+            failure(f"weights of {model.name}", f"{model.spec.weights.source}: {state.get('error')}")
+        elif status == "unreachable":
+            doc["notes"].append(f"weights volume {name}: its mountpoint is not readable from the rig's shell; "
+                                "`rigkit deploy --verify-weights` checks it through a helper container")
+        if missing or resized:
+            listed = ", ".join([*missing, *(f"{p} (size differs)" for p in resized)][:5])
+            drift(f"weights volume {name} files", f"{len(missing) + len(resized)} file(s) differ from its "
+                  f"manifest: {listed}", "every file the manifest lists", commands.verify_weights)
+
+
+def _verification(doc, rig, results, now, commands, failure):
+    for model in rig.models:
+        result = results.get(model.name)
+        if not result:
+            doc["verification"].append({"model": model.name, "time": None})
+            doc["notes"].append(f"{model.name}: never verified on this control machine ({commands.verify})")
+            continue
+        try:
+            age_s = (now - datetime.fromisoformat(result["time"])).total_seconds()
+        except (KeyError, TypeError, ValueError):
+            age_s = None
+        regressions = [f"{r['figure']} {r['previous']:.3g} -> {r['now']:.3g} ({r['change']:+.0%})"
+                       for r in result.get("regressions", [])]
+        failed = [f"{c['name']}: {c['message']}" for c in result.get("checks", []) if not c.get("passed")]
+        doc["verification"].append({"model": model.name, "time": result.get("time"),
+                                    "age_s": round(age_s) if age_s is not None else None,
+                                    "passed": bool(result.get("passed")), "regressions": regressions,
+                                    "failed_checks": failed})
+        if not result.get("passed"):
+            failure(f"verification of {model.name}", "; ".join(failed) or "failed", commands.verify)
+        if regressions:
+            doc["notes"].append(f"{model.name}: regressions in the latest verification: {'; '.join(regressions)}")
+
+
+def _watchdog(doc, rig, watchdog, commands, drift):
+    if watchdog is None:
+        return
+    timer = watchdog.get("timer") or {}
+    watched = [m.name for m in rig.models if m.spec.watchdog.enabled]
+    doc["watchdog"] = {"watched": watched, "timer_enabled": timer.get("enabled"), "timer_active": timer.get("active")}
+    if watched and (timer.get("enabled") != "enabled" or timer.get("active") != "active"):
+        drift("watchdog timer", f"{timer.get('enabled') or 'not installed'}, {timer.get('active') or 'inactive'}",
+              "enabled, active", commands.deploy)

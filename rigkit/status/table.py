@@ -1,0 +1,67 @@
+"""One rig's status document as text for a person (pure)."""
+
+from __future__ import annotations
+
+
+def _rows(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+
+
+def _age(seconds) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _watts(value) -> str:
+    return "-" if value is None else f"{value:.0f} W"
+
+
+def status_table(doc: dict) -> str:
+    verdict = "OK" if doc.get("ok") else "UNREACHABLE" if not doc.get("reachable") else (
+        f"DRIFT ({len(doc['drift'])}), FAILED ({len(doc['failures'])})")
+    lines = [f"== {doc['rig']}" + (f" ({doc.get('rig_file')})" if doc.get("rig_file") else "") + f": {verdict}"]
+    if not doc.get("reachable"):
+        return "\n".join(lines + [f"   not reached: {doc.get('error')}"])
+    if doc.get("gpus"):
+        lines += _rows(["GPU", "name", "requested", "limit", "enforced", "persistence", "driver"],
+                       [[g["index"], g["name"], _watts(g["requested_w"]), _watts(g["power_limit_w"]),
+                         _watts(g["enforced_power_limit_w"]), "on" if g["persistence"] else "off",
+                         g.get("driver_version") or "-"] for g in doc["gpus"]])
+    unit = doc.get("gpu_policy_unit")
+    if unit:
+        last = unit["journal"][-1] if unit.get("journal") else "(no journal lines this boot)"
+        lines.append(f"{unit['unit']}: {unit['enabled']}, {unit['active']} ({unit['result']}), "
+                     f"{'ran' if unit['ran_this_boot'] else 'did NOT run'} this boot; last: {last}")
+    if doc.get("stacks"):
+        lines += _rows(["stack", "running", "restarts", "watchdog/h", "ready", "image", "compose"],
+                       [[s["model"], "yes" if s["running"] else "NO", s["restarts_since_deploy"],
+                         s["watchdog_restarts_last_hour"] if s["watchdog_restarts_last_hour"] is not None else "-",
+                         f"yes {s['ready_s']:.2f} s" if s["ready"] else "NO",
+                         f"{s['image']} {(s['image_id'] or '')[:19]}",
+                         "as rendered" if s["compose_as_rendered"] else "DIFFERS"] for s in doc["stacks"]])
+    if doc.get("weights"):
+        lines += _rows(["weights", "volume", "status", "marker", "files"],
+                       [[w["model"], w.get("volume", "bind mount"), w.get("status", "-"),
+                         {True: "yes", False: "NO"}.get(w.get("marker"), "-"),
+                         f"{w.get('manifest_files')} in manifest, {len(w.get('missing_files', []))} missing"
+                         if w.get("volume") else w.get("source", "")] for w in doc["weights"]])
+    if doc.get("verification"):
+        lines += _rows(["verified", "age", "passed", "regressions"],
+                       [[v["model"], _age(v.get("age_s")) if v.get("time") else "never",
+                         "-" if v.get("time") is None else "yes" if v["passed"] else "NO",
+                         "; ".join(v.get("regressions", [])) or "-"] for v in doc["verification"]])
+    if doc.get("watchdog") and doc["watchdog"]["watched"]:
+        w = doc["watchdog"]
+        lines.append(f"watchdog timer: {w['timer_enabled']}, {w['timer_active']}; watching {', '.join(w['watched'])}")
+    for d in doc["drift"]:
+        lines.append(f"DRIFT  {d['what']}: {d['found']}; wanted {d['wanted']}\n       repair: {d['repair']}")
+    for f in doc["failures"]:
+        lines.append(f"FAIL   {f['what']}: {f['detail']}" + (f"\n       repair: {f['repair']}" if f.get("repair") else ""))
+    for note in doc.get("notes", []):
+        lines.append(f"note   {note}")
+    return "\n".join(lines)

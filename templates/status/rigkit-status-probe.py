@@ -1,0 +1,220 @@
+"""rigkit status probe: everything `rigkit status` reads on a Linux rig, in one read-only pass.
+
+Run by the control machine as `python3 -c "<this file>" '<json>'` (rigkit.status.facts); nothing
+is installed. Python 3 standard library only. It writes nothing and starts or stops nothing:
+it reads files (sha256 of the stacks' files, the weights volumes' manifests), asks systemd,
+journald, nvidia-smi and the docker CLI (ps, inspect, image inspect), and sends each served
+model one one-token completion with a deadline (vLLM's /health stays 200 on a stuck engine).
+Every command has a time limit. Prints one JSON document.
+
+The argument: {"stacks_dir", "gpu_unit", "watchdog_timer", "watchdog_state_dir", "deadline_s",
+"models": [{"name", "project", "port", "served_model_name", "image", "volume"}]}
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+COMMAND_TIMEOUT_S = 30
+JOURNAL_LINES = 15
+STACK_FILES = ("compose.yml", "compose.next.yml", "stack.json", "stack.next.json", "compose.failed.yml")
+ENV_KEY_PREFIX = "VLLM_API_KEY="
+
+
+def run(*command):
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except FileNotFoundError:
+        return 127, "", f"{command[0]} not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{' '.join(command[:3])} did not answer within {COMMAND_TIMEOUT_S} s"
+    return done.returncode, done.stdout, done.stderr
+
+
+def sha256(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def unit(name, journal=True):
+    props = {}
+    code, out, _ = run("systemctl", "show", name, "-p", "LoadState,UnitFileState,ActiveState,SubState,Result,"
+                       "ExecMainStatus,ActiveEnterTimestamp,ExecMainStartTimestamp")
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        props[key] = value
+    found = {"load": props.get("LoadState"), "enabled": props.get("UnitFileState") or None,
+             "active": props.get("ActiveState"), "sub": props.get("SubState"), "result": props.get("Result"),
+             "exit_status": props.get("ExecMainStatus"), "started": props.get("ExecMainStartTimestamp") or None}
+    if journal:
+        code, out, err = run("journalctl", "-b", "-u", name, "--no-pager", "-o", "cat", "-n", str(JOURNAL_LINES))
+        found["journal"] = out.splitlines() if code == 0 else []
+        found["journal_error"] = None if code == 0 else (err.strip() or f"journalctl exited {code}")
+    return found
+
+
+def driver_version():
+    code, out, err = run("nvidia-smi", "--query-gpu=index,driver_version", "--format=csv,noheader")
+    if code != 0:
+        return None, (out + err).strip() or f"nvidia-smi exited {code}"
+    versions = sorted({line.split(",")[1].strip() for line in out.splitlines() if "," in line})
+    return ", ".join(versions) or None, None
+
+
+def containers(project):
+    code, out, err = run("docker", "ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={project}")
+    if code != 0:
+        return None, err.strip() or f"docker ps exited {code}"
+    ids = out.split()
+    if not ids:
+        return [], None
+    code, out, err = run("docker", "inspect", *ids)
+    if code != 0:
+        return None, err.strip()
+    found = []
+    for c in json.loads(out):
+        state = c.get("State", {})
+        found.append({"name": c.get("Name", "").lstrip("/"), "status": state.get("Status"),
+                      "running": bool(state.get("Running")), "restart_count": c.get("RestartCount", 0),
+                      "started_at": state.get("StartedAt"), "image_id": c.get("Image"),
+                      "config_image": c.get("Config", {}).get("Image")})
+    return found, None
+
+
+def image(reference):
+    code, out, err = run("docker", "image", "inspect", reference)
+    if code != 0:
+        return {"id": None, "repo_digests": [], "error": (err.strip() or "not on the rig")[-200:]}
+    info = json.loads(out)[0]
+    return {"id": info.get("Id"), "repo_digests": info.get("RepoDigests") or [], "error": None}
+
+
+def api_key(settings):
+    path = (settings or {}).get("api_key_env_file")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(ENV_KEY_PREFIX):
+                    return line[len(ENV_KEY_PREFIX):].rstrip("\n")
+    except OSError:
+        return None
+    return None
+
+
+def ready(port, served, key, deadline_s):
+    body = json.dumps({"model": served, "prompt": "ping", "max_tokens": 1}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{int(port)}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=deadline_s) as response:
+            ok = bool(json.loads(response.read()).get("choices"))
+            return {"ok": ok, "seconds": round(time.monotonic() - started, 3),
+                    "error": None if ok else "answered without choices"}
+    except urllib.error.HTTPError as exc:
+        return {"ok": False, "seconds": round(time.monotonic() - started, 3), "error": f"HTTP {exc.code}"}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return {"ok": False, "seconds": round(time.monotonic() - started, 3),
+                "error": f"no completion within {deadline_s} s ({getattr(exc, 'reason', exc)})"}
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def stack(args, model):
+    folder = os.path.join(args["stacks_dir"], model["name"])
+    settings = load_json(os.path.join(folder, "stack.json"))
+    found = {"deployed": os.path.isdir(folder),
+             "files": {name: sha256(os.path.join(folder, name)) for name in STACK_FILES}}
+    found["containers"], found["containers_error"] = containers(model["project"])
+    found["catalog_image"] = image(model["image"])
+    port = (settings or {}).get("port", model["port"])
+    served = (settings or {}).get("served_model_name", model["served_model_name"])
+    found["ready"] = ready(port, served, api_key(settings), args["deadline_s"])
+    found["ready"]["port"] = port
+    return found
+
+
+def volume(name):
+    code, out, err = run("docker", "volume", "inspect", "--format", "{{.Mountpoint}}", name)
+    if code != 0:
+        return {"exists": False, "readable": False, "missing_files": [], "resized_files": []}
+    mountpoint = out.strip()
+    manifest = load_json(os.path.join(mountpoint, ".rigkit", "manifest.json")) if os.path.isdir(mountpoint) else None
+    found = {"exists": True, "readable": os.path.isdir(mountpoint), "manifest_files": None,
+             "missing_files": [], "resized_files": []}
+    if manifest is None:
+        return found
+    found["manifest_files"] = len(manifest.get("files", []))
+    for entry in manifest.get("files", []):
+        path = os.path.join(mountpoint, entry["path"])
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            found["missing_files"].append(entry["path"])
+            continue
+        if size != entry.get("size"):
+            found["resized_files"].append(entry["path"])
+    return found
+
+
+def watchdog_restarts(state_dir, names):
+    now = time.time()
+    found = {}
+    for name in names:
+        state = load_json(os.path.join(state_dir, f"{name}.json")) or {}
+        found[name] = {"restarts_last_hour": len([t for t in state.get("restarts", []) if now - t < 3600]),
+                       "last_restart_reason": state.get("last_restart_reason"),
+                       "suspect_since": state.get("suspect_since")}
+    return found
+
+
+def existing_stacks(stacks_dir):
+    try:
+        return sorted(d for d in os.listdir(stacks_dir) if os.path.isdir(os.path.join(stacks_dir, d)))
+    except OSError:
+        return []
+
+
+def main(argv):
+    args = json.loads(argv[1])
+    models = args["models"]
+    with ThreadPoolExecutor(max_workers=max(4, len(models) * 2)) as pool:
+        stacks = {m["name"]: pool.submit(stack, args, m) for m in models}
+        volumes = {m["volume"]: pool.submit(volume, m["volume"]) for m in models if m.get("volume")}
+        version = pool.submit(driver_version)
+        gpu_unit = pool.submit(unit, args["gpu_unit"])
+        timer = pool.submit(unit, args["watchdog_timer"], False)
+        report = {
+            "driver_version": version.result()[0], "driver_error": version.result()[1],
+            "gpu_unit": gpu_unit.result(),
+            "watchdog": {"timer": timer.result(),
+                         "models": watchdog_restarts(args["watchdog_state_dir"], [m["name"] for m in models])},
+            "stacks": {name: f.result() for name, f in stacks.items()},
+            "volumes": {name: f.result() for name, f in volumes.items()},
+            "stacks_on_rig": existing_stacks(args["stacks_dir"]),
+        }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

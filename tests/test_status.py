@@ -1,0 +1,158 @@
+"""`rigkit status` end to end: the real CLI, pyinfra over SSH to the simulated rig, the rig's docker
+CLI against the real Docker Engine, the vLLM stand-in as the server.
+
+Drift is planted past rigkit (the rig's nvidia-smi, systemctl, the docker engine, the volume's
+files on the host), and every check that status changed nothing reads the rig's state past
+rigkit too: files with digests and modes, unit states, the simulated GPUs' stored settings and
+the log of every nvidia-smi call that set something, containers with their start times and
+restart counts, volumes and their files, and the engine's container events.
+Simulated: vLLM (tests/vllm_standin) and the GPUs (tests/simrig/nvidia-smi).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import REPO, RESULTS, SERVING_RIG, STATE_ROOT, TEST_CATALOG, run_deploy
+from tests.simrig.weights import ensure_checkpoint
+from tests.vllm_standin.image import ensure_standin_image
+
+pytestmark = pytest.mark.simrig
+
+MODELS = ("test-alpha", "test-beta")
+INVENTORY = "tests/data/status-fleet.py"
+
+
+@pytest.fixture(scope="module")
+def rig(fresh_rig):
+    ensure_standin_image()
+    for name in MODELS:
+        ensure_checkpoint(name)
+    run = run_deploy(fresh_rig, SERVING_RIG)
+    assert run.returncode == 0, run.output
+    yield fresh_rig
+    for name in MODELS:
+        fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again once the socket is
+
+
+def status(rig, tmp_path, *extra: str, rigs: int = 1, down_port: int | None = None) -> tuple[int, str, dict]:
+    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT),
+               RIGKIT_RIG_FILE=str(SERVING_RIG), RIGKIT_CATALOG_DIR=str(TEST_CATALOG), RIGKIT_RESULTS_DIR=str(RESULTS),
+               RIGKIT_STATUS_RIGS=str(rigs))
+    if down_port:
+        env["RIGKIT_STATUS_DOWN_PORT"] = str(down_port)
+    out = tmp_path / "status.json"
+    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", INVENTORY, "--json", str(out), *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert out.is_file(), text
+    return proc.returncode, text, json.loads(out.read_text())
+
+
+def volume_dir(name: str) -> Path:
+    return Path(docker.from_env().volumes.get(f"rigkit-weights-{name}").attrs["Mountpoint"])
+
+
+def rig_state(rig) -> str:
+    """Everything a run could change on the rig, read past rigkit."""
+    return rig.exec(
+        "find /etc/rigkit /usr/local/sbin /usr/local/lib/rigkit /etc/systemd/system /run/rigkit /run/lock "
+        "-xdev -printf '%p %m %s\\n' 2>/dev/null | sort; "
+        "find /etc/rigkit /usr/local/sbin /etc/systemd/system -type f -exec sha256sum {} + 2>/dev/null | sort; "
+        "systemctl is-enabled rigkit-gpu-policy.service rigkit-watchdog.timer 2>&1; "
+        "systemctl is-active rigkit-gpu-policy.service rigkit-watchdog.timer 2>&1; "
+        "cat /run/nvidia-sim/state.json /run/nvidia-sim/calls.log 2>&1")[1]
+
+
+def engine_state() -> tuple:
+    client = docker.from_env()
+    containers = sorted((c.name, c.id, c.status, c.attrs["State"]["StartedAt"], c.attrs["RestartCount"])
+                        for c in client.containers.list(all=True) if c.name.startswith("rigkit-test"))
+    volumes = {v.name: sorted(p.name for p in volume_dir(v.name.removeprefix("rigkit-weights-")).iterdir())
+               for v in client.volumes.list() if v.name in (f"rigkit-weights-{m}" for m in MODELS)}
+    return containers, volumes
+
+
+def test_a_deployed_rig_is_in_order_and_every_section_is_filled(rig, tmp_path):
+    code, text, report = status(rig, tmp_path)
+    assert code == 0, text
+    (doc,) = report["rigs"]
+    assert doc["reachable"] and doc["ok"] and doc["drift"] == [] and doc["failures"] == [], text
+    assert [(g["requested_w"], g["power_limit_w"], g["enforced_power_limit_w"], g["persistence"], g["driver_version"])
+            for g in doc["gpus"]] == [(330.0, 330.0, 330.0, True, "580.95.05")] * 2
+    unit = doc["gpu_policy_unit"]
+    assert unit["enabled"] == "enabled" and unit["ran_this_boot"] and unit["result"] == "success"
+    assert any("applied" in line for line in unit["journal"]), unit
+    for stack in doc["stacks"]:
+        assert stack["running"] and stack["ready"] and stack["compose_as_rendered"], stack
+        assert stack["restarts_since_deploy"] == 0 and stack["image_id"] == stack["catalog_image_id"]
+    assert [(w["status"], w["marker"], w["missing_files"]) for w in doc["weights"]] == [("unchanged", True, [])] * 2
+    assert {v["model"] for v in doc["verification"] if v["time"] and v["passed"]} == set(MODELS)
+    assert doc["watchdog"]["timer_enabled"] == "enabled" and doc["watchdog"]["timer_active"] == "active"
+    assert "== rig-1" in text and ": OK" in text
+
+
+def test_every_planted_drift_is_caught_an_unreachable_rig_is_reported_and_nothing_changes(rig, tmp_path):
+    weights_file = volume_dir("test-alpha") / "model.safetensors"
+    aside = weights_file.with_name("model.safetensors.aside")
+    rig.exec("nvidia-smi -i 0 -pl 300")  # a cap changed behind rigkit's back
+    docker.from_env().containers.get("rigkit-test-beta-vllm-1").stop(timeout=10)  # a stopped stack
+    rig.exec("echo '# edited on the rig' >> /etc/rigkit/stacks/test-alpha/compose.yml")  # a changed compose file
+    rig.exec("systemctl disable rigkit-gpu-policy.service")  # the boot-time policy disabled
+    weights_file.rename(aside)  # a weights volume with a file removed
+    try:
+        before_rig, before_engine = rig_state(rig), engine_state()
+        since = int(time.time()) - 1
+        down = closed_port()
+        code, text, report = status(rig, tmp_path, rigs=2, down_port=down)
+        until = int(time.time()) + 1
+        after_rig, after_engine = rig_state(rig), engine_state()
+    finally:
+        aside.rename(weights_file)
+
+    assert after_rig == before_rig
+    assert after_engine == before_engine
+    events = list(docker.from_env().events(since=since, until=until, decode=True, filters={"type": "container"}))
+    assert [e for e in events if e.get("Action") not in ("exec_create", "exec_start", "exec_die")
+            and not e.get("Action", "").startswith(("exec_", "health_status"))] == [], events
+
+    assert code == 1, text
+    by_name = {r["rig"]: r for r in report["rigs"]}
+    assert set(by_name) == {"rig-1", "rig-2", "rig-down"}
+    assert not by_name["rig-down"]["reachable"] and by_name["rig-down"]["error"], by_name["rig-down"]
+    assert "rig-down" in text and "UNREACHABLE" in text
+    for name in ("rig-1", "rig-2"):  # the unreachable rig did not stop the others
+        doc = by_name[name]
+        assert doc["reachable"] and not doc["ok"]
+        drift = {d["what"]: d for d in doc["drift"]}
+        assert drift["GPU 0 power limit"]["found"] == "300 W" and drift["GPU 0 power limit"]["wanted"] == "330 W"
+        assert "not running" in drift["stack test-beta"]["found"]
+        assert "compose.yml" in drift["stack test-alpha files"]["found"]
+        assert drift["rigkit-gpu-policy.service at boot"]["found"] == "disabled"
+        assert "model.safetensors" in drift["weights volume rigkit-weights-test-alpha files"]["found"]
+        assert drift["weights volume rigkit-weights-test-alpha files"]["repair"] == (
+            f"rigkit deploy {INVENTORY} --limit {name} --verify-weights")
+        assert drift["GPU 0 power limit"]["repair"] == f"rigkit deploy {INVENTORY} --limit {name}"
+        assert "GPU 1 power limit" not in drift
+    assert "DRIFT  GPU 0 power limit: 300 W; wanted 330 W" in text
+
+    # The repair it names brings the rig back in order.
+    repaired = run_deploy(rig, SERVING_RIG)
+    assert repaired.returncode == 0, repaired.output
+    code, text, report = status(rig, tmp_path)
+    assert code == 0, text

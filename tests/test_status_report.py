@@ -1,0 +1,114 @@
+"""rigkit.status.report and table: the rig's facts set against its config, without a rig. Pure;
+the facts are written here as the probe and nvidia-smi would answer. Simulates nothing else."""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta, timezone
+
+from rigkit.config.loader import load_rig
+from rigkit.gpu.nvsmi import GpuReport, GpuStatus
+from rigkit.status.collect import wanted_files
+from rigkit.status.report import Commands, build_status, unreachable
+from rigkit.status.table import status_table
+from tests.conftest import SERVING_RIG, TEST_CATALOG
+
+NOW = datetime(2025, 1, 2, 12, 0, tzinfo=timezone.utc)
+RIG = load_rig(SERVING_RIG, TEST_CATALOG)
+COMMANDS = Commands("inv.py", "rig1")
+
+
+def gpus(limit_w=330.0, enforced_w=None, persistence=True) -> GpuReport:
+    return GpuReport(tuple(GpuStatus(i, "NVIDIA GeForce RTX 4090", f"GPU-{i}", limit_w if i == 0 else 330.0,
+                                     (enforced_w or limit_w) if i == 0 else 330.0, 450.0, 150.0, 450.0,
+                                     persistence, 3105, 49140) for i in (0, 1)))
+
+
+def probe() -> dict:
+    wanted = wanted_files(RIG)
+    stacks = {}
+    for m in RIG.models:
+        files = {"compose.yml": wanted[m.name]["compose.yml"], "stack.json": wanted[m.name]["stack.json"]}
+        stacks[m.name] = {"deployed": True, "files": files, "containers_error": None,
+                          "containers": [{"name": f"rigkit-{m.name}-vllm-1", "status": "running", "running": True,
+                                          "restart_count": 0, "started_at": "t", "image_id": "sha256:aa",
+                                          "config_image": m.spec.image}],
+                          "catalog_image": {"id": "sha256:aa", "repo_digests": []},
+                          "ready": {"ok": True, "seconds": 0.01, "error": None, "port": m.spec.port}}
+    return {"driver_version": "580.95.05", "driver_error": None,
+            "gpu_unit": {"load": "loaded", "enabled": "enabled", "active": "active", "result": "success",
+                         "exit_status": "0", "started": "Thu 2025-01-02", "journal": ["rigkit-gpu-policy: applied"]},
+            "watchdog": {"timer": {"enabled": "enabled", "active": "active"}, "models": {}},
+            "stacks": stacks, "stacks_on_rig": [m.name for m in RIG.models],
+            "volumes": {f"rigkit-weights-{m.name}": {"exists": True, "manifest_files": 2, "missing_files": [],
+                                                     "resized_files": []} for m in RIG.models}}
+
+
+def weights(status="unchanged") -> dict:
+    return {m.name: {"status": status, "complete": status == "unchanged"} for m in RIG.models}
+
+
+def results(passed=True) -> dict:
+    return {m.name: {"time": (NOW - timedelta(hours=2)).isoformat(), "passed": passed, "regressions": [],
+                     "checks": [{"name": "decode", "passed": passed, "message": "60 tok/s"}]} for m in RIG.models}
+
+
+def status(report=None, facts=None, volume_states=None, verified=None) -> dict:
+    return build_status(RIG, "rig1", COMMANDS, report or gpus(), facts or probe(), volume_states or weights(),
+                        wanted_files(RIG), verified or results(), NOW, "rigkit-gpu-policy.service",
+                        "/usr/local/sbin/rigkit-stack")
+
+
+def test_a_rig_as_deployed_is_ok():
+    doc = status()
+    assert doc["ok"] and doc["drift"] == [] and doc["failures"] == [], doc
+    assert doc["verification"][0]["age_s"] == 7200
+    assert ": OK" in status_table(doc)
+
+
+def test_each_difference_is_drift_with_its_repair():
+    facts = probe()
+    facts["gpu_unit"]["enabled"] = "disabled"
+    facts["stacks"]["test-beta"]["containers"][0].update(running=False, status="exited")
+    facts["stacks"]["test-alpha"]["files"]["compose.yml"] = "0" * 64
+    facts["volumes"]["rigkit-weights-test-alpha"]["missing_files"] = ["model.safetensors"]
+    facts["stacks_on_rig"].append("old-model")
+    doc = status(gpus(limit_w=300.0), facts)
+    drift = {d["what"]: d["repair"] for d in doc["drift"]}
+    deploy = "rigkit deploy inv.py --limit rig1"
+    assert drift == {
+        "GPU 0 power limit": deploy, "rigkit-gpu-policy.service at boot": deploy, "stack test-beta": deploy,
+        "stack test-alpha files": deploy, "stack old-model": deploy,
+        "weights volume rigkit-weights-test-alpha files": deploy + " --verify-weights",
+    }
+    assert not doc["ok"]
+    assert "DRIFT  GPU 0 power limit: 300 W; wanted 330 W\n       repair: " + deploy in status_table(doc)
+
+
+def test_what_is_wrong_but_not_drift_is_a_failure():
+    facts = probe()
+    facts["stacks"]["test-alpha"]["ready"] = {"ok": False, "seconds": 15, "error": "no completion within 15 s",
+                                              "port": 18101}
+    facts["stacks"]["test-beta"]["catalog_image"]["id"] = "sha256:bb"  # the tag names another image now
+    doc = status(gpus(limit_w=330.0, enforced_w=106.0), facts, verified=results(passed=False))
+    failures = {f["what"] for f in doc["failures"]}
+    assert failures == {"GPU 0 enforced power limit", "stack test-alpha readiness", "verification of test-alpha",
+                        "verification of test-beta"}
+    assert {d["what"] for d in doc["drift"]} == {"stack test-beta image digest"}
+    assert "rigkit-stack rollout test-alpha recreate" in next(
+        f["repair"] for f in doc["failures"] if f["what"] == "stack test-alpha readiness")
+
+
+def test_weights_and_policy_unit_states():
+    facts = copy.deepcopy(probe())
+    facts["gpu_unit"].update(started=None, journal=[])
+    doc = status(facts=facts, volume_states=weights("needed"))
+    assert {d["what"] for d in doc["drift"]} == {"weights volume rigkit-weights-test-alpha",
+                                                 "weights volume rigkit-weights-test-beta"}
+    assert [f["what"] for f in doc["failures"]] == ["rigkit-gpu-policy.service"]  # did not run this boot
+
+
+def test_an_unreachable_rig_is_reported_not_raised():
+    doc = unreachable("rig9", "Could not connect (Connection refused)", NOW)
+    assert not doc["ok"] and not doc["reachable"]
+    assert "UNREACHABLE" in status_table(doc) and "Connection refused" in status_table(doc)

@@ -1,0 +1,144 @@
+"""The rig-side watchdog (templates/serving/rigkit-watchdog), run here against the vLLM stand-in
+as a local process (no Docker): its real probe and /metrics reads, a clock the test advances,
+and a restart the test records. The wedge and long-prefill modes are the stand-in's.
+tests/test_watchdog_rig.py runs the installed watchdog on the simulated rig.
+
+Simulated: vLLM (tests/vllm_standin) and the restart (here a callback, on the rig `docker restart`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.machinery
+import importlib.util
+import threading
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+from tests.standin import standin
+
+SCRIPT = REPO / "templates" / "serving" / "rigkit-watchdog"
+
+
+def load_watchdog():
+    loader = importlib.machinery.SourceFileLoader("rigkit_watchdog_under_test", str(SCRIPT))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def wd(tmp_path):
+    module = load_watchdog()
+    module.LOCK_DIR = str(tmp_path / "lock")
+    (tmp_path / "lock").mkdir()
+    (tmp_path / "state").mkdir()
+    return module
+
+
+def model(url, **settings):
+    return {"name": "m", "project": "rigkit-m", "port": urlparse(url).port, "served_model_name": "m",
+            "interval_s": 1, "wedged_after_s": 2, "max_restarts_per_hour": 3, "probe_timeout_s": 1,
+            "ready_timeout_s": 30, **settings}
+
+
+def background_request(url, prompt="a long prompt " * 200):
+    def send():
+        try:
+            httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 4}, timeout=60)
+        except httpx.HTTPError:
+            pass
+    threading.Thread(target=send, daemon=True).start()
+
+
+def passes(wd, m, state_dir, count, restart_fn, start=1000.0):
+    """`count` checks one simulated interval apart; returns the verdicts."""
+    return [wd.check(m, None, str(state_dir), now=start + i * m["interval_s"], restart_fn=restart_fn)
+            for i in range(count)]
+
+
+def test_judge_needs_both_signals_for_the_whole_time(wd):
+    settings = {"wedged_after_s": 10}
+    busy = {"vllm:generation_tokens_total": 5.0, "vllm:prompt_tokens_total": 9.0,
+            "vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0}
+    state, verdict, _ = wd.judge({}, False, "timed out", busy, settings, now=0)
+    assert verdict == "ok"  # no earlier sample: no stall can be seen yet
+    state, verdict, reason = wd.judge(state, False, "timed out", busy, settings, now=5)
+    assert verdict == "suspect" and "1 running" in reason
+    assert wd.judge(state, True, "answered", busy, settings, now=20)[1] == "recovered"  # probe answered
+    moved = {**busy, "vllm:prompt_tokens_total": 10.0}
+    assert wd.judge(state, False, "timed out", moved, settings, now=20)[1] == "recovered"  # progress
+    idle = {**busy, "vllm:num_requests_running": 0.0}
+    assert wd.judge(state, False, "timed out", idle, settings, now=20)[1] == "recovered"  # nothing to do
+    assert wd.judge(state, False, "refused", None, settings, now=20)[1] == "recovered"  # loading: no /metrics
+    assert wd.judge(state, False, "timed out", busy, settings, now=15)[1] == "wedged"
+
+
+def test_a_wedged_model_is_restarted_within_its_bound(wd, tmp_path):
+    with standin(tmp_path, name="m") as url:
+        m = model(url)
+        assert passes(wd, m, tmp_path / "state", 1, None) == ["ok"]  # healthy
+        httpx.post(f"{url}/standin/wedge", timeout=5)
+        restarted = []
+
+        def restart(target):
+            restarted.append(target["name"])
+            httpx.post(f"{url}/standin/normal", timeout=5)  # what a restart does to a wedged engine
+            return "restarted (test)"
+
+        verdicts = passes(wd, m, tmp_path / "state", 6, restart, start=1001.0)
+    # suspect from the first check after the wedge; restarted once wedged_after_s (2 intervals) has passed
+    assert verdicts[:3] == ["suspect", "suspect", "restarted"], verdicts
+    assert restarted == ["m"]
+    assert verdicts[3:] == ["ok", "ok", "ok"]
+
+
+def test_a_long_prefill_is_not_wedged(wd, tmp_path):
+    with standin(tmp_path, name="m") as url:
+        m = model(url)
+        httpx.post(f"{url}/standin/long_prefill?seconds=20", timeout=5)
+        background_request(url)
+        restarted = []
+        verdicts = passes(wd, m, tmp_path / "state", 6, lambda t: restarted.append(t) or "x")
+        metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    assert restarted == [] and "restarted" not in verdicts and "suspect" not in verdicts, verdicts
+    assert "vllm:num_requests_running{model_name=\"m\"} 0.0" not in metrics  # it was busy all along
+
+
+def test_restarts_are_capped_per_hour(wd, tmp_path):
+    with standin(tmp_path, name="m") as url:
+        m = model(url, max_restarts_per_hour=2)
+        httpx.post(f"{url}/standin/wedge", timeout=5)
+        restarted = []
+        verdicts = passes(wd, m, tmp_path / "state", 14, lambda t: restarted.append(t) or "restarted (test, still wedged)")
+    assert len(restarted) == 2, verdicts
+    assert verdicts.count("capped") >= 2 and verdicts.index("capped") > max(
+        i for i, v in enumerate(verdicts) if v == "restarted")
+
+
+def test_it_holds_off_while_a_rollout_holds_the_stacks_lock(wd, tmp_path):
+    with standin(tmp_path, name="m") as url:
+        m = model(url)
+        httpx.post(f"{url}/standin/wedge", timeout=5)
+        restarted = []
+        with open(wd.lock_path("m"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as `rigkit-stack rollout m` holds it
+            held = passes(wd, m, tmp_path / "state", 5, lambda t: restarted.append(t) or "x")
+        after = passes(wd, m, tmp_path / "state", 5, lambda t: restarted.append(t) or "x", start=1005.0)
+    assert held == ["held_off"] * 5 and restarted[:1] == [m]
+    assert "restarted" in after
+
+
+def test_the_stand_ins_wedge_after_n_requests_survives_nothing_but_a_restart(tmp_path):
+    with standin(tmp_path, name="m", standin_fault="wedge", standin_wedge_after="2") as url:
+        for _ in range(2):
+            assert httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1},
+                              timeout=5).status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1}, timeout=1)
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        assert "vllm:num_requests_running{model_name=\"m\"} 1.0" in httpx.get(f"{url}/metrics", timeout=5).text

@@ -1,0 +1,114 @@
+"""The watchdog as the serving role installs it on the simulated rig: systemd timer and service,
+the rig's docker CLI restarting the stand-in's container, the rollout lock in the rig's /run/lock.
+Restarts are read past the watchdog: the container's start time from the Docker Engine.
+Simulated: vLLM (tests/vllm_standin, its wedge and long-prefill modes) and the GPUs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import docker
+import httpx
+import pytest
+
+from tests.conftest import SERVING_RIG, copy_catalog, run_deploy
+from tests.simrig.weights import ensure_checkpoint
+from tests.vllm_standin.image import ensure_standin_image
+
+pytestmark = pytest.mark.simrig
+
+URL = "http://127.0.0.1:18101"
+FAST = ("ready_timeout_s: 30\n", "ready_timeout_s: 30\nwatchdog: {interval_s: 2, wedged_after_s: 6, "
+        "probe_timeout_s: 2, max_restarts_per_hour: 5}\n")
+# wedged_after_s + 2 intervals (the stall is seen one check after it began) + a probe + the restart
+BOUND_S = 6 + 2 * 2 + 2 + 15
+
+
+@pytest.fixture(scope="module")
+def rig(fresh_rig, tmp_path_factory):
+    ensure_standin_image()
+    for name in ("test-alpha", "test-beta"):
+        ensure_checkpoint(name)
+    catalog = copy_catalog(tmp_path_factory.mktemp("wd"), test_alpha=[FAST])
+    run = run_deploy(fresh_rig, SERVING_RIG, catalog=catalog)
+    assert run.returncode == 0, run.output
+    yield fresh_rig
+    for name in ("test-alpha", "test-beta"):
+        fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+
+
+def started() -> str:
+    return docker.from_env().containers.get("rigkit-test-alpha-vllm-1").attrs["State"]["StartedAt"]
+
+
+def journal(rig, since: str) -> str:
+    return rig.exec(f"journalctl -u rigkit-watchdog.service --since '{since}' --no-pager -o cat")[1]
+
+
+def rig_now(rig) -> str:
+    return rig.exec("date '+%Y-%m-%d %H:%M:%S'")[1].strip()
+
+
+def wait_restart(before: str, limit_s: float) -> float | None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if started() != before:
+            return time.monotonic() - t0
+        time.sleep(0.5)
+    return None
+
+
+def stuck_request(prompt: str = "hi") -> None:
+    def send():
+        try:
+            httpx.post(f"{URL}/v1/completions", json={"model": "test-alpha", "prompt": prompt, "max_tokens": 4},
+                       timeout=60)
+        except httpx.HTTPError:
+            pass
+    threading.Thread(target=send, daemon=True).start()
+
+
+def test_the_timer_runs_and_a_wedged_model_is_restarted_within_its_bound(rig):
+    assert rig.exec("systemctl is-active rigkit-watchdog.timer")[1].strip() == "active"
+    since, before = rig_now(rig), started()
+    httpx.post(f"{URL}/standin/wedge", timeout=5)
+    stuck_request()
+    took = wait_restart(before, BOUND_S + 10)
+    assert took is not None and took <= BOUND_S + 10, journal(rig, since)
+    log = journal(rig, since)
+    assert "test-alpha: WEDGED: no completion within 2 s" in log and "no token progress on /metrics" in log, log
+    for _ in range(60):  # the restarted stand-in serves again (a restart ends a runtime wedge)
+        try:
+            if httpx.post(f"{URL}/v1/completions", json={"model": "test-alpha", "prompt": "hi", "max_tokens": 1},
+                          timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        pytest.fail("not serving after the restart")
+
+
+def test_a_long_prefill_is_left_alone(rig):
+    since, before = rig_now(rig), started()
+    httpx.post(f"{URL}/standin/long_prefill?seconds=40", timeout=5)
+    stuck_request("a long prompt " * 500)
+    try:
+        assert wait_restart(before, BOUND_S + 5) is None, journal(rig, since)
+    finally:
+        httpx.post(f"{URL}/standin/normal", timeout=5)
+    assert "WEDGED" not in journal(rig, since)
+
+
+def test_it_holds_off_while_a_rollout_holds_the_lock_then_acts(rig):
+    container = docker.from_env().containers.get(rig.name)
+    hold_s = BOUND_S + 5
+    container.exec_run(["flock", "/run/lock/rigkit-stack-test-alpha.lock", "sleep", str(hold_s)], detach=True)
+    time.sleep(1)
+    since, before = rig_now(rig), started()
+    httpx.post(f"{URL}/standin/wedge", timeout=5)
+    stuck_request()
+    assert wait_restart(before, hold_s - 3) is None, journal(rig, since)
+    assert "a rollout holds /run/lock/rigkit-stack-test-alpha.lock; holding off" in journal(rig, since)
+    assert wait_restart(before, BOUND_S + 15) is not None, journal(rig, since)  # lock released: it acts
