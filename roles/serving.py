@@ -37,7 +37,15 @@ from rigkit.serving.compose import (
 )
 from rigkit.serving.facts import RigkitStacks
 from rigkit.serving.watchdog import (
-    CONFIG_PATH, SERVICE, TIMER, UNIT_DIR, WATCHDOG_PATH, service_unit, timer_unit, watchdog_config, watched,
+    CONFIG_PATH,
+    SERVICE,
+    TIMER,
+    UNIT_DIR,
+    WATCHDOG_PATH,
+    service_unit,
+    timer_unit,
+    watchdog_config,
+    watched,
 )
 
 # Defaults: where the helper lives on the rig.
@@ -106,12 +114,13 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
 
 def _watchdog(rig: RigConfig, with_key: bool) -> None:
     """The watchdog's script, settings and timer; the timer is stopped when no model is watched."""
-    files.put(name="Install the watchdog", src=StringIO(template_text("serving/rigkit-watchdog")),
-              dest=WATCHDOG_PATH, mode="755")
-    files.put(name="Watchdog settings", src=StringIO(watchdog_config(rig, with_key)), dest=CONFIG_PATH, mode="644")
+    paths = (WATCHDOG_PATH, CONFIG_PATH, f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}")  # read in one command
+    put(name="Install the watchdog", data=template_text("serving/rigkit-watchdog"), dest=WATCHDOG_PATH, mode="755",
+        batch=paths)
+    put(name="Watchdog settings", data=watchdog_config(rig, with_key), dest=CONFIG_PATH, mode="644", batch=paths)
     units = [
-        files.put(name="Watchdog service unit", src=StringIO(service_unit()), dest=f"{UNIT_DIR}/{SERVICE}", mode="644"),
-        files.put(name="Watchdog timer unit", src=StringIO(timer_unit(rig)), dest=f"{UNIT_DIR}/{TIMER}", mode="644"),
+        put(name="Watchdog service unit", data=service_unit(), dest=f"{UNIT_DIR}/{SERVICE}", mode="644", batch=paths),
+        put(name="Watchdog timer unit", data=timer_unit(rig), dest=f"{UNIT_DIR}/{TIMER}", mode="644", batch=paths),
     ]
     systemd.daemon_reload(name="Reload systemd units (watchdog)", _if=lambda: any(u.did_change() for u in units))
     on = bool(watched(rig))

@@ -22,7 +22,14 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import REPO, RESULTS, SERVING_RIG, STATE_ROOT, TEST_CATALOG, run_deploy
+from tests.conftest import (
+    REPO,
+    RESULTS,
+    SERVING_RIG,
+    STATE_ROOT,
+    TEST_CATALOG,
+    run_deploy,
+)
 from tests.simrig.weights import ensure_checkpoint
 from tests.vllm_standin.image import ensure_standin_image
 

@@ -17,7 +17,14 @@ from pyinfra import host
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.facts import NvidiaGpus
 from rigkit.serving.api_key import SecretFileError, read_api_key
-from rigkit.serving.compose import STACKS_DIR, project_name, render_compose, served_name, stack_settings, volume_name
+from rigkit.serving.compose import (
+    STACKS_DIR,
+    project_name,
+    render_compose,
+    served_name,
+    stack_settings,
+    volume_name,
+)
 from rigkit.serving.watchdog import STATE_DIR, TIMER
 from rigkit.status.facts import RigStatusProbe, probe_args
 from rigkit.status.report import Commands, build_status, sha256
