@@ -147,3 +147,12 @@ def test_templates_are_found_the_same_in_an_installed_copy(tmp_path):
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == str(site / "rigkit" / "_templates" / "serving" / "rigkit-stack")
     assert int(out[1]) == len((REPO / "templates/weights/rigkit-copy.py").read_text())
+
+
+def test_every_package_ships_in_the_wheel():
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {module_name(p.parent) if p.parent != REPO / "rigkit" else "rigkit"
+                for p in (REPO / "rigkit").rglob("__init__.py") if "_templates" not in p.parts}
+    assert packages <= listed, f"add to pyproject.toml's packages: {sorted(packages - listed)}"
