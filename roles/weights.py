@@ -20,11 +20,8 @@ from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.serving.compose import volume_name
-from rigkit.sshforward import forward_docker
+from rigkit.weights.engine import rig_engine
 from rigkit.weights.facts import WeightsVolumeState
-
-# Defaults: how long one Docker Engine API call may take (a copy's own wait is longer: COPY_TIMEOUT_S).
-DOCKER_API_TIMEOUT_S = 60
 
 
 @deploy("Weights")
@@ -47,26 +44,10 @@ def weights(rig: RigConfig, verify: bool = False) -> dict:
     return ops
 
 
-class _docker:
-    """The rig's Docker Engine through the deploy's SSH connection."""
-
-    def __enter__(self):
-        import docker  # the SDK costs an import only when a copy runs
-        self._forward = forward_docker(host.connector.client.get_transport())
-        path = self._forward.__enter__()
-        # Each pooled connection is an SSH session on the rig: keep few (sshd allows 10 a connection).
-        self._client = docker.DockerClient(base_url=f"unix://{path}", timeout=DOCKER_API_TIMEOUT_S, max_pool_size=2)
-        return self._client
-
-    def __exit__(self, *exc) -> None:
-        self._client.close()
-        self._forward.__exit__(*exc)
-
-
 def _copy(model: ModelConfig, verify: bool) -> None:
     from rigkit.weights.volumes import WeightsError, copy  # imports the docker SDK
 
-    with _docker() as client:
+    with rig_engine(host.connector.client.get_transport()) as client:
         try:
             reports = copy(client, model, verify=verify)
         except WeightsError as exc:

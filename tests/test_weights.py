@@ -218,3 +218,40 @@ def _copy_error(client, model) -> str:
     except WeightsError as exc:
         return str(exc)
     return "no error"
+
+
+def test_the_rig_engine_client_keeps_few_sessions_open(client):
+    """Each connection through the forward is an SSH session on a real rig (sshd allows 10).
+    Here each "session" is a plain connection to the local engine's socket, counted while open."""
+    import socket as socketlib
+
+    from rigkit.weights.engine import rig_engine
+
+    open_now, most = set(), [0]
+
+    class Session(socketlib.socket):
+        def exec_command(self, command):
+            assert command == "docker system dial-stdio"
+
+        def close(self):
+            open_now.discard(self)
+            super().close()
+
+    class Transport:
+        def open_session(self):
+            session = Session(socketlib.AF_UNIX)
+            session.connect("/var/run/docker.sock")
+            open_now.add(session)
+            most[0] = max(most[0], len(open_now))
+            return session
+
+    with rig_engine(Transport()) as engine:
+        helper = engine.containers.create(STABLE_TAG, ["true"], entrypoint=[])
+        for _ in range(3):  # many distinct URLs: each used to leave its own pooled connection open
+            helper.reload()
+            engine.containers.get(helper.id)
+            engine.volumes.list()
+            engine.images.list()
+            engine.version()
+        helper.remove(force=True)
+    assert most[0] <= 3, f"{most[0]} sessions open at once"

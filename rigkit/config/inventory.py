@@ -62,7 +62,7 @@ def run_options(host) -> RunOptions:
         results_dir=Path(host.data.get("results_dir") or DEFAULT_RESULTS_DIR),
         verify_always=host.data.get("rigkit_verify") == "always",
         verify_weights=bool(host.data.get("rigkit_weights_verify")),
-        status_dir=Path(host.data["rigkit_status_dir"]) if host.data.get("rigkit_status_dir") else None,
+        status_dir=Path(host.data.get("rigkit_status_dir")) if host.data.get("rigkit_status_dir") else None,
         status_inventory=str(host.data.get("rigkit_status_inventory") or "INVENTORY"),
     )
 

@@ -10,7 +10,12 @@ the power-cap throttle reason set while the draw sits well below the requested c
 from __future__ import annotations
 
 from rigkit.tune.cells import Cell, Enforced, Figures, GpuTelemetry
-from rigkit.verify.checks import GpuLoad, check_clock_ceiling, check_enforced_limit, check_power_under_load
+from rigkit.verify.checks import (
+    GpuLoad,
+    check_clock_ceiling,
+    check_enforced_limit,
+    check_power_under_load,
+)
 
 HELD_BELOW_SHARE = 0.10  # draw this far below the cap while power-capped: another limit holds the card
 CAPPED_MOST_OF_THE_TIME = 0.5  # share of samples with the SW power cap reason

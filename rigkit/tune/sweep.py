@@ -13,7 +13,7 @@ from typing import Protocol
 
 from rigkit.config.schema import RigSpec
 from rigkit.gpu.nvsmi import GpuReport
-from rigkit.tune.analysis import Choice, CellResult, Reading, choose, drifts, table
+from rigkit.tune.analysis import CellResult, Choice, Reading, choose, drifts, table
 from rigkit.tune.cells import OBJECTIVES, Cell, Enforced, Figures, Workload
 from rigkit.tune.effect import enforced_problems, load_problems
 from rigkit.tune.safety import OffsetRange, Refusal, cell_problems, screen
