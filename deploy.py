@@ -3,11 +3,14 @@
 Reads like a runbook, for each rig in the inventory:
 1. validate every rig's config (all rigs, before any rig is touched);
 Linux rigs (systemd, over SSH):
-2. read the GPUs and check they are the ones the rig file describes;
-3. GPU policy: power caps and clock locks, at boot and now;
-4. weights: each model's weights copied onto its Docker volume, verified;
-5. serving: one vLLM compose stack per model, rolled out with rollback;
-6. verify: benchmark each model and check GPUs under load (when this deploy
+2. preflight: driver installed, its module and library agree, new enough for every image,
+   every GPU's architecture in every image, disk for the weights (reads only; stops the rig);
+3. base: Docker Engine + Compose v2, NVIDIA Container Toolkit, nvidia-persistenced, driver holds;
+4. read the GPUs and check they are the ones the rig file describes;
+5. GPU policy: power caps and clock locks, at boot and now;
+6. weights: each model's weights copied onto its Docker volume, verified;
+7. serving: one vLLM compose stack per model, rolled out with rollback;
+8. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand).
 Windows rigs (`@winssh/HOST`): the same GPU checks, then the two elevated logon
 tasks and their scripts, installed and run now (roles/windows.py).
@@ -17,8 +20,10 @@ from pyinfra import host, inventory, logger
 
 from rigkit.config.inventory import rig_config, run_options, validate_inventory
 from rigkit.ssh import tcp_nodelay
+from roles.base import base
 from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
+from roles.preflight import preflight
 from roles.serving import serving
 from roles.verify import verify
 from roles.weights import weights
@@ -30,10 +35,12 @@ rig = rig_config(host)
 options = run_options(host)
 
 if rig.spec.os == "linux":
+    driver = preflight(rig)
+    base_changes = base(rig, driver)
     gpus = gpu_report(rig)
     policy_changes = gpu_policy(rig, gpus)
     copied = weights(rig, verify=options.verify_weights)
-    changes = policy_changes + list(copied.values()) + serving(rig, copied)
+    changes = base_changes + policy_changes + list(copied.values()) + serving(rig, copied)
     verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
 else:
     windows(rig)

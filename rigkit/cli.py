@@ -24,8 +24,10 @@ from rigkit.config.loader import load_rig
 
 def check(args: argparse.Namespace) -> int:
     """Everything that can be known without reaching the rig: the files, the PSU budget at the
-    reference boards' defaults, and the API key file."""
+    reference boards' defaults, the API key file, and the preflight's offline part (each GPU
+    model's architecture in each image; the driver minimum against base.driver_version)."""
     from rigkit.gpu.policy import reference_budget_problems
+    from rigkit.preflight.checks import offline_findings
     from rigkit.serving.api_key import SecretFileError, read_api_key
 
     failed = 0
@@ -39,6 +41,8 @@ def check(args: argparse.Namespace) -> int:
             failed += 1
             continue
         problems, notes = reference_budget_problems(rig.spec)
+        preflight_problems, preflight_notes = offline_findings(rig)
+        problems, notes = problems + preflight_problems, notes + preflight_notes
         try:
             read_api_key(rig)
         except SecretFileError as exc:

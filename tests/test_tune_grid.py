@@ -7,7 +7,15 @@ import statistics
 import pytest
 
 from rigkit.tune.cells import Cell, Workload
-from rigkit.tune.grid import GridError, build_grid, parse_objective, parse_repeats, parse_threshold, parse_values, parse_workload
+from rigkit.tune.grid import (
+    GridError,
+    build_grid,
+    parse_objective,
+    parse_repeats,
+    parse_threshold,
+    parse_values,
+    parse_workload,
+)
 from rigkit.tune.safety import OffsetRange, screen
 from rigkit.tune.schedule import abba_schedule
 from rigkit.tune.stats import compare, detrend, fit_drift, summarise

@@ -86,6 +86,48 @@ class GpuSpec(_Strict):
         return value
 
 
+# ----- rig file: the base role (docs/base.md) ---------------------------------
+
+# An apt repository URL: http(s), host, port and path only, so it is safe in a sources list and in a
+# shell. apt itself expands `$(ARCH)` (NVIDIA's repository line uses it).
+_REPO_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/([A-Za-z0-9._~%+-]|\$\(ARCH\))*)*")
+_KEY_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%+-]*)*")
+_VERSION = r"^[0-9]{1,4}(\.[0-9]{1,4}){0,2}$"  # a driver version as nvidia-smi prints it: 580.95.05
+
+NVIDIA_REPO_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
+NVIDIA_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
+
+
+def _repo_url(value: str | None) -> str | None:
+    if value is not None and not _REPO_URL.fullmatch(value):
+        raise ValueError("expected an http(s) URL of letters, digits and . _ ~ % + - / (and apt's $(ARCH)), "
+                         "e.g. https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)")
+    return value
+
+
+def _key_url(value: str | None) -> str | None:
+    if value is not None and not _KEY_URL.fullmatch(value):
+        raise ValueError("expected an http(s) URL of letters, digits and . _ ~ % + - /, "
+                         "e.g. https://nvidia.github.io/libnvidia-container/gpgkey")
+    return value
+
+
+class AptRepoSpec(_Strict):
+    """An apt repository and its signing key (a mirror of it, for rigs that cannot reach the original)."""
+
+    url: Annotated[str, AfterValidator(_repo_url)]
+    key_url: Annotated[str, AfterValidator(_key_url)]
+
+
+class BaseSpec(_Strict):
+    install: bool = True  # false: install nothing (the preflight still runs)
+    docker_source: Literal["distro", "docker"] = "distro"
+    docker_repo: AptRepoSpec | None = None  # default: https://download.docker.com/linux/<debian|ubuntu>
+    nvidia_repo: AptRepoSpec = AptRepoSpec(url=NVIDIA_REPO_URL, key_url=NVIDIA_KEY_URL)
+    hold_driver: bool = True  # apt-mark hold the driver's packages; false unholds them
+    driver_version: str | None = Field(default=None, pattern=_VERSION)  # for `rigkit check` only
+
+
 class RigSpec(_Strict):
     os: Literal["linux", "windows"]
     psu_w: int = Field(gt=0, le=10_000)
@@ -97,6 +139,7 @@ class RigSpec(_Strict):
     psu_budget_override: bool = False
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
     api_key_file: str | None = None
+    base: BaseSpec = BaseSpec()  # Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
 
     @field_validator("gpus")
     @classmethod
@@ -158,8 +201,22 @@ class WatchdogSpec(_Strict):
     probe_timeout_s: int = Field(default=15, ge=1, le=600)  # deadline of the one-token completion
 
 
+# CUDA arch names as nvcc writes them: sm_XY is machine code (runs on X.Y up to X.9), sm_XYa only on
+# X.Y, compute_XY is PTX (JIT-compiled for X.Y and anything newer).
+_ARCH = r"^(sm_[0-9]{2,3}[af]?|compute_[0-9]{2,3})$"
+
+
+class ImageRequiresSpec(_Strict):
+    """What a serving image needs from the rig's driver and GPUs (checked before anything changes)."""
+
+    driver_min: str = Field(pattern=_VERSION)  # lowest driver version its CUDA runs on
+    cuda: str | None = Field(default=None, pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")  # for messages
+    archs: list[Annotated[str, Field(pattern=_ARCH)]] | None = Field(default=None, min_length=1)
+
+
 class ModelSpec(_Strict):
     image: str
+    image_requires: ImageRequiresSpec | None = None
     weights: WeightsSpec
     gpus: list[int] = Field(min_length=1, max_length=MAX_GPUS_PER_RIG)
     parallel: ParallelSpec = ParallelSpec()

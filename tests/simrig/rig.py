@@ -21,6 +21,7 @@ import docker
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from tests.simrig.bare_image import ensure_bare_image
 from tests.simrig.image import ensure_image
 from tests.simrig.weights import SIM_MODELS
 
@@ -40,6 +41,7 @@ class SimGpu:
     max_clock_mhz: int = 3105
     memory_mib: int = 49140
     ignores_clock_lock: bool = False  # firmware that runs past a lock (seen once at 2640 MHz)
+    compute_cap: str = "8.9"  # as nvidia-smi's compute_cap reports it (Ada); an RTX 5090 says 12.0
 
 
 @dataclass
@@ -48,6 +50,12 @@ class SimRig:
     ssh_port: int = 2222
     gpus: list[SimGpu] = field(default_factory=lambda: [SimGpu(), SimGpu()])
     ready_after_boot_s: float = 0.0
+    driver_version: str = "580.95.05"  # the driver's user-space library, as nvidia-smi reports it
+    module_version: str | None = None  # the loaded kernel module; differs after an upgrade without reboot
+    # A bare rig (image.py's bare variant: no docker CLI, no Compose, no toolkit) whose only apt
+    # source is `apt_sources` (a sources.list, e.g. a local test repository; see aptrepo.py).
+    bare: bool = False
+    apt_sources: str = ""
 
     @property
     def state_dir(self) -> Path:
@@ -63,13 +71,14 @@ class SimRig:
     def write_gpu_config(self) -> None:
         """Change the simulated hardware; read by nvidia-smi on its next call."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        config = {"gpus": [vars(g) for g in self.gpus], "ready_after_boot_s": self.ready_after_boot_s}
+        config = {"gpus": [vars(g) for g in self.gpus], "ready_after_boot_s": self.ready_after_boot_s,
+                  "driver_version": self.driver_version, "module_version": self.module_version or self.driver_version}
         (self.state_dir / "gpus.json").write_text(json.dumps(config, indent=2))
 
     def start(self, log=print) -> "SimRig":
         """Start the rig fresh (an existing container of this name is replaced) and wait for boot."""
         client = self._client()
-        image = ensure_image(client, log=log)
+        image = ensure_bare_image(client, log=log) if self.bare else ensure_image(client, log=log)
         self.write_gpu_config()
         (self.state_dir / "sshd.conf").write_text(
             f"Port {self.ssh_port}\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\n"
@@ -95,6 +104,9 @@ class SimRig:
             str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
             str(authorized): ("/root/.ssh/authorized_keys", "ro"),
         }
+        if self.bare:
+            (self.state_dir / "sources.list").write_text(self.apt_sources)
+            mounts[str(self.state_dir / "sources.list")] = ("/etc/apt/sources.list", "ro")
         client.containers.run(
             image,
             name=self.name,

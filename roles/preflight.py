@@ -1,0 +1,69 @@
+"""Role preflight (Linux): stop a rig before anything on it changes, when what follows cannot work.
+
+Runs first, before the base role, the GPU policy, any weight copy or stack change. Reads
+only (rigkit.preflight.facts) and checks (rigkit.preflight.checks):
+- the NVIDIA driver is installed (rigkit does not install it);
+- its kernel module and user-space library are the same version (else: reboot to finish
+  the driver upgrade);
+- it is at least each serving image's `image_requires.driver_min`;
+- every GPU a model runs on has an architecture in its image's `image_requires.archs`;
+- the weights still to copy fit in the free space of Docker's data-root.
+Each failure names the rig, the GPU or model, the numbers and the fix (docs/base.md).
+
+Defaults: none; it reads only the validated RigConfig.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+
+from rigkit.config.schema import RigConfig
+from rigkit.preflight.checks import (
+    DriverState,
+    WeightsNeed,
+    arch_problems,
+    disk_problems,
+    driver_problems,
+)
+from rigkit.preflight.facts import DockerDiskFree, NvidiaDriver, WeightsBytes
+from rigkit.serving.compose import volume_name
+from rigkit.weights.facts import WeightsVolumeState
+
+
+@deploy("Preflight")
+def preflight(rig: RigConfig) -> DriverState:
+    """Returns what it read of the driver; raises DeployError (nothing changed) on any problem."""
+    driver = host.get_fact(NvidiaDriver)
+    problems = driver_problems(rig, driver)
+    if not problems:
+        problems = arch_problems(rig, list(driver.gpus), "as the rig reports it")
+        problems += disk_problems(*_weights_to_copy(rig))
+    for model in rig.models:
+        if model.spec.image_requires is None:
+            logger.warning(f"{host.print_prefix}{model.name}: no image_requires in {model.file}; the driver "
+                           f"minimum and GPU architectures of {model.spec.image} are not checked")
+    if problems:
+        raise DeployError(f"rig {rig.name} ({rig.file}), nothing was changed: " + "; ".join(problems))
+    logger.info(f"{host.print_prefix}preflight: driver {driver.library_version}, "
+                + ", ".join(f"GPU {g.index} {g.name}" + (f" (sm_{g.compute_capability[0]}{g.compute_capability[1]})"
+                                                         if g.compute_capability else "") for g in driver.gpus))
+    return driver
+
+
+def _weights_to_copy(rig: RigConfig) -> tuple[list[WeightsNeed], int | None, str]:
+    needs = []
+    for model in rig.models:
+        if model.spec.weights.storage != "volume":
+            continue
+        volume, source = volume_name(model), model.spec.weights.source
+        if host.get_fact(WeightsVolumeState, volume=volume, source=source).get("status") == "unchanged":
+            continue
+        size = host.get_fact(WeightsBytes, source=source, volume=volume)
+        if size["source_bytes"] is not None:  # a missing source is the weights role's error to report
+            needs.append(WeightsNeed(model.name, source, size["source_bytes"], size["volume_bytes"]))
+    if not needs:
+        return [], None, ""
+    disk = host.get_fact(DockerDiskFree)
+    return needs, disk["free_bytes"], disk["dir"]

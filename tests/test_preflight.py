@@ -1,0 +1,189 @@
+"""The preflight's checks and the base role's decisions, without a rig (pure functions, the
+facts' parsers on captured output, and `rigkit check`). Simulates nothing."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rigkit.base.packages import (
+    BaseError,
+    Distro,
+    docker_list,
+    docker_packages,
+    driver_packages,
+    engine_conflict,
+    has_nvidia_runtime,
+    nvidia_list,
+)
+from rigkit.cli import main
+from rigkit.config.loader import load_rig
+from rigkit.config.schema import AptRepoSpec, BaseSpec
+from rigkit.preflight.checks import (
+    DriverState,
+    GpuArch,
+    WeightsNeed,
+    arch_problems,
+    arch_runs_on,
+    disk_problems,
+    driver_problems,
+    offline_findings,
+)
+from rigkit.preflight.facts import DockerDiskFree, NvidiaDriver
+from tests.conftest import SERVING_RIG, copy_catalog
+
+REQUIRES = '\nimage_requires: {driver_min: "570.26", cuda: "12.8", archs: [sm_80, sm_86, sm_89, sm_90]}\n'
+
+
+def rig_with(tmp_path, gpu_model="RTX 4090", requires=REQUIRES, extra=""):
+    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]", "gpus: [0]" + requires)])
+    text = SERVING_RIG.read_text().replace("model: RTX 4090", f"model: {gpu_model}")
+    text = text.replace("power_limit_w: 330", "power_limit_w: 450").replace("psu_w: 1200", "psu_w: 2000")
+    if extra:
+        text = text.replace("base: {install: false}\n", extra)
+    rig_file = tmp_path / "rig.yml"
+    rig_file.write_text(text)
+    return rig_file, catalog
+
+
+@pytest.mark.parametrize("arch, cc, runs", [
+    ("sm_80", (8, 6), True), ("sm_80", (8, 9), True), ("sm_86", (8, 0), False),
+    ("sm_90", (12, 0), False), ("sm_100", (12, 0), False), ("sm_120", (12, 0), True),
+    ("sm_90a", (9, 0), True), ("sm_90a", (10, 0), False), ("compute_90", (12, 0), True),
+    ("compute_90", (8, 9), False),
+])
+def test_cuda_binary_compatibility(arch, cc, runs):
+    assert arch_runs_on(arch, cc) is runs
+
+
+def test_driver_not_installed(tmp_path):
+    rig = load_rig(*rig_with(tmp_path))
+    [problem] = driver_problems(rig, DriverState(installed=False))
+    assert "the NVIDIA driver is not installed" in problem and "rigkit does not install the driver" in problem
+
+
+@pytest.mark.parametrize("state", [
+    DriverState(True, "580.95", None, (), 18, "Failed to initialize NVML: Driver/library version mismatch"),
+    DriverState(True, "580.95.05", "570.133.07", (GpuArch(0, "NVIDIA GeForce RTX 4090", (8, 9)),)),
+], ids=["nvml-error", "versions-differ"])
+def test_module_and_library_mismatch_asks_for_a_reboot(tmp_path, state):
+    rig = load_rig(*rig_with(tmp_path))
+    [problem] = driver_problems(rig, state)
+    assert "reboot to finish the driver upgrade" in problem
+    assert state.library_version in problem
+
+
+def test_driver_older_than_the_image_needs(tmp_path):
+    rig = load_rig(*rig_with(tmp_path))
+    state = DriverState(True, "550.54.15", "550.54.15", (GpuArch(0, "NVIDIA GeForce RTX 4090", (8, 9)),))
+    [problem] = driver_problems(rig, state)
+    assert "driver 550.54.15 is older than 570.26, the minimum for image rigkit-vllm-standin:sim (CUDA 12.8)" in problem
+    assert "GPU 0 (NVIDIA GeForce RTX 4090)" in problem and "upgrade the driver to 570.26 or newer" in problem
+    assert driver_problems(rig, DriverState(True, "580.95.05", "580.95.05")) == []
+
+
+def test_blackwell_needs_sm_120(tmp_path):
+    rig = load_rig(*rig_with(tmp_path, "RTX 5090"))
+    [problem] = arch_problems(rig, [GpuArch(0, "NVIDIA GeForce RTX 5090", (12, 0))], "as the rig reports it")
+    assert "GPU 0 (NVIDIA GeForce RTX 5090, compute capability 12.0" in problem
+    assert "needs sm_120" in problem and "built for sm_80, sm_86, sm_89, sm_90 only" in problem
+    assert "no kernel image is available" in problem
+
+
+def test_disk_arithmetic():
+    needs = [WeightsNeed("a", "/m/a", 30_000_000_000, 10_000_000_000), WeightsNeed("b", "/m/b", 5_000_000_000, 0)]
+    [problem] = disk_problems(needs, 20_000_000_000, "/var/lib/docker/volumes")
+    assert "a 20.0 GB + b 5.0 GB = 25.0 GB to copy, but /var/lib/docker/volumes has 20.0 GB free" in problem
+    assert "free 5.0 GB there" in problem
+    assert disk_problems(needs, 25_000_000_000, "/d") == []
+
+
+def test_driver_fact_parses_what_nvidia_smi_and_the_kernel_say():
+    ok = NvidiaDriver().process([
+        "module-sys=", "module-proc=NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build",
+        "0, NVIDIA GeForce RTX 5090, 580.95.05", "1, NVIDIA GeForce RTX 4090, 580.95.05", "rigkit-exit=0",
+        "cc=0, 12.0", "cc=1, 8.9",
+    ])
+    assert ok.module_version == "580.95.05" and ok.library_version == "580.95.05"
+    assert [g.compute_capability for g in ok.gpus] == [(12, 0), (8, 9)]
+    broken = NvidiaDriver().process([
+        "module-sys=570.133.07", "module-proc=",
+        "Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95", "rigkit-exit=18",
+    ])
+    assert (broken.exit_code, broken.library_version, broken.module_version) == (18, "580.95", "570.133.07")
+    assert NvidiaDriver().process(["rigkit-no-nvidia-smi"]).installed is False
+    disk = DockerDiskFree().process(["dir=/var/lib/docker", "/dev/sda1 100 40 60 40% /"])
+    assert disk == {"dir": "/var/lib/docker", "free_bytes": 60}
+
+
+def test_rigkit_check_refuses_an_image_without_the_gpus_arch(tmp_path, capsys):
+    rig_file, catalog = rig_with(tmp_path, "RTX 5090")
+    assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 1
+    err = capsys.readouterr().err
+    assert "GPU 0 (RTX 5090, compute capability 12.0 for this model) needs sm_120" in err
+
+
+def test_rigkit_check_refuses_a_driver_too_old_and_notes_the_minimum(tmp_path, capsys):
+    rig_file, catalog = rig_with(tmp_path, extra='base: {install: false, driver_version: "550.54.15"}\n')
+    assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 1
+    assert "driver 550.54.15 is older than 570.26" in capsys.readouterr().err
+    rig_file, catalog = rig_with(tmp_path)
+    assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 0
+    assert "driver 570.26 or newer is needed by this rig's images" in capsys.readouterr().err
+
+
+def test_offline_findings_pass_a_supported_rig(tmp_path):
+    problems, _ = offline_findings(load_rig(*rig_with(tmp_path, extra='base: {install: false, driver_version: "580.95.05"}\n')))
+    assert problems == []
+
+
+# ----- the base role's decisions ----------------------------------------------
+
+@pytest.mark.parametrize("distro, source, packages", [
+    (Distro("ubuntu", 24, "noble"), "distro", ("docker.io", "docker-compose-v2")),
+    (Distro("debian", 13, "trixie"), "distro", ("docker.io", "docker-compose")),
+    (Distro("debian", 12, "bookworm"), "docker", ("docker-ce", "docker-ce-cli", "containerd.io", "docker-compose-plugin")),
+])
+def test_docker_packages(distro, source, packages):
+    assert docker_packages(distro, source) == packages
+
+
+def test_debian_12_has_no_compose_v2_and_says_what_to_do():
+    with pytest.raises(BaseError, match="set base.docker_source: docker"):
+        docker_packages(Distro("debian", 12, "bookworm"), "distro")
+    with pytest.raises(BaseError, match="Debian and Ubuntu"):
+        docker_packages(Distro("fedora", 41, ""), "distro")
+
+
+def test_an_engine_from_the_other_source_is_not_replaced():
+    assert "set base.docker_source: docker to keep it" in engine_conflict({"docker-ce", "curl"}, "distro")
+    assert engine_conflict({"docker.io"}, "distro") is None
+
+
+def test_driver_packages_leave_the_container_toolkit_alone():
+    installed = {"nvidia-driver", "nvidia-kernel-dkms", "libnvidia-ml1", "nvidia-driver-570-open", "libcuda1",
+                 "libnvidia-container1", "libnvidia-container-tools", "nvidia-container-toolkit",
+                 "nvidia-container-toolkit-base", "curl", "nvidia-persistenced", "firmware-nvidia-gsp"}
+    assert driver_packages(installed) == ["firmware-nvidia-gsp", "libcuda1", "libnvidia-ml1", "nvidia-driver",
+                                          "nvidia-driver-570-open", "nvidia-kernel-dkms", "nvidia-persistenced"]
+
+
+def test_source_lines_and_daemon_json():
+    spec = BaseSpec()
+    assert nvidia_list(spec.nvidia_repo) == (
+        "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.asc] "
+        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n")
+    repo = AptRepoSpec(url="https://download.docker.com/linux/debian", key_url="https://download.docker.com/linux/debian/gpg")
+    assert docker_list(repo, "amd64", "bookworm") == (
+        "deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/debian bookworm stable\n")
+    with pytest.raises(BaseError):
+        docker_list(repo, "amd64; rm -rf /", "bookworm")
+    assert has_nvidia_runtime('{"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}')
+    assert not has_nvidia_runtime('{"log-driver": "local"}') and not has_nvidia_runtime(None)
+    assert not has_nvidia_runtime("{not json")
+
+
+@pytest.mark.parametrize("url", ["http://x/a b", "http://x/'; reboot'", "ftp://x/", "http://x/$(id)", "http://x/\n"])
+def test_repository_urls_are_refused_unless_plain(url):
+    with pytest.raises(ValidationError):
+        AptRepoSpec(url=url, key_url="http://x/gpgkey")
