@@ -41,7 +41,8 @@ if rig.spec.os == "linux":
     policy_changes = gpu_policy(rig, gpus)
     copied = weights(rig, verify=options.verify_weights)
     changes = base_changes + policy_changes + list(copied.values()) + serving(rig, copied)
-    verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
+    if not options.verify_never:
+        verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
 else:
     windows(rig)
     # Not built yet for Windows: roles/verify.py's sampler runs Python + NVML on the rig.

@@ -1,7 +1,7 @@
 """The `rigkit` command.
 
     rigkit check RIG_FILE [RIG_FILE ...] [--catalog DIR]   validate rig files offline
-    rigkit deploy INVENTORY [--limit RIG] [--verify-weights]   pyinfra -y INVENTORY deploy.py
+    rigkit deploy INVENTORY [--limit RIG] [--verify-weights] [--no-verify]   pyinfra -y INVENTORY deploy.py
     rigkit status INVENTORY [--limit RIG] [--json FILE]   read every rig's state (changes nothing), report drift
     rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
     rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
@@ -161,6 +161,8 @@ def deploy(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "pyinfra", "-y"]
     if args.verify_weights:
         command += ["--data", "rigkit_weights_verify=1"]
+    if args.no_verify:
+        command += ["--data", "rigkit_verify=never"]
     if args.limit:
         command += ["--limit", args.limit]
     return subprocess.run(command + [args.inventory, "deploy.py"]).returncode
@@ -268,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     deploy_parser.add_argument("--verify-weights", action="store_true",
                                help="re-hash every weights volume against its manifest; copy again what differs")
     deploy_parser.add_argument("--limit", help="only this rig (inventory name or glob)")
+    deploy_parser.add_argument("--no-verify", action="store_true",
+                               help="skip the benchmark and GPU checks after a deploy that changed the rig")
     deploy_parser.set_defaults(func=deploy)
     rollout_parser = commands.add_parser("rollout", help="deploy one rig at a time, stop at the first failure")
     rollout_parser.add_argument("inventory")

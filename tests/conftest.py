@@ -111,7 +111,10 @@ def copy_catalog(tmp_path: Path, **changes: list[tuple[str, str]]) -> Path:
 
 
 def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG,
-               entry: str = "deploy.py", inventory: str = "inventory/sim.py") -> DeployRun:
+               entry: str = "deploy.py", inventory: str = "inventory/sim.py", verify: bool = True) -> DeployRun:
+    """The real pyinfra CLI against `rig`. `verify=False` skips the verification a changing deploy ends
+    with (`rigkit deploy --no-verify`), for tests about other roles: it saves a benchmark per deploy."""
+    extra = extra if verify else ("--data", "rigkit_verify=never", *extra)
     env = dict(
         os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(rig_file),
         RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS),

@@ -14,9 +14,16 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import SERVING_RIG, copy_catalog, run_deploy
+from tests.conftest import SERVING_RIG, copy_catalog
+from tests.conftest import run_deploy as deploy_and_verify
 
 pytestmark = pytest.mark.simrig
+
+
+def run_deploy(*args, **kwargs):
+    """Deploys here are about serving: verification is tested in test_verify.py."""
+    return deploy_and_verify(*args, verify=False, **kwargs)
+
 
 PORTS = {"test-alpha": 18101, "test-beta": 18102}
 

@@ -36,6 +36,7 @@ class RunOptions:
 
     results_dir: Path = Path(DEFAULT_RESULTS_DIR)
     verify_always: bool = False  # `rigkit verify`: benchmark even when the deploy changed nothing
+    verify_never: bool = False  # `rigkit deploy --no-verify`: skip verification (run `rigkit verify` later)
     verify_weights: bool = False  # `rigkit deploy --verify-weights`: re-hash every weights volume
     status_dir: Path | None = None  # `rigkit status`: where each rig's status document is left
     status_inventory: str = "INVENTORY"  # `rigkit status`: the inventory, as repair commands spell it
@@ -61,6 +62,7 @@ def run_options(host) -> RunOptions:
     return RunOptions(
         results_dir=Path(host.data.get("results_dir") or DEFAULT_RESULTS_DIR),
         verify_always=host.data.get("rigkit_verify") == "always",
+        verify_never=host.data.get("rigkit_verify") == "never",
         verify_weights=bool(host.data.get("rigkit_weights_verify")),
         status_dir=Path(host.data.get("rigkit_status_dir")) if host.data.get("rigkit_status_dir") else None,
         status_inventory=str(host.data.get("rigkit_status_inventory") or "INVENTORY"),
