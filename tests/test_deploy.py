@@ -34,10 +34,8 @@ def test_bad_config_stops_before_any_operation(simrig, tmp_path):
 
 def test_deploy_refuses_a_rig_whose_gpus_differ_from_its_file(simrig, tmp_path):
     three = tmp_path / "three.yml"
-    three.write_text(
-        SIM_RIG
-        + "  - index: 2\n    model: RTX 4090\n    power_limit_w: 330\n"
-    )
+    third = "  - index: 2\n    model: RTX 4090\n    power_limit_w: 330\n"
+    three.write_text(SIM_RIG.replace("# The simulated rig shares", third + "# The simulated rig shares"))
     run = run_deploy(simrig, three)
     assert run.returncode != 0
     assert "GPU 2 is in the rig file, but the rig reports GPUs: 0, 1" in run.output
