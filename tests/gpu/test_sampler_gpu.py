@@ -21,22 +21,15 @@ torch = pytest.importorskip("torch")
 
 from rigkit.verify.checks import check_clock_ceiling, check_sample_rate, gpu_load  # noqa: E402
 from rigkit.verify.telemetry import Sampler  # noqa: E402
+from tests.gpu.gpu import have_gpu  # noqa: E402
 
 LOAD_S = 12.0
 IDLE_EDGE_S = 1.0
 
 
-def _have_gpu() -> bool:
-    try:
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        return False
-    return count > 0 and torch.cuda.is_available()
 
 
-pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU with NVML and CUDA here")
+pytestmark = pytest.mark.skipif(not have_gpu(), reason="no NVIDIA GPU with NVML and CUDA here")
 
 
 def _matmul_load(seconds: float) -> int:

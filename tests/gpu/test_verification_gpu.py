@@ -31,23 +31,16 @@ from rigkit.verify.checks import check_sample_rate, gpu_load  # noqa: E402
 from rigkit.verify.client import run_bench  # noqa: E402
 from rigkit.verify.energy import phase  # noqa: E402
 from rigkit.verify.telemetry import Sampler  # noqa: E402
+from tests.gpu.gpu import have_gpu  # noqa: E402
 
 SERVER = Path(__file__).with_name("llm_server.py")
 PROMPT_TOKENS = 2048
 OUTPUT_TOKENS = 512
 
 
-def _have_gpu() -> bool:
-    try:
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        return False
-    return count > 0 and torch.cuda.is_available()
 
 
-pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU with NVML and CUDA here")
+pytestmark = pytest.mark.skipif(not have_gpu(), reason="no NVIDIA GPU with NVML and CUDA here")
 
 
 @pytest.fixture(scope="module")
