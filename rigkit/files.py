@@ -20,6 +20,8 @@ from pyinfra.api import FactBase, FileUploadCommand, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
+from rigkit.facts_once import read_once
+
 
 class FileStates(FactBase):
     """{path: {"mode": "644", "sha256": hex} or None (absent)} for every path, in one command."""
@@ -45,7 +47,7 @@ def put(dest: str, data: str | bytes, mode: str = "644", batch: tuple[str, ...] 
     """Put `data` at `dest` with `mode` unless it is there already. `batch`: every path the role
     puts (the same tuple for each call), read in one command; `dest` must be among them."""
     data = data.encode() if isinstance(data, str) else data
-    state = host.get_fact(FileStates, paths=tuple(batch) or (dest,)).get(dest)
+    state = read_once(FileStates, paths=tuple(batch) or (dest,)).get(dest)
     same_content = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
     if same_content and state["mode"] == mode.lstrip("0"):
         host.noop(f"{dest} is up to date")

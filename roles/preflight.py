@@ -29,7 +29,7 @@ from rigkit.preflight.checks import (
 )
 from rigkit.preflight.facts import DockerDiskFree, NvidiaDriver, WeightsBytes
 from rigkit.serving.compose import volume_name
-from rigkit.weights.facts import WeightsVolumeState
+from rigkit.weights.facts import volume_states
 
 
 @deploy("Preflight")
@@ -54,11 +54,12 @@ def preflight(rig: RigConfig) -> DriverState:
 
 def _weights_to_copy(rig: RigConfig) -> tuple[list[WeightsNeed], int | None, str]:
     needs = []
+    states = volume_states(rig)
     for model in rig.models:
         if model.spec.weights.storage != "volume":
             continue
         volume, source = volume_name(model), model.spec.weights.source
-        if host.get_fact(WeightsVolumeState, volume=volume, source=source).get("status") == "unchanged":
+        if states[model.name].get("status") == "unchanged":
             continue
         size = host.get_fact(WeightsBytes, source=source, volume=volume)
         if size["source_bytes"] is not None:  # a missing source is the weights role's error to report

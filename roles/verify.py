@@ -16,6 +16,7 @@ import io
 import json
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pynvml
 from pyinfra import host, logger
@@ -29,16 +30,9 @@ from rigkit.files import put
 from rigkit.serving.api_key import read_api_key
 from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
-from rigkit.verify.client import run_bench
-from rigkit.verify.result import (
-    VerificationResult,
-    build_result,
-    earlier_results,
-    results_folder,
-    roofline_tok_s,
-    save_result,
-)
-from rigkit.verify.table import bench_table
+
+if TYPE_CHECKING:
+    from rigkit.verify.result import VerificationResult
 
 # Defaults
 REMOTE_DIR = "/usr/local/lib/rigkit"
@@ -83,6 +77,11 @@ def _run(command: str) -> str:
 
 
 def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None:
+    # The benchmark client (httpx) and result writer (matplotlib) are imported only when a model is
+    # verified: a converged deploy skips verification and should not pay for the imports.
+    from rigkit.verify.client import run_bench
+    from rigkit.verify.result import build_result, earlier_results, results_folder, roofline_tok_s, save_result
+
     # A root-only folder, not /tmp: a local user could plant a symlink at a predictable /tmp path.
     remote_path = f"{RUN_DIR}/telemetry-{model.name}.json"
     remote_out = shlex.quote(remote_path)
@@ -134,6 +133,8 @@ def _draft_tokens(model: ModelConfig) -> int | None:
 
 
 def _summary(result: VerificationResult, path: Path) -> str:
+    from rigkit.verify.table import bench_table
+
     f = result.figures
     lines = [f"verification of {result.model}{' (SIMULATED telemetry)' if result.telemetry_simulated else ''}:",
              bench_table(result.bench)]

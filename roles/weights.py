@@ -19,9 +19,8 @@ from pyinfra.api.exceptions import DeployError, OperationError
 from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig, RigConfig
-from rigkit.serving.compose import volume_name
 from rigkit.weights.engine import rig_engine
-from rigkit.weights.facts import WeightsVolumeState
+from rigkit.weights.facts import volume_states
 
 
 @deploy("Weights")
@@ -31,8 +30,9 @@ def weights(rig: RigConfig, verify: bool = False) -> dict:
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     # Weights left on a bind mount are warned about by the serving checks (rig.warnings).
     ops = {}
+    states = volume_states(rig)
     for model in on_volumes:
-        state = host.get_fact(WeightsVolumeState, volume=volume_name(model), source=model.spec.weights.source)
+        state = states[model.name]
         if state["status"] == "error":
             raise DeployError(f"{model.name} ({model.file}): weights.source {model.spec.weights.source}: "
                               f"{state['error']}")

@@ -16,12 +16,16 @@ class RigkitStacks(FactBase):
     """
 
     def command(self, stacks_dir: str) -> str:
+        # One `docker ps` for every stack (its containers carry Compose's project label): a
+        # `docker compose ps` per stack costs a Compose start-up each, about 150 ms.
         return (
+            "running=$(timeout 30 docker ps --filter label=com.docker.compose.project "
+            "--format '{{.Label \"com.docker.compose.project\"}}' 2>/dev/null); "
             f"for d in {shlex.quote(stacks_dir)}/*/; do "
             '[ -f "$d/stack.next.json" ] || [ -f "$d/stack.json" ] || continue; n=$(basename "$d"); '
             'p=0; { cmp -s "$d/compose.yml" "$d/compose.next.yml" && cmp -s "$d/stack.json" "$d/stack.next.json"; } '
             "2>/dev/null || p=1; "
-            'r=$(timeout 30 docker compose -p "rigkit-$n" ps --status running -q 2>/dev/null | wc -l); '
+            'r=$(printf "%s\\n" "$running" | grep -cx "rigkit-$n"); '
             'echo "$n $p $r"; done'
         )
 

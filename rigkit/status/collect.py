@@ -29,7 +29,7 @@ from rigkit.serving.watchdog import STATE_DIR, TIMER
 from rigkit.status.facts import RigStatusProbe, probe_args
 from rigkit.status.report import Commands, build_status, sha256
 from rigkit.verify.result import latest_result, results_folder
-from rigkit.weights.facts import WeightsVolumeState
+from rigkit.weights.facts import volume_states
 
 # Defaults (docs/status.md)
 READY_DEADLINE_S = 15  # the one-token completion per model
@@ -65,8 +65,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
                      "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
                     for m in rig.models],
         )
-        weights = {m.name: host.get_fact(WeightsVolumeState, volume=volume_name(m), source=m.spec.weights.source)
-                   for m in rig.models if m.spec.weights.storage == "volume"}
+        weights = volume_states(rig)
         results = {m.name: latest_result(results_folder(results_dir, rig.name, m.name)) for m in rig.models}
         doc = build_status(rig, host.name, commands, host.get_fact(NvidiaGpus), host.get_fact(RigStatusProbe, probe_args=args),
                            weights, wanted_files(rig), results, now, GPU_UNIT, HELPER_PATH)

@@ -3,7 +3,8 @@
 Runs the copier's `check` (templates/weights/rigkit-copy.py) on the rig itself, as root,
 against the volume's mountpoint: it reads the completion marker, the manifest and the
 source's metadata (paths, sizes, mtimes; never file contents) and starts no container,
-so planning a deploy (`--dry` too) changes nothing and costs one short command. Where the
+so planning a deploy (`--dry` too) changes nothing and costs one short command for all of a
+rig's volumes (`volume_states`). Where the
 mountpoint is not reachable from the rig's shell (Docker Desktop keeps volumes inside its
 VM) or python3 is missing, it says `unreachable` and the copy operation checks through a
 helper container instead.
@@ -16,30 +17,57 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigkit.config.schema import RigConfig
+from rigkit.facts_once import read_once
 from rigkit.render import template_text
+from rigkit.serving.compose import volume_name
 from rigkit.weights.layout import source_layout
 
 
-class WeightsVolumeState(FactBase):
-    """{"status": "unchanged" | "needed" | "missing" | "unreachable" | "error", ...} where
-    `error` carries the copier's reason (a missing or empty source, a dangling symlink)."""
+class WeightsVolumeStates(FactBase):
+    """{volume: state} for each (volume, source) pair, where a state is {"status": "unchanged" |
+    "needed" | "missing" | "unreachable" | "error", ...} and `error` carries the copier's reason
+    (a missing or empty source, a dangling symlink). One command for every pair."""
 
-    def command(self, volume: str, source: str) -> str:
-        root, inside = source_layout(source)
-        src = shlex.quote(f"{root}/{inside}" if inside != "." else source)
+    def command(self, pairs: tuple[tuple[str, str], ...]) -> str:
         script = shlex.quote(template_text("weights/rigkit-copy.py"))
         missing, unreachable = shlex.quote('{"status": "missing"}'), shlex.quote('{"status": "unreachable"}')
-        return (
-            f"mp=$(timeout 30 docker volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null)"
-            f" || {{ echo {missing}; exit 0; }}; "
-            f'if [ -d "$mp" ] && command -v python3 >/dev/null; then '
-            f'python3 -c {script} check {src} "$mp" {shlex.quote(root)}; '
-            f"else echo {unreachable}; fi; exit 0"
-        )
+        checks = []
+        for volume, source in pairs:
+            root, inside = source_layout(source)
+            src = shlex.quote(f"{root}/{inside}" if inside != "." else source)
+            checks.append(
+                f"echo {shlex.quote('volume ' + volume)}; "
+                f"if mp=$(timeout 30 docker volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null); then "
+                f'if [ -d "$mp" ] && [ -n "$py" ]; then python3 -c "$script" check {src} "$mp" {shlex.quote(root)}; '
+                f"else echo {unreachable}; fi; else echo {missing}; fi"
+            )
+        return (f"script={script}; py=$(command -v python3); " + "; ".join(checks) + "; exit 0") if checks else "true"
 
     def process(self, output) -> dict:
-        lines = [line for line in output if line.strip()]
-        try:
-            return json.loads(lines[-1])
-        except (IndexError, ValueError):
-            return {"status": "error", "error": "unreadable answer from the rig: " + " ".join(lines)[-300:]}
+        states, volume, answer = {}, None, []
+        for line in list(output) + ["volume "]:
+            if line.startswith("volume "):
+                if volume is not None:
+                    states[volume] = _parse(answer)
+                volume, answer = line[len("volume "):].strip(), []
+            elif line.strip():
+                answer.append(line)
+        return states
+
+
+def _parse(lines: list[str]) -> dict:
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return {"status": "error", "error": "unreadable answer from the rig: " + " ".join(lines)[-300:]}
+
+
+def volume_states(rig: RigConfig) -> dict[str, dict]:
+    """{model name: its weights volume's state} for the rig's models kept on volumes; read once
+    per deploy run (preflight, the weights role and status ask the same question)."""
+    on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
+    states = read_once(WeightsVolumeStates,
+                       pairs=tuple((volume_name(m), m.spec.weights.source) for m in on_volumes))
+    missing = {"status": "error", "error": "the rig gave no answer for this volume"}
+    return {m.name: states.get(volume_name(m), missing) for m in on_volumes}
