@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rigkit.verify.integrate import energy_j
+
 LOAD_CLOCK_SHARE = 0.5  # samples at >= half the run's peak SM clock count as "under load"
 POWER_TOLERANCE = 0.02  # sensor noise allowed above the cap
 
@@ -72,14 +74,8 @@ def power_series(samples: dict) -> list:
 
 
 def integrate_power(times, watts, t_start, t_end) -> float | None:
-    """Energy in J from power samples: trapezoids between samples, held flat to the run's edges."""
-    points = [(t, w) for t, w in zip(times, watts) if w is not None]
-    if not points:
-        return None
-    energy = points[0][1] * (points[0][0] - t_start) + points[-1][1] * (t_end - points[-1][0])
-    for (t0, w0), (t1, w1) in zip(points, points[1:]):
-        energy += (w0 + w1) / 2 * (t1 - t0)
-    return energy
+    """Energy in J from power samples over the run, held flat to the run's edges."""
+    return energy_j(times, watts, t_start, t_end)[0]
 
 
 def check_enforced_limit(load: GpuLoad, wanted_w: float | None) -> Check:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rigkit.verify.checks import power_series
+from rigkit.verify.integrate import energy_j
 
 
 @dataclass(frozen=True)
@@ -24,26 +25,6 @@ class PhaseEnergy:
     note: str = ""
 
 
-def _at(points: list[tuple[float, float]], t: float) -> float:
-    if t <= points[0][0]:
-        return points[0][1]
-    for (t0, w0), (t1, w1) in zip(points, points[1:]):
-        if t0 <= t <= t1:
-            return w0 if t1 == t0 else w0 + (w1 - w0) * (t - t0) / (t1 - t0)
-    return points[-1][1]
-
-
-def gpu_phase_j(times, watts, t0: float, t1: float) -> tuple[float | None, int]:
-    """(energy in J, samples inside) for one GPU between t0 and t1."""
-    points = [(t, w) for t, w in zip(times, watts) if w is not None]
-    if not points or t1 <= t0:
-        return None, 0
-    inside = [(t, w) for t, w in points if t0 < t < t1]
-    edges = [(t0, _at(points, t0)), *inside, (t1, _at(points, t1))]
-    energy = sum((w0 + w1) / 2 * (b - a) for (a, w0), (b, w1) in zip(edges, edges[1:]))
-    return energy, len(inside)
-
-
 def phase(telemetry: dict, name: str, t0: float | None, t1: float | None) -> PhaseEnergy:
     if t0 is None or t1 is None or t1 <= t0:
         return PhaseEnergy(name, None, None, None, 0, "the benchmark recorded no wall-clock times for it")
@@ -52,7 +33,7 @@ def phase(telemetry: dict, name: str, t0: float | None, t1: float | None) -> Pha
                            "outside the sampled window: are the rig's and this machine's clocks in sync?")
     total, fewest = 0.0, None
     for gpu in telemetry["gpus"]:
-        energy, samples = gpu_phase_j(gpu["samples"]["t"], power_series(gpu["samples"]), t0, t1)
+        energy, samples = energy_j(gpu["samples"]["t"], power_series(gpu["samples"]), t0, t1)
         if energy is None:
             return PhaseEnergy(name, t1 - t0, None, None, 0, f"GPU {gpu['index']} has no power samples")
         total += energy
