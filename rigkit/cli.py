@@ -106,20 +106,15 @@ class BadInput(Exception):
 
 
 def _api_key(path: str | None) -> str | None:
+    """The key for `rigkit bench --api-key-file`, read by the same rules as a rig's key file."""
     if not path:
         return None
-    file = Path(path).expanduser()
+    from rigkit.serving.api_key import SecretFileError, read_key_file
+
     try:
-        key = file.read_text().strip()
-    except FileNotFoundError:
-        raise BadInput(f"--api-key-file {file}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"--api-key-file {file}: is a folder, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--api-key-file {file}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
-    if not key:
-        raise BadInput(f"--api-key-file {file}: the file is empty")
-    return key
+        return read_key_file(path, "--api-key-file")
+    except SecretFileError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def _positive_ints(option: str, text: str | None) -> tuple[int, ...]:

@@ -179,7 +179,8 @@ def test_rejected_requests_under_concurrency_fail_the_run(tmp_path, capsys, stat
 # The command line refuses bad input in one line, exit code 2.
 
 @pytest.mark.parametrize("args, expected", [
-    (["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: no such file"),
+    (["--api-key-file", "/nonexistent/key"],
+     "--api-key-file /nonexistent/key does not exist; create it (mode 600) or remove the field"),
     (["--concurrency", "4,x"], "--concurrency 4,x: 'x' is not a positive integer"),
     (["--concurrency", "0"], "--concurrency 0: '0' is not a positive integer"),
 ])
@@ -189,10 +190,17 @@ def test_bench_refuses_bad_input_with_one_line_and_exit_2(capsys, args, expected
     assert code == 2 and err.strip() == f"rigkit bench: {expected}"
 
 
-def test_an_empty_or_unreadable_key_file_is_named(tmp_path, capsys):
+def test_an_empty_unreadable_or_shared_key_file_is_named(tmp_path, capsys):
+    """The bench's key file follows the rig key file's rules (rigkit.serving.api_key.read_key_file)."""
     key = tmp_path / "key"
     key.write_text("\n")
+    key.chmod(0o600)
     assert main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--api-key-file", str(key)]) == 2
-    assert capsys.readouterr().err.strip() == f"rigkit bench: --api-key-file {key}: the file is empty"
+    assert capsys.readouterr().err.strip() == (f"rigkit bench: --api-key-file {key} is empty; "
+                                               "it must hold the key on one line")
+    key.write_text("sk-1\n")
+    key.chmod(0o644)
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--api-key-file", str(key)]) == 2
+    assert f"readable by others; run chmod 600 {key}" in capsys.readouterr().err
     assert main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--api-key-file", str(tmp_path)]) == 2
-    assert "is a folder" in capsys.readouterr().err
+    assert "cannot be read: Is a directory" in capsys.readouterr().err
