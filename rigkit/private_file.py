@@ -16,15 +16,17 @@ from pathlib import PurePosixPath
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
-from pyinfra.facts.files import File, Sha256File
+
+from rigkit.facts_once import read_once
+from rigkit.files import FileStates
 
 
 @operation()
 def private_file(dest: str, data: bytes, mode: str = "600"):
     """Put `data` at `dest` with `mode` unless it is already there; never shows the data."""
-    info = host.get_fact(File, path=dest)
-    same = info is not None and host.get_fact(Sha256File, path=dest) == hashlib.sha256(data).hexdigest()
-    if same and f"{info['mode']}" == mode.lstrip("0"):
+    state = read_once(FileStates, paths=(dest,)).get(dest)  # mode and digest in one command
+    same = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
+    if same and state["mode"] == mode.lstrip("0"):
         host.noop(f"{dest} is up to date (compared by SHA-256)")
         return
     if not same:

@@ -54,6 +54,10 @@ from rigkit.preflight.checks import INSTALL_DRIVER, DriverState
 
 PERSISTENCED = "nvidia-persistenced.service"
 DOCKER = "docker.service"
+# Bounds on the slow steps, so a stuck mirror or daemon fails the deploy instead of hanging it.
+APT_TIMEOUT_S = 1800  # package lists and installs (Docker + the toolkit is several hundred MB)
+KEY_FETCH_TIMEOUT_S = 120  # one signing key, with curl's retries
+SERVICE_TIMEOUT_S = 180  # systemctl start/enable/restart of Docker or nvidia-persistenced
 
 
 @deploy("Base")
@@ -89,16 +93,18 @@ def base(rig: RigConfig, driver: DriverState) -> list:
         )
 
     if missing := [p for p in PREREQUISITES if p not in installed]:
-        apt.packages(name=f"Install {', '.join(missing)} (to fetch repository keys)", packages=missing, update=True)
+        apt.packages(name=f"Install {', '.join(missing)} (to fetch repository keys)", packages=missing, update=True,
+                     _timeout=APT_TIMEOUT_S)
     changed_sources = []
     for list_path, (line, key_url, keyring) in sources.items():
         if host.get_fact(File, path=keyring) is None:
             changed_sources.append(server.shell(
                 name=f"Fetch the signing key {key_url}",
                 commands=[f"install -d -m 755 {shlex.quote(keyring.rsplit('/', 1)[0])} && "
-                          f"curl -fsSL --retry 3 -o {shlex.quote(keyring + '.part')} {shlex.quote(key_url)} && "
+                          f"curl -fsSL --retry 3 --max-time 30 -o {shlex.quote(keyring + '.part')} {shlex.quote(key_url)} && "
                           f"chmod 644 {shlex.quote(keyring + '.part')} && "
                           f"mv {shlex.quote(keyring + '.part')} {shlex.quote(keyring)}"],
+                _timeout=KEY_FETCH_TIMEOUT_S,
             ))
         changed_sources.append(files.put(name=f"apt source {list_path}", src=StringIO(line), dest=list_path,
                                          mode="644"))
@@ -106,18 +112,19 @@ def base(rig: RigConfig, driver: DriverState) -> list:
     wanted = [*engine, *TOOLKIT_PACKAGES]
     missing = [p for p in wanted if p not in installed]
     apt.update(name="Update the package lists",
-               _if=lambda: bool(missing) or any(op.did_change() for op in changed_sources))
-    apt.packages(name=f"Install {', '.join(wanted)}", packages=wanted)
+               _if=lambda: bool(missing) or any(op.did_change() for op in changed_sources), _timeout=APT_TIMEOUT_S)
+    apt.packages(name=f"Install {', '.join(wanted)}", packages=wanted, _timeout=APT_TIMEOUT_S)
 
     configured = None
     if not has_nvidia_runtime(host.get_fact(TextFile, path=DAEMON_JSON)):
         configured = server.shell(name="Add the nvidia runtime to Docker (nvidia-ctk runtime configure)",
-                                  commands=["nvidia-ctk runtime configure --runtime=docker"])
-    systemd.service(name="Docker running and enabled at boot", service=DOCKER, running=True, enabled=True)
+                                  commands=["nvidia-ctk runtime configure --runtime=docker"], _timeout=SERVICE_TIMEOUT_S)
+    systemd.service(name="Docker running and enabled at boot", service=DOCKER, running=True, enabled=True,
+                    _timeout=SERVICE_TIMEOUT_S)
     restarted = server.shell(name="Restart Docker on its new runtime", commands=[f"systemctl restart {DOCKER}"],
-                             _if=lambda: bool(configured and configured.did_change()))
+                             _if=lambda: bool(configured and configured.did_change()), _timeout=SERVICE_TIMEOUT_S)
     systemd.service(name="nvidia-persistenced running and enabled at boot", service=PERSISTENCED,
-                    running=True, enabled=True)
+                    running=True, enabled=True, _timeout=SERVICE_TIMEOUT_S)
     _hold(driver_packages(installed), host.get_fact(AptHolds) or set(), spec.hold_driver)
     return [restarted]
 
@@ -133,4 +140,4 @@ def _hold(packages: list[str], held: set[str], hold: bool) -> None:
         host.noop(f"driver packages already {'held' if hold else 'not held'}: {', '.join(packages)}")
         return
     server.shell(name=f"apt-mark {verb} the NVIDIA driver: {', '.join(change)}",
-                 commands=[f"apt-mark {verb} {' '.join(shlex.quote(p) for p in change)}"])
+                 commands=[f"apt-mark {verb} {' '.join(shlex.quote(p) for p in change)}"], _timeout=APT_TIMEOUT_S)
