@@ -143,3 +143,41 @@ def hold_text(result: HoldResult) -> str:
         lines.append(f"to tell two settings 1% apart: about {n} measurements per cell; 2%: "
                      f"{result.repeats_to_resolve(0.02)}")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """`--hold` without SSH, on the machine with the GPUs and the server:
+    python -m rigkit.tune.measure --url http://127.0.0.1:8000 --model NAME --gpus 0 --repeats 8"""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m rigkit.tune.measure", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--gpus", default="0", help="GPU indices to sample; empty: no sampler")
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--json", help="write the result here")
+    args = parser.parse_args(argv)
+    if not 2 <= args.repeats <= 200:
+        print("--repeats: give 2-200 measurements", file=sys.stderr)
+        return 2
+    gpus = [int(i) for i in args.gpus.split(",")] if args.gpus else []
+    settings = BenchSettings(args.prompt_tokens, args.output_tokens)
+    try:
+        result = hold(lambda: measure_once(args.url, args.model, LocalSampling(gpus) if gpus else None, settings),
+                      args.repeats, lambda n, f: print(f"  [{n}/{args.repeats}] decode {f.decode_tok_s:.2f} tok/s", flush=True))
+    except MeasurementError as exc:
+        print(f"hold: {exc}", file=sys.stderr)
+        return 1
+    print(hold_text(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_json(), f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

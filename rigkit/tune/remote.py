@@ -98,8 +98,23 @@ class RemoteSampling:
     def __init__(self, shell: Shell, gpus: tuple[int, ...]):
         self.shell, self.gpus = shell, gpus
         self.out = f"{RUN_DIR}/tune-telemetry.json"
+        self.spent_s = 0.0  # in start() and stop(): the SSH round trips around a measurement
 
     def start(self) -> None:
+        started = time.monotonic()
+        try:
+            self._start()
+        finally:
+            self.spent_s += time.monotonic() - started
+
+    def stop(self) -> dict:
+        started = time.monotonic()
+        try:
+            return self._stop()
+        finally:
+            self.spent_s += time.monotonic() - started
+
+    def _start(self) -> None:
         out = shlex.quote(self.out)
         gpus = ",".join(str(i) for i in self.gpus)
         self.pid = self.shell.run(
@@ -108,7 +123,7 @@ class RemoteSampling:
         self.shell.run(f"for i in $(seq 1 {SAMPLER_START_S * 10}); do grep -q sampling {out}.log && exit 0; "
                        f"kill -0 {self.pid} 2>/dev/null || break; sleep 0.1; done; cat {out}.log; exit 1")
 
-    def stop(self) -> dict:
+    def _stop(self) -> dict:
         out = shlex.quote(self.out)
         self.shell.run(f"kill -TERM {self.pid}; for i in $(seq 1 100); do [ -f {out} ] && exit 0; sleep 0.1; done; "
                        f"cat {out}.log; exit 1")
@@ -125,7 +140,9 @@ class SshTuneRig:
         self.deadman_s, self.start = deadman_s, start
         self.last_apply: dict | None = None
         self.restored: dict | None = None
-        self.spent_applying_s = 0.0
+        self.spent_applying_s = 0.0  # apply: arm the switch, set, read back
+        self.spent_measuring_s = 0.0  # measure: port forward, sampler start/stop, the benchmark
+        self.spent_sampling_s = 0.0  # of which the sampler's start and stop
 
     def _helper(self, action: str, *args: str) -> dict:
         gpus = ",".join(str(i) for i in self.gpus)
@@ -167,9 +184,13 @@ class SshTuneRig:
         return list((self.last_apply or {}).get("errors", []))
 
     def measure(self, cell: Cell) -> Figures:
-        with forward(self.client.get_transport(), self.port) as local_port:
-            return measure_once(f"http://127.0.0.1:{local_port}", self.model, RemoteSampling(self.shell, self.gpus),
-                                self.bench)
+        started, sampling = time.monotonic(), RemoteSampling(self.shell, self.gpus)
+        try:
+            with forward(self.client.get_transport(), self.port) as local_port:
+                return measure_once(f"http://127.0.0.1:{local_port}", self.model, sampling, self.bench)
+        finally:
+            self.spent_measuring_s += time.monotonic() - started
+            self.spent_sampling_s += sampling.spent_s
 
     def restore(self) -> None:
         self.restored = self._helper("restore", "--mem", str(self.start.mem_offset_mhz),

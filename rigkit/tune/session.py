@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from rigkit.gpu.nvsmi import parse_query, query_command
-from rigkit.tune.command import TuneInputError, default_json, elapsed, grid_for, start_cell, write_json
+from rigkit.tune.inputs import TuneInputError, default_json, elapsed, grid_for, start_cell, write_json
 from rigkit.tune.measure import BenchSettings, MeasurementError, hold, hold_text, measure_once
 from rigkit.tune.remote import RemoteSampling, RigError, Shell, SshTuneRig, connect, install
 from rigkit.tune.sweep import TuneError, plan_sweep, run_sweep
@@ -107,13 +108,16 @@ def _hold(client, shell, gpus, model, bench, repeats, out, context, started) -> 
 
 
 def _report(args, rig, model, result, plan, context, out, started, tune_rig) -> int:
+    from rigkit.config.errors import ConfigError
     from rigkit.tune.report import draw, table_text, to_json
     from rigkit.tune.rigfile import RigFileError, propose, write_copy
 
     _say(table_text(result, len(plan.schedule)))
     choice = result.choices.get(args.objective)
     document = to_json(result, {**context, "objective": args.objective, "wall_s": elapsed(started),
-                                "apply_s": round(tune_rig.spent_applying_s, 2)})
+                                "apply_s": round(tune_rig.spent_applying_s, 2),
+                                "measure_s": round(tune_rig.spent_measuring_s, 2),
+                                "sampler_s": round(tune_rig.spent_sampling_s, 2)})
     write_json(out, document)
     draw(out.with_suffix(".png"), result, f"{rig.name} / {model.name}: rigkit tune")
     _say(f"result: {out} (+ .png)")
@@ -131,12 +135,17 @@ def _report(args, rig, model, result, plan, context, out, started, tune_rig) -> 
         _say(change.diff)
         if args.write:
             catalog = rig.models[0].file.parent if rig.models else Path(".")
-            tmp = Path(rig.file).with_name(f".{Path(rig.file).name}.tune-new")
-            write_copy(rig.file, changes, tmp, catalog)  # rigkit's loader accepts it, or nothing is written
-            tmp.replace(rig.file)
+            # A copy under the same name (the rig's name is its file's), beside it: the same file system.
+            with tempfile.TemporaryDirectory(prefix=".rigkit-tune-", dir=Path(rig.file).parent) as folder:
+                copy = Path(folder) / Path(rig.file).name
+                write_copy(rig.file, changes, copy, catalog)  # rigkit's loader accepts it, or nothing is written
+                copy.replace(rig.file)
             _say(f"wrote {rig.file}; the next `rigkit deploy` persists it through the boot-time GPU policy")
         else:
             _say("rigkit tune: --write applies this change")
+    except ConfigError as exc:
+        print(f"rigkit tune: the rig file was not changed: {exc.render()}", file=sys.stderr)
+        return 1
     except (RigFileError, OSError) as exc:
         print(f"rigkit tune: the rig file was not changed: {exc}", file=sys.stderr)
         return 1
