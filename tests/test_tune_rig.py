@@ -192,3 +192,17 @@ def test_hold_measures_the_setting_in_force_and_changes_nothing(tune_rig, tmp_pa
     assert doc["decode_tok_s"]["mean"] == pytest.approx(33.0 * 1.07 * 1.01, rel=0.05)  # the curve at 300 W
     assert "CV" in run.stdout
     assert tune_rig.gpu_calls() == before  # only reads
+
+
+def test_a_memory_offset_is_applied_through_nvml_measured_and_put_back(tune_rig, tmp_path):
+    out = tmp_path / "mem.json"
+    run = _run(tune_rig, "--mem-offsets", "0,3000", "--repeats", "2", "--objective", "decode", "--json", str(out))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {r["cell"]["mem_offset_mhz"]: r["decode_tok_s"]["mean"] for r in json.loads(out.read_text())["table"]}
+    # The 3090 curve: +3000 MHz (NVML's memory value, about +17% memory clock) is worth about +4% decode.
+    assert rows[3000] / rows[0] == pytest.approx(1.042, abs=0.02)
+    assert any("nvml set memory offset 3000 on GPU 0" in call for call in tune_rig.gpu_calls())
+    state = tune_rig.gpu_state()[0]
+    assert state.get("memory_offset_mhz", 0) == 0 and state["power_limit_w"] == DECLARED_W
+    assert "+    clock_offsets_mhz: {memory: 3000, graphics: 0}" in run.stdout  # proposed, not written
+    assert "clock_offsets_mhz" not in tune_rig.rig_file.read_text()
