@@ -33,7 +33,7 @@ def test_offsets_are_applied_now_and_at_boot_and_read_back(fresh_rig, tmp_path):
     assert first.returncode == 0, first.output[-3000:]
     assert offsets(fresh_rig) == [(1800, 100), (0, 0)]
     journal = fresh_rig.exec("journalctl -u rigkit-gpu-policy -o cat --no-pager")[1]
-    assert "GPU 0: clock offsets memory +1800 MHz, graphics +100 MHz (read back)" in journal
+    assert "GPU 0: power limit 450 W -> 330 W; clocks locked to 0,2200 MHz; clock offsets 1800,100 MHz (memory,graphics) read back" in journal
     assert run_deploy(fresh_rig, rig_file, verify=False).changed_operations() == 0
     fresh_rig.reboot()  # the driver forgets offsets; the boot unit sets them again
     assert offsets(fresh_rig) == [(1800, 100), (0, 0)]

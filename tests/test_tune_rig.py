@@ -196,7 +196,7 @@ def test_hold_measures_the_setting_in_force_and_changes_nothing(tune_rig, tmp_pa
 
 def test_a_memory_offset_is_applied_through_nvml_measured_and_put_back(tune_rig, tmp_path):
     out = tmp_path / "mem.json"
-    run = _run(tune_rig, "--mem-offsets", "0,3000", "--repeats", "2", "--objective", "decode", "--json", str(out))
+    run = _run(tune_rig, "--mem-offsets", "0,3000", "--repeats", "4", "--objective", "decode", "--json", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {r["cell"]["mem_offset_mhz"]: r["decode_tok_s"]["mean"] for r in json.loads(out.read_text())["table"]}
     # The 3090 curve: +3000 MHz (NVML's memory value, about +17% memory clock) is worth about +4% decode.

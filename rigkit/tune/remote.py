@@ -66,8 +66,12 @@ class Shell:
         self.client = client
 
     def run(self, command: str, timeout_s: float = COMMAND_TIMEOUT_S, check: bool = True) -> str:
-        _, stdout, stderr = self.client.exec_command(command, timeout=timeout_s)
-        out, err = stdout.read().decode(), stderr.read().decode()
+        try:
+            _, stdout, stderr = self.client.exec_command(command, timeout=timeout_s)
+            out, err = stdout.read().decode(), stderr.read().decode()
+        except (OSError, paramiko.SSHException) as exc:  # socket.timeout is an OSError
+            raise RigError(f"on the rig, `{command[:200]}` did not finish within {timeout_s:.0f} s or the "
+                           f"connection failed: {exc or type(exc).__name__}") from None
         if check and stdout.channel.recv_exit_status() != 0:
             raise RigError(f"on the rig, `{command}` failed: {(err or out).strip()[-800:]}")
         return out

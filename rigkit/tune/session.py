@@ -64,6 +64,9 @@ def run_session(args, options, rig, model, target, results_dir: Path) -> int:
     except (RigError, MeasurementError, TuneError, TuneInputError) as exc:
         print(f"rigkit tune: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # before the sweep (or in --hold): nothing was applied
+        print("rigkit tune: interrupted; no setting had been applied", file=sys.stderr)
+        return 130
     finally:
         client.close()
     return _report(args, rig, model, result, plan, context, out, started, tune_rig)
