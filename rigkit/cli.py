@@ -6,6 +6,8 @@
     rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
     rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
     rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
+    rigkit tune INVENTORY --rig NAME --model NAME [--power-limits 200:350:25 ...] [--hold] [--write]
+                                                           measure GPU settings live on a loaded model; propose one
     rigkit windows-bundle RIG_FILE --out DIR               scheduled tasks + scripts + install.ps1 for a Windows rig
 """
 
@@ -296,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
                               help="num_speculative_tokens, for acceptance length from servers without num_drafts")
     bench_parser.add_argument("--json", help="write the result here")
     bench_parser.set_defaults(func=bench)
+    from rigkit.tune.command import add_parser as add_tune_parser
+
+    add_tune_parser(commands)
     bundle_parser = commands.add_parser("windows-bundle", help="offline install folder for a Windows rig")
     bundle_parser.add_argument("rig_file")
     bundle_parser.add_argument("--out", required=True)

@@ -12,6 +12,9 @@ the rig's driver reports, and the PSU budget (unless `psu_budget_override`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pynvml
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
@@ -29,6 +32,8 @@ UNIT = "rigkit-gpu-policy.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 SCRIPT_PATH = "/usr/local/sbin/rigkit-gpu-policy"
 POLICY_PATH = "/etc/rigkit/gpu-policy.conf"
+OFFSETS_TOOL_PATH = "/usr/local/sbin/rigkit-gpu-offsets"  # NVML clock offsets (clock_offsets_mhz)
+NVML_COPY_PATH = "/usr/local/lib/rigkit/gpu-policy/pynvml.py"  # for rigs without nvidia-ml-py
 WAIT_FOR_GPUS_S = 120
 
 
@@ -40,11 +45,17 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
         return _remove()
     check_policy(rig, report)
 
-    paths = (SCRIPT_PATH, POLICY_PATH, UNIT_PATH)  # their state is read in one command
+    paths = (SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, POLICY_PATH, UNIT_PATH)  # read in one command
     script = put(
         name="Install the GPU policy script",
         data=template_text("gpu_policy/rigkit-gpu-policy.sh"), dest=SCRIPT_PATH, mode="755", batch=paths,
     )
+    offsets_tool = put(
+        name="Install the clock-offset tool",
+        data=template_text("gpu_policy/rigkit-gpu-offsets.py"), dest=OFFSETS_TOOL_PATH, mode="755", batch=paths,
+    )
+    put(name="Ship pynvml for the clock-offset tool", data=Path(pynvml.__file__).read_bytes(),
+        dest=NVML_COPY_PATH, mode="644", batch=paths)
     policy = put(
         name="Write the rig's GPU policy",
         data=render("gpu_policy/gpu-policy.conf.j2", rig_name=rig.name, rig_file=rig.file, gpus=rig.spec.gpus),
@@ -68,7 +79,8 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
     applied = server.shell(
         name="Apply the GPU policy now",
         commands=[_start_or_show_journal("restart")],
-        _if=lambda: bool(drift) or script.did_change() or policy.did_change() or unit.did_change(),
+        _if=lambda: bool(drift) or script.did_change() or offsets_tool.did_change() or policy.did_change()
+        or unit.did_change(),
     )
     return [applied]
 
@@ -82,7 +94,7 @@ def _remove() -> list:
         commands=[f"{SCRIPT_PATH} reset {POLICY_PATH}"],
     )
     systemd.service(name="Disable the GPU policy unit", service=UNIT, enabled=False, running=False)
-    for path in (UNIT_PATH, POLICY_PATH, SCRIPT_PATH):
+    for path in (UNIT_PATH, POLICY_PATH, SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH):
         files.file(name=f"Remove {path}", path=path, present=False)
     systemd.daemon_reload(name="Reload systemd")
     return [reset]

@@ -67,6 +67,17 @@ def test_policy_file_lists_each_gpu_and_defaults():
     assert rows == ["0 330 0,2200", "1 default default"]
 
 
+def test_policy_file_adds_clock_offsets_only_where_declared():
+    spec = RigSpec.model_validate({
+        "os": "linux", "psu_w": 1200, "system_w": 200,
+        "gpus": [{"index": 0, "model": "RTX 4090", "clock_offsets_mhz": {"memory": 1800, "graphics": -50}},
+                 {"index": 1, "model": "RTX 4090"}],
+    })
+    text = render("gpu_policy/gpu-policy.conf.j2", rig_name="r", rig_file="r.yml", gpus=spec.gpus)
+    rows = [line for line in text.splitlines() if not line.startswith("#")]
+    assert rows == ["0 default default 1800,-50", "1 default default"]
+
+
 def test_unit_orders_after_persistenced_and_before_docker():
     text = render(
         "gpu_policy/rigkit-gpu-policy.service.j2",

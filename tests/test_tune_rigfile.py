@@ -73,11 +73,15 @@ def test_a_copy_the_loader_refuses_is_not_left_behind(rig_file, tmp_path):
     assert not dest.exists()
 
 
-def test_offsets_are_a_note_not_an_edit(rig_file):
+def test_offsets_are_written_for_the_boot_time_policy_and_removed_with_null(rig_file, tmp_path):
     change = propose(rig_file, {0: Cell(330, 1800, 1800, 100)})
-    assert change.diff == ""
-    assert change.notes == ("GPU 0: memory offset +1800 MHz, core offset +100 MHz: the rig file has no field for "
-                            "clock offsets yet; not written",)
+    added = [line for line in change.diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert len(added) == 1 and "+    clock_offsets_mhz: {memory: 1800, graphics: 100}" in change.diff
+    assert "applied at boot by the GPU policy" in change.notes[0]
+    rig = write_copy(rig_file, {0: Cell(330, 1800, 1800, 100)}, tmp_path / "home.yml", tmp_path / "catalog")
+    assert (rig.spec.gpus[0].clock_offsets_mhz.memory, rig.spec.gpus[0].clock_offsets_mhz.graphics) == (1800, 100)
+    back = edit_text(change.text, {0: Cell(330, 1800)})
+    assert "    clock_offsets_mhz: null" in back and back.replace("    clock_offsets_mhz: null\n", "") == RIG
 
 
 def test_files_that_cannot_be_edited_safely_by_line_are_refused():

@@ -93,3 +93,27 @@ def validate_inventory(inventory) -> dict[str, RigConfig]:
                 "connector (@winssh/); name it by its address"
             )
     return rigs
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """How `rigkit tune` reaches a rig outside a pyinfra run: pyinfra's own `ssh_*` host data."""
+
+    hostname: str
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts_file: str | None = None
+    strict_host_key_checking: str = "yes"  # pyinfra's `ssh_strict_host_key_checking`: yes, off, accept-new
+
+
+def ssh_target(host) -> SshTarget:
+    data = host.data
+    return SshTarget(
+        hostname=str(data.get("ssh_hostname") or host.name),
+        port=int(data.get("ssh_port") or 22),
+        user=data.get("ssh_user"),
+        key_file=data.get("ssh_key"),
+        known_hosts_file=data.get("ssh_known_hosts_file"),
+        strict_host_key_checking=str(data.get("ssh_strict_host_key_checking") or "yes"),
+    )

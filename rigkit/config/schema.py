@@ -68,11 +68,24 @@ def _parse_clock_lock(value: Any) -> Any:
     return ClockLock(floor_mhz=floor, ceiling_mhz=ceiling)
 
 
+class ClockOffsets(_Strict):
+    """NVML clock offsets in MHz (nvmlDeviceSetClockOffsets, P0), applied at boot by the GPU policy
+    (Linux). NVML's memory value is the one `rigkit tune --mem-offsets` sweeps, not a slider's percent.
+    The driver's own range is checked on the rig when they are applied."""
+
+    memory: int = Field(default=0, ge=-20_000, le=20_000)
+    graphics: int = Field(default=0, ge=-2_000, le=2_000)
+
+    def as_policy_arg(self) -> str:
+        return f"{self.memory},{self.graphics}"
+
+
 class GpuSpec(_Strict):
     index: int = Field(ge=0, lt=MAX_GPUS_PER_RIG)
     model: str = Field(min_length=1)
     power_limit_w: int | None = Field(default=None, ge=1, le=1500)
     clock_lock_mhz: Annotated[ClockLock | None, BeforeValidator(_parse_clock_lock)] = None
+    clock_offsets_mhz: ClockOffsets | None = None  # Linux only (docs/gpu-policy.md)
 
     @field_validator("power_limit_w")
     @classmethod
@@ -140,6 +153,16 @@ class RigSpec(_Strict):
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
     api_key_file: str | None = None
     base: BaseSpec = BaseSpec()  # Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
+
+    @field_validator("gpus")
+    @classmethod
+    def _offsets_linux_only(cls, value: list[GpuSpec], info: ValidationInfo) -> list[GpuSpec]:
+        if info.data.get("os") == "windows":
+            for gpu in value:
+                if gpu.clock_offsets_mhz is not None:
+                    raise ValueError(f"GPU {gpu.index}: clock_offsets_mhz is applied through NVML on Linux rigs only; "
+                                     "remove it from this Windows rig")
+        return value
 
     @field_validator("gpus")
     @classmethod

@@ -1,10 +1,10 @@
 """The rig-file change a sweep proposes: a unified diff, and `--write` to a copy that
 `load_rig` must accept.
 
-Only the `power_limit_w` and `clock_lock_mhz` values of the GPUs concerned change; every other
-byte, comments included, stays. The edit replaces the exact text span PyYAML reports for the
-value (ruamel.yaml is not a dependency), and adds a missing key after the GPU's last line.
-Clock offsets have no field in the rig file yet, so a chosen offset is a note, not an edit.
+Only the `power_limit_w`, `clock_lock_mhz` and `clock_offsets_mhz` values of the GPUs concerned
+change; every other byte, comments included, stays. The edit replaces the exact text span PyYAML
+reports for the value (ruamel.yaml is not a dependency), and adds a missing key after the GPU's
+last line. Offsets are written as `{memory: M, graphics: C}`; zero offsets add nothing.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def propose(rig_file: Path | str, changes: dict[int, Cell]) -> RigChange:
     new = edit_text(old, changes, str(rig_file))
     diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         f"a/{rig_file.name}", f"b/{rig_file.name}"))
-    notes = tuple(f"GPU {index}: memory offset {cell.mem_offset_mhz:+d} MHz, core offset {cell.core_offset_mhz:+d} "
-                  "MHz: the rig file has no field for clock offsets yet; not written"
+    notes = tuple(f"GPU {index}: clock offsets memory {cell.mem_offset_mhz:+d} MHz, graphics {cell.core_offset_mhz:+d} "
+                  "MHz: applied at boot by the GPU policy through NVML (Linux), checked against the driver's range there"
                   for index, cell in sorted(changes.items()) if cell.mem_offset_mhz or cell.core_offset_mhz)
     return RigChange(new, diff, notes)
 
@@ -63,11 +63,15 @@ def edit_text(text: str, changes: dict[int, Cell], where: str = "rig file") -> s
         if item is None:
             raise RigFileError(f"{where}: no GPU with index {index} under gpus:")
         values = {k.value: v for k, v in item.value}
+        offsets = cell.mem_offset_mhz or cell.core_offset_mhz
         for key, make in (("power_limit_w", lambda old: str(cell.power_limit_w)),
-                          ("clock_lock_mhz", lambda old: _lock_text(cell.clock_lock_mhz, old))):
+                          ("clock_lock_mhz", lambda old: _lock_text(cell.clock_lock_mhz, old)),
+                          ("clock_offsets_mhz", lambda old: _offsets_text(cell))):
             node = values.get(key)
             if node is None and key == "clock_lock_mhz" and cell.clock_lock_mhz is None:
                 continue  # a missing lock already means unlocked
+            if node is None and key == "clock_offsets_mhz" and not offsets:
+                continue  # missing offsets already mean none
             if node is None:
                 edits.append(_insertion(text, item, f"{key}: {make(None)}"))
             elif node.start_mark.line != node.end_mark.line:
@@ -94,6 +98,12 @@ def _gpu_items(text: str, where: str) -> dict[int, yaml.MappingNode]:
         if index is not None:
             items[int(index)] = item
     return items
+
+
+def _offsets_text(cell: Cell) -> str:
+    if not (cell.mem_offset_mhz or cell.core_offset_mhz):
+        return "null"  # no offsets: the policy sets 0,0
+    return f"{{memory: {cell.mem_offset_mhz}, graphics: {cell.core_offset_mhz}}}"
 
 
 def _lock_text(ceiling_mhz: int | None, old: yaml.Node | None) -> str:

@@ -1,6 +1,6 @@
 """The sweep driver: screen, order, apply, check, measure, restore. Pure: the rig is any object
-that follows `Rig` (the rig-side one, a dead man's switch on the rig, is not built yet; tests
-use a simulated one).
+that follows `Rig` (`rigkit.tune.remote.SshTuneRig` over SSH, with its dead man's switch on the
+rig; tests/tune_sim.py's simulated one in the pure tests).
 
 The original settings are restored whatever happens: at the end, on an error, and on Ctrl-C
 (KeyboardInterrupt inside a measurement), before the exception travels on.

@@ -3,8 +3,8 @@
 # Installed by rigkit; run at boot by rigkit-gpu-policy.service and by deploys that change
 # the policy. Usage: rigkit-gpu-policy [apply|reset] [POLICY_FILE]
 #   apply  wait for every listed GPU, set persistence mode, re-apply each power limit only
-#          where it differs, lock (or reset) clocks
-#   reset  unlock clocks and restore each listed GPU's default power limit
+#          where it differs, lock (or reset) clocks, set NVML clock offsets (0,0 for "default")
+#   reset  unlock clocks, zero clock offsets and restore each listed GPU's default power limit
 # Every line goes to stdout, which systemd sends to the journal. Exits non-zero on any failure.
 set -u -o pipefail
 
@@ -13,6 +13,8 @@ POLICY=${2:-/etc/rigkit/gpu-policy.conf}
 WAIT_S=${RIGKIT_GPU_WAIT_S:-120}   # how long GPUs may take to answer after boot
 RETRY_S=2
 EXIT_NO_PERMISSION=4               # nvidia-smi's "Insufficient Permissions"
+OFFSETS_TOOL=${RIGKIT_GPU_OFFSETS_TOOL:-/usr/local/sbin/rigkit-gpu-offsets}
+NVML_COPY_DIR=/usr/local/lib/rigkit/gpu-policy   # pynvml for rigs without nvidia-ml-py
 
 say() { echo "rigkit-gpu-policy: $*"; }
 die() { say "FAILED: $*"; exit 1; }
@@ -27,10 +29,10 @@ check() {
 }
 
 [[ -r $POLICY ]] || die "cannot read policy file $POLICY"
-declare -a INDEX LIMIT LOCK
-while read -r index limit lock _; do
+declare -a INDEX LIMIT LOCK OFFSETS
+while read -r index limit lock offsets _; do
     [[ -z $index || $index == \#* ]] && continue
-    INDEX+=("$index"); LIMIT+=("$limit"); LOCK+=("$lock")
+    INDEX+=("$index"); LIMIT+=("$limit"); LOCK+=("$lock"); OFFSETS+=("${offsets:-default}")
 done < "$POLICY"
 (( ${#INDEX[@]} )) || die "no GPUs listed in $POLICY"
 
@@ -89,6 +91,19 @@ for n in "${!INDEX[@]}"; do
     else
         out=$(nvidia-smi -i "$i" -lgc "$lock" 2>&1); check $? "$out" "GPU $i: locking clocks to $lock MHz"
         did+="; clocks locked to $lock MHz"
+    fi
+    offsets=${OFFSETS[$n]}
+    [[ $ACTION == reset ]] && offsets=default
+    if [[ -x $OFFSETS_TOOL ]]; then
+        if python3 -c 'import pynvml' 2>/dev/null; then nvml_path=; else nvml_path=$NVML_COPY_DIR; fi
+        if [[ $offsets == default ]]; then
+            out=$(PYTHONPATH=$nvml_path "$OFFSETS_TOOL" "$i" 0 0 --if-supported 2>&1) || die "GPU $i: ${out//$'\n'/ }"
+        else
+            out=$(PYTHONPATH=$nvml_path "$OFFSETS_TOOL" "$i" "${offsets%,*}" "${offsets#*,}" 2>&1) || die "GPU $i: ${out//$'\n'/ }"
+            did+="; clock offsets ${offsets} MHz (memory,graphics) read back"
+        fi
+    elif [[ $offsets != default ]]; then
+        die "GPU $i: clock offsets $offsets asked for, but $OFFSETS_TOOL is not installed"
     fi
     say "GPU $i: $did"
 done

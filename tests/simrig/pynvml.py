@@ -12,8 +12,21 @@ a 2200 lock), or 90% of the maximum clock when unlocked. A GPU configured with
 The driver version is "driver_version" in gpus.json, or SIM_DRIVER_VERSION.
 The energy counter is that power integrated since the rig booted, so it agrees with
 the power samples. RIGKIT_SIMULATED marks every run it produced as simulated.
+
+For `rigkit tune` (docs/simulated-rig.md):
+- Clock offsets: nvmlDeviceGetClockOffsets / nvmlDeviceSetClockOffsets with nvidia-ml-py's
+  c_nvmlClockOffset_t (passed as is or through ctypes.byref), per GPU and domain (graphics,
+  memory) within "offset_range_mhz" of gpus.json; stored in state.json beside nvidia-smi's
+  settings, so a reboot forgets them. Out of range: NVMLError "Invalid Argument". A GPU without
+  "offset_range_mhz" raises "Not Supported", as older drivers do. Like the real binding, a
+  set does not prove itself: read it back.
+- A GPU with "tune_profile" (a name in tests/sim_curves.py) draws and clocks as that curve says
+  for its current limit, lock and offsets; "held_at_w" is another firmware limit that holds the
+  card at that draw while the requested limit is reported as enforced (seed 004's "requested
+  106 W, drew 70 W"); the power-cap reason is set only while the cap (or that limit) holds it.
 """
 
+import fcntl
 import json
 import os
 
@@ -31,6 +44,10 @@ NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST = 247
 NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = 248
 NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 249
 NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = 250
+NVML_PSTATE_0 = 0
+nvmlClockOffset_v1 = 0x1000018
+STATE_DIR = "/run/nvidia-sim"
+_DOMAINS = {NVML_CLOCK_GRAPHICS: "graphics", NVML_CLOCK_MEM: "memory"}
 LOAD_SHARE = 0.92
 IGNORED_LOCK_MHZ = 2640
 SIM_DRIVER_VERSION = "580.95.05"
@@ -38,6 +55,12 @@ SIM_DRIVER_VERSION = "580.95.05"
 
 class NVMLError(Exception):
     pass
+
+
+class c_nvmlClockOffset_t:  # noqa: N801 (nvidia-ml-py's name)
+    def __init__(self):
+        self.version = self.type = self.pstate = 0
+        self.clockOffsetMHz = self.minClockOffsetMHz = self.maxClockOffsetMHz = 0
 
 
 class _Value:
@@ -57,20 +80,76 @@ def _config():
         return json.load(f)["gpus"]
 
 
-def _limit_w(index):
+def _state():
     try:
-        with open("/run/nvidia-sim/state.json") as f:
-            return float(json.load(f)[index]["power_limit_w"])
+        with open(STATE_DIR + "/state.json") as f:
+            return json.load(f)
     except FileNotFoundError:
-        return float(_config()[index]["default_w"])
+        return [{"power_limit_w": g["default_w"], "clock_lock": None, "persistence": False} for g in _config()]
+
+
+def _limit_w(index):
+    return float(_state()[index]["power_limit_w"])
 
 
 def _lock(index):
-    try:
-        with open("/run/nvidia-sim/state.json") as f:
-            return json.load(f)[index]["clock_lock"]
-    except FileNotFoundError:
+    return _state()[index]["clock_lock"]
+
+
+def _offset(index, domain):
+    return int(_state()[index].get(f"{domain}_offset_mhz", 0))
+
+
+def _truth(index):
+    """The curve's answer for this GPU's settings, or None for a GPU without a tune profile."""
+    gpu = _config()[index]
+    if not gpu.get("tune_profile"):
         return None
+    import rigkit_sim_curves as curves  # tests/sim_curves.py, mounted beside this module
+
+    lock = _lock(index)
+    return curves.truth(curves.PROFILES[gpu["tune_profile"]], _limit_w(index), lock[1] if lock else None,
+                        _offset(index, "memory"), _offset(index, "graphics"), gpu.get("held_at_w"),
+                        bool(gpu.get("ignores_clock_lock")))
+
+
+def _info(info):
+    return getattr(info, "_obj", info)  # ctypes.byref(info) as the real binding is called
+
+
+def nvmlDeviceGetClockOffsets(handle, info):
+    info = _info(info)
+    low, high = _offset_range(handle, info.type)
+    info.minClockOffsetMHz, info.maxClockOffsetMHz = low, high
+    info.clockOffsetMHz = _offset(handle, _DOMAINS[info.type])
+    return NVML_SUCCESS
+
+
+def nvmlDeviceSetClockOffsets(handle, info):
+    info = _info(info)
+    low, high = _offset_range(handle, info.type)
+    if not low <= info.clockOffsetMHz <= high:
+        raise NVMLError("Invalid Argument")
+    if os.geteuid() != 0:
+        raise NVMLError("Insufficient Permissions")
+    os.makedirs(STATE_DIR, exist_ok=True)
+    with open(STATE_DIR + "/lock", "w") as lock:  # the simulated nvidia-smi's lock: one writer at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = _state()
+        state[handle][f"{_DOMAINS[info.type]}_offset_mhz"] = int(info.clockOffsetMHz)
+        with open(STATE_DIR + "/state.json.tmp", "w") as f:
+            json.dump(state, f)
+        os.replace(STATE_DIR + "/state.json.tmp", STATE_DIR + "/state.json")
+        with open(STATE_DIR + "/calls.log", "a") as log:
+            log.write(f"nvml set {_DOMAINS[info.type]} offset {info.clockOffsetMHz} on GPU {handle}\n")
+    return NVML_SUCCESS
+
+
+def _offset_range(handle, clock_type):
+    ranges = _config()[handle].get("offset_range_mhz")
+    if not ranges or clock_type not in _DOMAINS:
+        raise NVMLError("Not Supported")
+    return tuple(ranges[_DOMAINS[clock_type]])
 
 
 def _seconds_since_boot():
@@ -118,7 +197,10 @@ def nvmlDeviceGetMaxClockInfo(handle, clock):
 
 def nvmlDeviceGetClockInfo(handle, clock):
     if clock == NVML_CLOCK_MEM:
-        return 10501
+        return 10501 + _offset(handle, "memory") // 2  # NVML's memory offset is twice the clock's change
+    truth = _truth(handle)
+    if truth is not None:
+        return int(truth.sm_mhz)
     gpu, lock = _config()[handle], _lock(handle)
     if gpu.get("ignores_clock_lock"):
         return IGNORED_LOCK_MHZ
@@ -132,17 +214,26 @@ def nvmlDeviceGetTemperature(handle, sensor):
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    truth = _truth(handle)
+    if truth is not None and not truth.power_capped:
+        return 0x0
     return 0x4  # SW power cap: a capped card under load sits at its limit
 
 
+def _draw_w(handle):
+    truth = _truth(handle)
+    return truth.draw_w if truth is not None else _limit_w(handle) * LOAD_SHARE
+
+
 def nvmlDeviceGetTotalEnergyConsumption(handle):
-    return int(_limit_w(handle) * LOAD_SHARE * _seconds_since_boot() * 1000)
+    return int(_draw_w(handle) * _seconds_since_boot() * 1000)
 
 
 def nvmlDeviceGetFieldValues(handle, field_ids):
-    power_mw = _limit_w(handle) * LOAD_SHARE * 1000
+    power_mw = _draw_w(handle) * 1000
     values = {NVML_FI_DEV_POWER_INSTANT: power_mw, NVML_FI_DEV_POWER_AVERAGE: power_mw}
     seconds = _seconds_since_boot()
-    values[NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP] = seconds * 1e6
+    capped = nvmlDeviceGetCurrentClocksEventReasons(handle) & 0x4
+    values[NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP] = seconds * 1e6 if capped else 0
     return [_Value(values.get(i, 0), NVML_VALUE_TYPE_UNSIGNED_LONG_LONG if i >= 246 else NVML_VALUE_TYPE_UNSIGNED_INT)
             for i in field_ids]

@@ -30,6 +30,7 @@ STATE_ROOT = Path(os.environ.get("RIGKIT_STATE", REPO_ROOT / ".state"))
 NVIDIA_SMI = Path(__file__).with_name("nvidia-smi")
 FAKE_NVML = Path(__file__).with_name("pynvml.py")
 FAKE_POWERSHELL = Path(__file__).with_name("powershell.exe")
+SIM_CURVES = Path(__file__).parents[1] / "sim_curves.py"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class SimGpu:
     memory_mib: int = 49140
     ignores_clock_lock: bool = False  # firmware that runs past a lock (seen once at 2640 MHz)
     compute_cap: str = "8.9"  # as nvidia-smi's compute_cap reports it (Ada); an RTX 5090 says 12.0
+    # NVML clock-offset range per domain (pynvml.py); None: the driver does not support offsets.
+    offset_range_mhz: dict | None = field(default_factory=lambda: {"graphics": [-500, 1000], "memory": [-2000, 6000]})
+    tune_profile: str | None = None  # a curve in tests/sim_curves.py: draw and clocks follow the settings
+    held_at_w: float | None = None  # another firmware limit: draws at most this, reports the request as enforced
 
 
 @dataclass
@@ -56,6 +61,10 @@ class SimRig:
     # source is `apt_sources` (a sources.list, e.g. a local test repository; see aptrepo.py).
     bare: bool = False
     apt_sources: str = ""
+    # A host folder bind-mounted at the rig's /run/nvidia-sim, so that a process outside the rig
+    # (the vLLM stand-in, a sibling container on the host's engine) can read the simulated GPUs'
+    # settings and gpus.json. Emptied of settings at start and reboot, as the tmpfs would be.
+    shared_gpu_dir: Path | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -74,6 +83,15 @@ class SimRig:
         config = {"gpus": [vars(g) for g in self.gpus], "ready_after_boot_s": self.ready_after_boot_s,
                   "driver_version": self.driver_version, "module_version": self.module_version or self.driver_version}
         (self.state_dir / "gpus.json").write_text(json.dumps(config, indent=2))
+        if self.shared_gpu_dir:
+            self.shared_gpu_dir.mkdir(parents=True, exist_ok=True)
+            (self.shared_gpu_dir / "gpus.json").write_text(json.dumps(config, indent=2))
+
+    def _forget_gpu_settings(self) -> None:
+        """What a reboot does to /run/nvidia-sim when it is a host folder rather than a tmpfs."""
+        if self.shared_gpu_dir:
+            for name in ("state.json", "calls.log", "lock"):
+                (self.shared_gpu_dir / name).unlink(missing_ok=True)
 
     def start(self, log=print) -> "SimRig":
         """Start the rig fresh (an existing container of this name is replaced) and wait for boot."""
@@ -99,11 +117,15 @@ class SimRig:
             volumes_dir: (volumes_dir, "ro"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
+            str(SIM_CURVES): ("/usr/lib/python3/dist-packages/rigkit_sim_curves.py", "ro"),
             str(FAKE_POWERSHELL): ("/usr/local/bin/powershell.exe", "ro"),
             str(self.state_dir / "gpus.json"): ("/etc/rigkit-sim/gpus.json", "ro"),
             str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
             str(authorized): ("/root/.ssh/authorized_keys", "ro"),
         }
+        if self.shared_gpu_dir:
+            self._forget_gpu_settings()
+            mounts[str(self.shared_gpu_dir)] = ("/run/nvidia-sim", "rw")
         if self.bare:
             (self.state_dir / "sources.list").write_text(self.apt_sources)
             mounts[str(self.state_dir / "sources.list")] = ("/etc/apt/sources.list", "ro")
@@ -123,7 +145,13 @@ class SimRig:
         return self
 
     def reboot(self) -> None:
-        self._client().containers.get(self.name).restart(timeout=20)
+        container = self._client().containers.get(self.name)
+        if self.shared_gpu_dir:
+            container.stop(timeout=20)
+            self._forget_gpu_settings()
+            container.start()
+        else:
+            container.restart(timeout=20)
         self.wait_booted()
 
     def remove(self) -> None:
@@ -146,6 +174,11 @@ class SimRig:
         if code != 0:
             return [{"power_limit_w": g.default_w, "clock_lock": None, "persistence": False} for g in self.gpus]
         return json.loads(out)
+
+    def gpu_calls(self) -> list[str]:
+        """Every setting change the simulated nvidia-smi and NVML were asked for since boot."""
+        code, out = self.exec("cat /run/nvidia-sim/calls.log")
+        return out.splitlines() if code == 0 else []
 
     def wait_booted(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s

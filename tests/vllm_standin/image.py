@@ -20,12 +20,13 @@ from tests.simrig.image import ensure_image
 REPO = "rigkit-vllm-standin"
 STABLE_TAG = f"{REPO}:sim"
 SERVER = Path(__file__).with_name("server.py")
+CURVES = Path(__file__).parents[1] / "sim_curves.py"  # the tuning curves, shared with the simulated NVML
 
 
 def ensure_standin_image(client: docker.DockerClient | None = None, log=print) -> str:
     client = client or docker.from_env()
     base = ensure_image(client, log=log)
-    digest = hashlib.sha256(base.encode() + SERVER.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(base.encode() + SERVER.read_bytes() + CURVES.read_bytes()).hexdigest()[:16]
     tag = f"{REPO}:{digest}"
     try:
         client.images.get(tag)
@@ -34,12 +35,14 @@ def ensure_standin_image(client: docker.DockerClient | None = None, log=print) -
         dockerfile = (
             f"FROM {base}\n"
             "COPY server.py /opt/vllm-standin/server.py\n"
+            "COPY rigkit_sim_curves.py /opt/vllm-standin/rigkit_sim_curves.py\n"
             'ENTRYPOINT ["python3", "-u", "/opt/vllm-standin/server.py"]\n'
             "CMD []\n"
         )
         context = io.BytesIO()
         with tarfile.open(fileobj=context, mode="w") as tar:
-            for name, data in (("Dockerfile", dockerfile.encode()), ("server.py", SERVER.read_bytes())):
+            for name, data in (("Dockerfile", dockerfile.encode()), ("server.py", SERVER.read_bytes()),
+                               ("rigkit_sim_curves.py", CURVES.read_bytes())):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))

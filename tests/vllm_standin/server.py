@@ -53,6 +53,14 @@ What it fakes, and the traps it reproduces:
   prefill completes (as vLLM V1 counts it); STANDIN_LONG_PREFILL_S sets it at start.
   POST /standin/normal ends both. /metrics has vLLM's gauges `vllm:num_requests_running`
   and `vllm:num_requests_waiting`.
+- Tuning (docs/simulated-rig.md): with STANDIN_GPU_DIR (a folder, relative to the model path
+  or absolute) holding the simulated rig's gpus.json and state.json (the rig's /run/nvidia-sim,
+  shared through the model's bind mount), each request's prefill and decode rates come from
+  tests/sim_curves.py for the current power limit, lock and offsets of the GPUs in
+  STANDIN_GPU_INDICES (default 0; the slowest card sets the pace), read when the request
+  arrives; STANDIN_DECODE_TOK_S is then unused. STANDIN_NOISE_SHARE (default 0.006) is the
+  relative sd of each request's rates (1.5x for prefill); STANDIN_DRIFT_PER_S (e.g. -0.0005)
+  changes both rates linearly with the seconds since the server started (a card heating up).
 - GET /version answers {"version": "standin"}, as vLLM answers its version.
 - The API key (--api-key or VLLM_API_KEY) is enforced on /v1/* as vLLM does.
 - The model path must hold a config.json, as vLLM needs one: the weights must really be mounted.
@@ -66,6 +74,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -124,7 +133,15 @@ class Engine:
         if args.enforce_eager:
             decode /= 7
         self.accepted_per_draft = accepted
+        self.decode_factor = decode / float(env.get("STANDIN_DECODE_TOK_S", "60"))  # the traps' slow-downs
         self.decode_tok_s = decode
+        gpu_dir = env.get("STANDIN_GPU_DIR")
+        self.gpu_dir = os.path.join(args.model, gpu_dir) if gpu_dir else None
+        self.gpu_indices = [int(i) for i in env.get("STANDIN_GPU_INDICES", "0").split(",")]
+        self.noise_share = float(env.get("STANDIN_NOISE_SHARE", "0.006"))
+        self.drift_per_s = float(env.get("STANDIN_DRIFT_PER_S", "0"))
+        self.started = time.monotonic()
+        self.rng = random.Random(env.get("STANDIN_SEED"))
         self.inflation = float(env.get("STANDIN_PROMPT_INFLATION", "1.0"))
         self.faults = set(filter(None, env.get("STANDIN_FAULT", "").split(",")))
         self.hang = "hang" in self.faults
@@ -154,6 +171,31 @@ class Engine:
         self.iteration_steps = 0
         self.iteration_tokens = 0
         self.names = args.served_model_name or [args.model]
+
+    def rates(self) -> tuple[float, float]:
+        """(prefill tok/s, decode tok/s) for a request arriving now."""
+        if not self.gpu_dir:
+            return self.prefill_tok_s, self.decode_tok_s
+        curves = _curves()
+        with open(os.path.join(self.gpu_dir, "gpus.json")) as f:
+            gpus = json.load(f)["gpus"]
+        try:
+            with open(os.path.join(self.gpu_dir, "state.json")) as f:
+                state = json.load(f)
+        except FileNotFoundError:  # nothing set since boot: the driver's defaults
+            state = [{"power_limit_w": g["default_w"], "clock_lock": None} for g in gpus]
+        truths = []
+        for i in self.gpu_indices:
+            gpu, st = gpus[i], state[i]
+            truths.append(curves.truth(curves.PROFILES[gpu["tune_profile"]], float(st["power_limit_w"]),
+                                       st["clock_lock"][1] if st.get("clock_lock") else None,
+                                       int(st.get("memory_offset_mhz", 0)), int(st.get("graphics_offset_mhz", 0)),
+                                       gpu.get("held_at_w"), bool(gpu.get("ignores_clock_lock"))))
+        drift = 1 + self.drift_per_s * (time.monotonic() - self.started)
+        with self.lock:
+            decode_noise, prefill_noise = self.rng.gauss(1, self.noise_share), self.rng.gauss(1, self.noise_share * 1.5)
+        return (min(t.prefill_tok_s for t in truths) * drift * prefill_noise,
+                min(t.decode_tok_s for t in truths) * drift * decode_noise * self.decode_factor)
 
     def tokens_per_step(self, step: int) -> int:
         """1 + accepted tokens; spreads fractional acceptance evenly over steps."""
@@ -248,6 +290,16 @@ class Engine:
 
 
 ENGINE: Engine
+
+
+def _curves():
+    """tests/sim_curves.py: copied beside this file in the image, next door in a checkout."""
+    try:
+        import rigkit_sim_curves as curves
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        import sim_curves as curves
+    return curves
 
 
 def prompt_text(body: dict) -> str:
@@ -381,7 +433,8 @@ class Handler(BaseHTTPRequestHandler):
         key = hashlib.sha256(text.encode()).hexdigest()
         cached = ENGINE.args.enable_prefix_caching and key in ENGINE.cache
         ENGINE.cache.add(key)
-        prefill_s = real_prompt / ENGINE.prefill_tok_s * (0.1 if cached else 1.0)
+        prefill_tok_s, decode_tok_s = ENGINE.rates()
+        prefill_s = real_prompt / prefill_tok_s * (0.1 if cached else 1.0)
         if ENGINE.long_prefill_s:
             self.long_prefill(real_prompt, ENGINE.long_prefill_s)
 
@@ -400,7 +453,7 @@ class Handler(BaseHTTPRequestHandler):
         finish = "stop" if wanted < max_tokens else "length"
 
         if not body.get("stream"):
-            time.sleep(ENGINE.queue_s + prefill_s + max(0, produced - 1) / ENGINE.decode_tok_s)
+            time.sleep(ENGINE.queue_s + prefill_s + max(0, produced - 1) / decode_tok_s)
             ENGINE.count(drafts=drafts, accepted=accepted, draft_tokens=drafts * ENGINE.k,
                          prompt=prompt_tokens, generation=produced, requests=1)
             words = " ".join("tok" for _ in range(produced))
@@ -424,7 +477,7 @@ class Handler(BaseHTTPRequestHandler):
         # The first token comes with the prefill; each later one at the decode rate.
         emitted, first = 0, None
         for i, n in enumerate(steps):
-            target = scheduled + prefill_s + (max(0, emitted + n - 1) / ENGINE.decode_tok_s if i else 0)
+            target = scheduled + prefill_s + (max(0, emitted + n - 1) / decode_tok_s if i else 0)
             self.wait_until(target)
             first = first or time.monotonic()
             if "error_mid_stream" in ENGINE.faults and emitted >= ENGINE.error_after:

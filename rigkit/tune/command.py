@@ -1,0 +1,122 @@
+"""`rigkit tune INVENTORY --rig NAME --model NAME ...`: the command around the sweep.
+
+Order of events: every option and file is checked, the rig is read (nvidia-smi, NVML offsets),
+every cell is screened (driver ranges, PSU budget); only then is anything applied. The sweep
+restores the rig at the end, on an error and on Ctrl-C; the dead man's switch on the rig
+restores it if this process disappears. `--hold` measures the setting in force and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigkit.tune.grid import GridError, parse_objective, parse_repeats, parse_threshold, parse_values, parse_workload
+from rigkit.tune.inputs import TuneInputError
+
+DEADMAN_MIN_S = 5
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("tune", help="measure power limits, clock locks and offsets live; propose the best")
+    p.add_argument("inventory")
+    p.add_argument("--rig", required=True, help="the rig's inventory name")
+    p.add_argument("--model", required=True, help="a model the rig serves (its catalog name)")
+    p.add_argument("--power-limits", default="", help="W per GPU: 200:350:25 or 200,250,300")
+    p.add_argument("--clock-locks", default="", help="lock ceilings in MHz, `none` for unlocked: none,1800,2100")
+    p.add_argument("--mem-offsets", default="", help="NVML memory clock offsets in MHz: 0,1800,3600")
+    p.add_argument("--core-offsets", default="", help="NVML graphics clock offsets in MHz: 0,100")
+    p.add_argument("--repeats", default="4", help="measurements per cell (even; odd is rounded up)")
+    p.add_argument("--objective", default="efficiency", help="decode, response-time or efficiency")
+    p.add_argument("--keep", default="0.95", help="efficiency: the share of the best decode to keep (0.95 or 95%%)")
+    p.add_argument("--workload", help="response-time: input/output tokens per request, e.g. 8000/640")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="per measurement")
+    p.add_argument("--output-tokens", type=int, default=128, help="per measurement")
+    p.add_argument("--deadman-s", type=int, default=0,
+                   help="the rig restores its policy this long after the last cell began (default: 60 s + 3x a measurement)")
+    p.add_argument("--write", action="store_true", help="apply the proposed change to the rig file (comments kept)")
+    p.add_argument("--json", help="write the result here (default: results/<rig>/<model>/tune-<time>.json, + .png)")
+    p.add_argument("--hold", action="store_true", help="measure the setting in force --repeats times; change nothing")
+    p.set_defaults(func=main)
+
+
+@dataclass(frozen=True)
+class Options:
+    power_limits: tuple
+    clock_locks: tuple
+    mem_offsets: tuple
+    core_offsets: tuple
+    repeats: int
+    objective: str
+    keep: float
+    workload: object
+
+
+def parse_options(args) -> Options:
+    try:
+        options = Options(
+            parse_values("--power-limits", args.power_limits) if args.power_limits else (),
+            parse_values("--clock-locks", args.clock_locks, allow_unlocked=True) if args.clock_locks else (),
+            parse_values("--mem-offsets", args.mem_offsets, allow_negative=True) if args.mem_offsets else (),
+            parse_values("--core-offsets", args.core_offsets, allow_negative=True) if args.core_offsets else (),
+            parse_repeats(args.repeats), parse_objective(args.objective), parse_threshold(args.keep),
+            parse_workload(args.workload) if args.workload else None)
+    except GridError as exc:
+        raise TuneInputError(str(exc)) from None
+    if options.objective == "response-time" and options.workload is None:
+        raise TuneInputError("--objective response-time needs --workload INPUT/OUTPUT tokens per request, e.g. 8000/640")
+    if not args.hold and not any((options.power_limits, options.clock_locks, options.mem_offsets, options.core_offsets)):
+        raise TuneInputError("nothing to sweep: give --power-limits, --clock-locks, --mem-offsets or --core-offsets "
+                             "(or --hold to measure the setting in force)")
+    for name in ("prompt_tokens", "output_tokens"):
+        if not 1 <= getattr(args, name) <= 200_000:
+            raise TuneInputError(f"--{name.replace('_', '-')} {getattr(args, name)}: give 1-200000 tokens")
+    if args.deadman_s and args.deadman_s < DEADMAN_MIN_S:
+        raise TuneInputError(f"--deadman-s {args.deadman_s}: at least {DEADMAN_MIN_S} s (a cell must fit inside it)")
+    if args.hold and args.write:
+        raise TuneInputError("--hold changes nothing, so there is nothing to --write")
+    return options
+
+
+def _host(inventory: str, name: str):
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    if not Path(inventory).is_file():
+        raise TuneInputError(f"{inventory}: no such inventory file")
+    with ctx_state.use(State()):
+        hosts = list(make_inventory(inventory, cwd="."))
+    names = [h.name for h in hosts]
+    for host in hosts:
+        if host.name == name:
+            return host
+    raise TuneInputError(f"--rig {name}: not in {inventory}; its rigs: {', '.join(names) or 'none'}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rigkit.config.inventory import RigConfigError, rig_config, run_options, ssh_target
+
+    try:
+        options = parse_options(args)
+        host = _host(args.inventory, args.rig)
+        try:
+            rig = rig_config(host)
+        except RigConfigError as exc:
+            raise TuneInputError(str(exc)) from None
+        if rig.spec.os != "linux":
+            raise TuneInputError(f"rig {args.rig} ({rig.file}) is a {rig.spec.os} rig; `rigkit tune` drives Linux rigs")
+        model = next((m for m in rig.models if m.name == args.model), None)
+        if model is None:
+            raise TuneInputError(f"--model {args.model}: rig {args.rig} ({rig.file}) serves "
+                                 f"{', '.join(m.name for m in rig.models) or 'no models'}")
+        target = ssh_target(host)
+        results_dir = run_options(host).results_dir
+    except TuneInputError as exc:
+        print(f"rigkit tune: {exc}", file=sys.stderr)
+        return 2
+    from rigkit.tune.session import run_session
+
+    return run_session(args, options, rig, model, target, results_dir)

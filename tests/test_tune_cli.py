@@ -1,0 +1,55 @@
+"""`rigkit tune`'s bad input: one clear line naming the option or file, exit 2, no traceback, and
+nothing reached (the inventory points at a port where no rig listens: any attempt would show as a
+connection error instead of the message). Pure; no Docker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+RIG = REPO / "tests" / "data" / "tune" / "rigs" / "tune.yml"
+
+
+def tune(*args: str, rig_file=RIG) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RIGKIT_SIM_PORT="1", RIGKIT_RIG_FILE=str(rig_file),
+               RIGKIT_CATALOG_DIR=str(REPO / "tests" / "data" / "tune" / "models"))
+    return subprocess.run([sys.executable, "-m", "rigkit.cli", "tune", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args, said", [
+    (("--rig", "nope", "--model", "tune-sim", "--power-limits", "200,250"), "--rig nope: not in inventory/sim.py"),
+    (("--rig", "sim-rig", "--model", "other", "--power-limits", "200,250"), "--model other: rig sim-rig"),
+    (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "250:200:25"), "start 250 is above stop 200"),
+    (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200,abc"), "'abc' is not a whole number"),
+    (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", "--objective", "fast"), "--objective 'fast'"),
+    (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", "--objective", "response-time"),
+     "needs --workload"),
+    (("--rig", "sim-rig", "--model", "tune-sim"), "nothing to sweep"),
+    (("--rig", "sim-rig", "--model", "tune-sim", "--hold", "--write"), "nothing to --write"),
+    (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", "--deadman-s", "2"), "--deadman-s 2"),
+    (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", "--repeats", "0"), "--repeats '0'"),
+])
+def test_bad_options_are_refused_with_one_line_before_any_rig_is_reached(args, said):
+    run = tune("inventory/sim.py", *args)
+    assert run.returncode == 2, run.stderr
+    assert said in run.stderr and "Traceback" not in run.stderr
+    assert "cannot reach" not in run.stderr
+
+
+def test_a_bad_rig_file_is_named(tmp_path):
+    bad = tmp_path / "rigs" / "bad.yml"
+    bad.parent.mkdir()
+    bad.write_text(RIG.read_text().replace("psu_w: 800", "psu_w: lots"))
+    run = tune("inventory/sim.py", "--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", rig_file=bad)
+    assert run.returncode == 2 and "psu_w" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_missing_inventory_is_named():
+    run = tune("inventory/none.py", "--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200")
+    assert run.returncode == 2 and "inventory/none.py: no such inventory file" in run.stderr
