@@ -139,7 +139,7 @@ def test_uninstall_resets_through_the_policy_script_then_unregisters_and_removes
     script = bundle()["uninstall.ps1"]
     assert "& $PowerScript -Reset" in script
     assert "Unregister-ScheduledTask -TaskName $task -TaskPath '\\' -Confirm:$false" in script
-    assert "@('GPU-PowerPolicy', 'LocalLLM-Bootstrap')" in script
+    assert "@('GPU-PowerPolicy', 'LocalLLM-Bootstrap', 'LocalLLM-Watchdog')" in script
     assert "Remove-Item -LiteralPath $InstallDir -Recurse -Force" in script
     assert script.index("-Reset") < script.index("Unregister-ScheduledTask") < script.index("Remove-Item")
 
