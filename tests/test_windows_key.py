@@ -90,6 +90,7 @@ def test_a_missing_key_file_is_refused_at_check_and_deploy_before_any_change(rig
 def test_the_key_file_gets_its_acl_before_its_content_and_is_never_inlined(rig, tmp_path):
     run = deploy(rig, keyed_rig(tmp_path))
     assert run.returncode == 0, run.output
+    on_rig(rig, "nvidia-smi -pl 330")  # the fake ran no policy script: set the limits it would have set
 
     # Byte for byte the env file Compose reads raw; read past rigkit, from the rig's disk.
     assert rig.exec(f"base64 -w0 '{ON_RIG_KEY}'")[1].strip() == base64.b64encode(f"VLLM_API_KEY={KEY}\n".encode()).decode()
