@@ -18,7 +18,7 @@ SYSTEM and Administrators only (rigkit.windows.private_file), and the compose fi
 The watchdog (rigkit.windows.watchdog) is a third task, LocalLLM-Watchdog, as SYSTEM.
 
 With `gpu_policy: remove` in the rig file it runs the bundle's uninstall.ps1 instead:
-GPUs back to default limits with clocks reset, both tasks unregistered, the folder
+GPUs back to default limits with clocks reset, the tasks unregistered, the folder
 removed (nothing is done when nothing of rigkit's is there).
 
 Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
