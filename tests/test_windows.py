@@ -158,6 +158,14 @@ def test_same_task_ignores_what_windows_adds_and_sees_real_differences():
     assert not same_task(exported.replace("PT20S", "PT30S"), rendered)
 
 
+def test_same_task_compares_the_user_of_a_task_rendered_for_system():
+    """The watchdog's task names SYSTEM itself: a task moved to another user is not the rendered one."""
+    rendered = bundle()["tasks/LocalLLM-Watchdog.xml"]
+    assert "<UserId>S-1-5-18</UserId>" in rendered
+    assert same_task(rendered.replace("    ", "  "), rendered)
+    assert not same_task(rendered.replace("S-1-5-18", "RIG\\owner"), rendered)
+
+
 def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
     from rigkit.cli import main
 

@@ -148,7 +148,7 @@ def test_a_restart_is_guarded_by_the_cap_then_the_lock(script):
     guarded = body[at]
     assert guarded.type == "try_statement" and "$lock.Dispose()" in text(guarded.child_by_field_name("finally") or next(
         c for c in guarded.children if c.type == "finally_clause"))
-    assert "$State['restarts'] = @($recent + $Now)" in script  # counted for the cap once done
+    assert "$State['restarts'] = [double[]] @($recent + $Now)" in script  # counted for the cap once done
 
 
 def test_a_model_is_probed_only_while_no_rollout_holds_the_lock(script):
