@@ -75,7 +75,9 @@ def windows(rig: RigConfig) -> None:
     except SecretFileError as exc:
         raise DeployError(f"rig {rig.name}, nothing was changed: {exc}") from None
 
-    bootstrap_inputs = dict(installed)
+    # What a bootstrap run depends on: the files it reads (not the watchdog's), and the key.
+    watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
+    bootstrap_inputs = {path: data for path, data in installed.items() if path not in watchdog_files}
     if api_key is not None:
         key_data = api_key_env_file(api_key)
         private_file(name="Install the API key (SYSTEM and Administrators only)", dest=str(API_KEY_FILE),
@@ -89,9 +91,6 @@ def windows(rig: RigConfig) -> None:
             xml=bundle[f"tasks/{task}.xml"], xml_path=task_xml_path(task),
             as_connecting_user=task != TASK_WATCHDOG,  # the watchdog runs as SYSTEM
         )
-    # The watchdog's own files do not change what the bootstrap does.
-    for name in (SCRIPT_NAME, CONFIG_NAME, f"tasks\\{TASK_WATCHDOG}.xml"):
-        bootstrap_inputs.pop(str(INSTALL_DIR / name), None)
 
     drift = power_drift(rig.spec, report)
     for line in drift:

@@ -25,7 +25,7 @@ import pytest
 
 from rigkit.windows.bundle import API_KEY_FILE, TASK_BOOTSTRAP
 from rigkit.windows.private_file import temporary_name
-from tests.conftest import DATA, REPO, TEST_CATALOG, run_deploy
+from tests.conftest import DATA, REPO, TEST_CATALOG, copy_catalog, run_deploy
 from tests.ps51_rules import findings
 
 WIN_RIG = DATA / "rigs" / "windows.yml"
@@ -164,3 +164,17 @@ def test_a_new_key_is_put_the_same_way_and_the_stacks_come_up_with_it(rig, tmp_p
                                                                   str(API_KEY_FILE)]
     assert rig.exec(f"cat {STORE}/runs.log")[1].split()[len(runs_before):] == [TASK_BOOTSTRAP]
     assert "rk-second-key" not in run.output
+
+
+def test_a_watchdog_setting_changes_its_settings_file_only(rig, tmp_path):
+    """The watchdog's settings are not the bootstrap's input: a change to them runs no task."""
+    rig_file = keyed_rig(tmp_path, key="rk-second-key")
+    catalog = copy_catalog(tmp_path)  # compose files name their catalog file: one folder for both deploys
+    assert run_deploy(rig, rig_file, catalog=catalog, inventory=INVENTORY).returncode == 0
+    copy_catalog(tmp_path, test_alpha=[("ready_timeout_s: 30\n", "ready_timeout_s: 30\nwatchdog: {wedged_after_s: 45}\n")])
+    runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
+    run = run_deploy(rig, rig_file, catalog=catalog, inventory=INVENTORY)
+    assert run.returncode == 0, run.output
+    assert json.loads(on_rig(rig, "cat /C:/ProgramData/rigkit/watchdog.json"))["models"][0]["wedged_after_s"] == 45
+    assert run.changed_operations() == 1, run.output  # Put C:\\ProgramData\\rigkit\\watchdog.json
+    assert rig.exec(f"cat {STORE}/runs.log")[1].split() == runs_before
