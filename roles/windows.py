@@ -10,11 +10,15 @@ when a power limit drifted from the policy (as on Linux: a GPU without a cap sho
 at its driver's default). GPU-PowerPolicy's script is the only one that sets limits and
 clocks; the bootstrap runs it again before it waits for Docker, brings up the stacks
 and warms each model.
-The SSH user should be the administrator who logs on at the rig: the tasks run as
+The SSH user should be the administrator who logs on at the rig: the logon tasks run as
 that user (Docker Desktop's context is per user).
 
+With the rig's `api_key_file`, the key's env file goes to C:\\ProgramData\\rigkit\\secrets, readable by
+SYSTEM and Administrators only (rigkit.windows.private_file), and the compose files reference it.
+The watchdog (rigkit.windows.watchdog) is a third task, LocalLLM-Watchdog, as SYSTEM.
+
 With `gpu_policy: remove` in the rig file it runs the bundle's uninstall.ps1 instead:
-GPUs back to default limits with clocks reset, both tasks unregistered, the folder
+GPUs back to default limits with clocks reset, the tasks unregistered, the folder
 removed (nothing is done when nothing of rigkit's is there).
 
 Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
@@ -30,18 +34,24 @@ from pyinfra.api.exceptions import DeployError
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.gate import accept_gpus, check_policy
 from rigkit.gpu.policy import power_drift
+from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.windows import operations as winops
 from rigkit.windows.bundle import (
+    API_KEY_FILE,
+    INSTALL_DIR,
     LOG_PATH,
     POWER_SCRIPT,
     TASK_BOOTSTRAP,
     TASK_POWER,
+    TASKS,
     installed_files,
     render_bundle,
     task_xml_path,
 )
 from rigkit.windows.facts import WindowsNvidiaGpus
+from rigkit.windows.private_file import private_file
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
+from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
 
 
 @deploy("Windows rig")
@@ -60,13 +70,26 @@ def windows(rig: RigConfig) -> None:
         raise DeployError(f"rig {rig.name}, nothing was changed: " + "; ".join(str(e) for e in errors))
     for warning in warnings:
         logger.warning(f"{host.print_prefix}{warning}")
+    try:
+        api_key = read_api_key(rig)
+    except SecretFileError as exc:
+        raise DeployError(f"rig {rig.name}, nothing was changed: {exc}") from None
 
+    # What a bootstrap run depends on: the files it reads (not the watchdog's), and the key.
+    watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
+    bootstrap_inputs = {path: data for path, data in installed.items() if path not in watchdog_files}
+    if api_key is not None:
+        key_data = api_key_env_file(api_key)
+        private_file(name="Install the API key (SYSTEM and Administrators only)", dest=str(API_KEY_FILE),
+                     data=key_data)
+        bootstrap_inputs[str(API_KEY_FILE)] = key_data  # a new key: the stacks come up again with it
     for path, data in installed.items():
         winops.file(name=f"Put {path}", dest=path, data=data)
-    for task in (TASK_POWER, TASK_BOOTSTRAP):
+    for task in TASKS:
         winops.scheduled_task(
             name=f"Register scheduled task {task}", task_name=task,
             xml=bundle[f"tasks/{task}.xml"], xml_path=task_xml_path(task),
+            as_connecting_user=task != TASK_WATCHDOG,  # the watchdog runs as SYSTEM
         )
 
     drift = power_drift(rig.spec, report)
@@ -78,7 +101,7 @@ def windows(rig: RigConfig) -> None:
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
     )
     winops.run_task(
-        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(installed),
+        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(bootstrap_inputs),
         wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=bool(drift),
     )
 
@@ -86,7 +109,7 @@ def windows(rig: RigConfig) -> None:
 def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:
     # The reset runs through the one script that sets limits and clocks, in its current
     # version: it is put first (uninstall.ps1 then removes it with the rest).
-    tasks = [TASK_POWER, TASK_BOOTSTRAP]
+    tasks = list(TASKS)
     if winops.nothing_installed(tasks):
         host.noop("rigkit's GPU policy and tasks are not installed")
         return

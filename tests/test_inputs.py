@@ -155,11 +155,3 @@ def test_docker_api_forward_is_a_socket_only_its_user_can_open():
         assert stat.S_ISSOCK(os.stat(path).st_mode)
     assert not os.path.exists(path)
 
-
-def test_a_key_on_a_windows_rig_is_called_out_as_not_used(tmp_path):
-    from tests.conftest import DATA
-
-    rig = tmp_path / "win.yml"
-    rig.write_text((DATA / "rigs/windows.yml").read_text() + f"api_key_file: {tmp_path / 'k'}\n")
-    warnings = load_rig(rig, TEST_CATALOG).warnings
-    assert any("serve WITHOUT a key" in w for w in warnings), warnings

@@ -110,7 +110,7 @@ HOSTILE = "it's ‘odd’ [2x] $(rm -rf x)"
 
 def rig_variants(tmp_path) -> list:
     """The shipped example rig and the test rig, each as it is, with hostile rig and model
-    names, without caps or clock locks, and with gpu_policy: remove. The loader refuses
+    names, without caps or clock locks, with gpu_policy: remove, and with an API key. The loader refuses
     hostile names (rigkit.config.names); they are put in after loading, so the templates'
     quoting is checked even for values that can no longer reach them."""
     from dataclasses import replace
@@ -132,6 +132,7 @@ def rig_variants(tmp_path) -> list:
             "uncapped.yml": "\n".join(line for line in text.splitlines()
                                       if "power_limit_w" not in line and "clock_lock_mhz" not in line) + "\n",
             "remove.yml": text + "gpu_policy: remove\n",
+            "keyed.yml": text + "api_key_file: /nonexistent/key\n",  # the key's branches of the scripts
         }
         for name, variant in variants.items():
             (folder / name).write_text(variant)
@@ -146,6 +147,7 @@ def sent_scripts(rig) -> dict[str, str]:
 
     from rigkit.windows import facts
     from rigkit.windows import operations as winops
+    from rigkit.windows import private_file
     from rigkit.windows.bundle import (
         LOG_PATH,
         TASK_BOOTSTRAP,
@@ -162,6 +164,11 @@ def sent_scripts(rig) -> dict[str, str]:
         "export-task": facts.ScheduledTaskXml().command(task_name=HOSTILE),
         "nvidia-smi": facts.WindowsNvidiaGpus().command(),
         "register-task": winops.register_task_script(HOSTILE, path),
+        "register-task as SYSTEM": winops.register_task_script(HOSTILE, path, as_connecting_user=False),
+        "private-file-state": private_file.WindowsPrivateFile().command(path=path),
+        "secure-folder": private_file.secure_folder_script(path),
+        "place-private-file": private_file.place_script(private_file.temporary_name(path), path),
+        "protect-file": private_file.protect_script(path),
         "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
         "uninstall": winops.uninstall_script(render_bundle(rig)["uninstall.ps1"], [TASK_POWER, TASK_BOOTSTRAP]),
         "connector wrapper": "",
@@ -178,7 +185,7 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
     for rig in rig_variants(tmp_path):
         scripts = {name: text for name, text in render_bundle(rig).items() if name.endswith(".ps1")}
         assert set(scripts) == {"scripts/gpu-power-policy.ps1", "scripts/llm-bootstrap.ps1", "install.ps1",
-                                "uninstall.ps1"}
+                                "uninstall.ps1", "scripts/rigkit-watchdog.ps1"}
         if rig.name == HOSTILE:  # the names reached the scripts, as quoted literals
             assert ps_quote(HOSTILE) in scripts["scripts/llm-bootstrap.ps1"]
             assert ps_quote(f"C:\\ProgramData\\rigkit\\stacks\\{HOSTILE}\\compose.yml") in scripts["scripts/llm-bootstrap.ps1"]
@@ -186,4 +193,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 8 * 13
+    assert checked == 10 * 19

@@ -139,7 +139,7 @@ def test_uninstall_resets_through_the_policy_script_then_unregisters_and_removes
     script = bundle()["uninstall.ps1"]
     assert "& $PowerScript -Reset" in script
     assert "Unregister-ScheduledTask -TaskName $task -TaskPath '\\' -Confirm:$false" in script
-    assert "@('GPU-PowerPolicy', 'LocalLLM-Bootstrap')" in script
+    assert "@('GPU-PowerPolicy', 'LocalLLM-Bootstrap', 'LocalLLM-Watchdog')" in script
     assert "Remove-Item -LiteralPath $InstallDir -Recurse -Force" in script
     assert script.index("-Reset") < script.index("Unregister-ScheduledTask") < script.index("Remove-Item")
 
@@ -158,6 +158,14 @@ def test_same_task_ignores_what_windows_adds_and_sees_real_differences():
     assert not same_task(exported.replace("PT20S", "PT30S"), rendered)
 
 
+def test_same_task_compares_the_user_of_a_task_rendered_for_system():
+    """The watchdog's task names SYSTEM itself: a task moved to another user is not the rendered one."""
+    rendered = bundle()["tasks/LocalLLM-Watchdog.xml"]
+    assert "<UserId>S-1-5-18</UserId>" in rendered
+    assert same_task(rendered.replace("    ", "  "), rendered)
+    assert not same_task(rendered.replace("S-1-5-18", "RIG\\owner"), rendered)
+
+
 def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
     from rigkit.cli import main
 
@@ -168,6 +176,29 @@ def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
     assert (tmp_path / "install.ps1").is_file() and (tmp_path / f"tasks/{TASK_POWER}.xml").is_file()
     assert main(["windows-bundle", str(REPO / "inventory/rigs/linux-4x3090.yml"), "--out", str(tmp_path / "x"),
                  "--catalog", str(CATALOG)]) == 1
+
+
+def test_a_keyed_rigs_bundle_names_the_key_file_but_never_carries_the_key(tmp_path):
+    """The offline bundle of a rig with api_key_file: compose files reference the key's env file, the
+    bootstrap sends it as a header, install.ps1 refuses to run without it; the key is in no file."""
+    import os
+
+    from rigkit.windows.bundle import API_KEY_FILE, write_bundle
+
+    key_file = tmp_path / "key"
+    key_file.write_text("rk-bundle-secret-0042\n")
+    os.chmod(key_file, 0o600)
+    rig_file = tmp_path / "rig.yml"
+    rig_file.write_text(WIN_RIG.read_text() + f"api_key_file: {key_file}\n")
+    written = write_bundle(load_rig(rig_file, CATALOG), tmp_path / "bundle")
+    assert all(b"rk-bundle-secret" not in path.read_bytes() for path in written)
+    compose = (tmp_path / "bundle/scripts/stacks/qwen3-27b-awq/compose.yml").read_text()
+    assert '"format": "raw"' in compose and str(API_KEY_FILE).replace("\\", "\\\\") in compose
+    install = (tmp_path / "bundle/install.ps1").read_text(encoding="utf-8-sig")
+    assert f"$KeyFile = '{API_KEY_FILE}'" in install and "if (-not (Test-Path -LiteralPath $KeyFile -PathType Leaf))" in install
+    assert "-Headers $Headers" in (tmp_path / "bundle/scripts/llm-bootstrap.ps1").read_text(encoding="utf-8-sig")
+    unkeyed = render_bundle(load_rig(WIN_RIG, CATALOG))
+    assert "$KeyFile" not in unkeyed["install.ps1"] and "env_file" not in unkeyed["scripts/stacks/qwen3-27b-awq/compose.yml"]
 
 
 def test_windows_bundle_cli_says_in_one_line_why_it_cannot_write(tmp_path, capsys, monkeypatch):

@@ -19,6 +19,7 @@ PowerShell grammar (tree-sitter-powershell) and checked by the Windows PowerShel
 from __future__ import annotations
 
 import base64
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -30,6 +31,7 @@ from rigkit.windows.bundle import (
     render_bundle,
 )
 from rigkit.windows.timing import bootstrap_budget
+from rigkit.windows.watchdog import TASK_WATCHDOG
 from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, run_deploy
 from tests.ps51_rules import findings
 from tests.test_windows import parse_errors
@@ -37,6 +39,7 @@ from tests.test_windows import parse_errors
 WIN_RIG = DATA / "rigs" / "windows.yml"
 INVENTORY = "tests/data/windows-rig.py"
 STORE = "/var/lib/rigkit-winsim"
+NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
 
 pytestmark = pytest.mark.simrig
 
@@ -74,8 +77,12 @@ def test_first_deploy_installs_registers_and_runs_both_tasks(rig):
         on_rig_path = "/" + path.replace("\\", "/")
         assert rig.exec(f"base64 -w0 '{on_rig_path}'")[1].strip() == base64.b64encode(data).decode(), path
     tasks = on_rig(rig, f"ls {STORE}/tasks").split()
-    assert sorted(tasks) == sorted([f"{TASK_POWER}.xml", f"{TASK_BOOTSTRAP}.xml"])
-    assert runs(rig) == [TASK_POWER, TASK_BOOTSTRAP]
+    assert sorted(tasks) == sorted([f"{TASK_POWER}.xml", f"{TASK_BOOTSTRAP}.xml", f"{TASK_WATCHDOG}.xml"])
+    assert runs(rig) == [TASK_POWER, TASK_BOOTSTRAP]  # the watchdog runs on its own trigger, not now
+    # The watchdog is registered as SYSTEM, as rendered; the logon tasks for the connecting user.
+    users = {t: ET.fromstring(on_rig(rig, f"cat {STORE}/tasks/{t}.xml").split("?>", 1)[1]).find(".//t:UserId", NS).text
+             for t in (TASK_POWER, TASK_WATCHDOG)}
+    assert users == {TASK_POWER: "SIMRIG\\root", TASK_WATCHDOG: "S-1-5-18"}
     # The fake ran no policy script: set the limits GPU-PowerPolicy would have set.
     on_rig(rig, "nvidia-smi -pl 330")
 
@@ -149,7 +156,7 @@ def test_gpu_policy_remove_resets_the_gpus_unregisters_the_tasks_and_removes_the
     state = rig.gpu_state()  # read past rigkit: the simulated driver's settings
     assert [g["power_limit_w"] for g in state] == [450, 450]  # the 4090s' default limit
     assert [g["clock_lock"] for g in state] == [None, None]
-    assert on_rig(rig, f"ls {STORE}/tasks").split() == []
+    assert on_rig(rig, f"ls {STORE}/tasks").split() == []  # the watchdog's task too
     assert rig.exec("test -e /C:/ProgramData/rigkit")[0] != 0
 
     again = deploy(rig, removed)  # nothing of rigkit's is left: nothing to do

@@ -71,9 +71,6 @@ def serving_findings(rig: RigSpec, rig_file: Path, models: list[ModelConfig]) ->
     for model in models:
         _check_model(rig, rig_file, model, errors, warnings)
     _check_shared(models, errors)
-    if rig.os == "windows" and rig.api_key_file and models:
-        warnings.append("api_key_file is not used on Windows rigs yet: their models serve WITHOUT a key "
-                        "(bound to 127.0.0.1 only)")
     return errors, warnings
 
 

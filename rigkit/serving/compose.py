@@ -77,7 +77,8 @@ def vllm_args(model: ModelConfig) -> list[str]:
     return args + list(v.extra_args)
 
 
-def render_compose(model: ModelConfig, with_api_key: bool) -> str:
+def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE) -> str:
+    """`env_file`: where the rig keeps the API key's env file (a Windows rig: under C:\\ProgramData\\rigkit)."""
     spec = model.spec
     environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **spec.env}
     if spec.weights.storage == "volume":
@@ -94,7 +95,7 @@ def render_compose(model: ModelConfig, with_api_key: bool) -> str:
         command=vllm_args(model),
         environment=environment,
         # raw: Compose neither interpolates `$` nor strips quotes or `#` in the key.
-        env_files=[{"path": SECRETS_ENV_FILE, "format": "raw"}] if with_api_key else [],
+        env_files=[{"path": env_file, "format": "raw"}] if with_api_key else [],
         mounts=[mount],
         volumes=volumes,
         device_ids=[str(i) for i in spec.gpus],

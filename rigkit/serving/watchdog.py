@@ -1,6 +1,6 @@
 """The rig-side watchdog (templates/serving/rigkit-watchdog): its settings file and its systemd
 timer, rendered from the catalog's `watchdog:` entries. Pure functions; roles/serving.py installs
-what they return. Windows rigs get no watchdog yet (docs/serving.md#watchdog)."""
+what they return. A Windows rig's watchdog (rigkit.windows.watchdog) reads the same settings."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def watched(rig: RigConfig) -> list:
     return [m for m in rig.models if m.spec.watchdog.enabled]
 
 
-def watchdog_config(rig: RigConfig, with_api_key: bool) -> str:
-    """The settings file the watchdog reads on every pass (JSON)."""
+def watchdog_config(rig: RigConfig, with_api_key: bool, api_key_env_file: str = SECRETS_ENV_FILE,
+                    state_dir: str = STATE_DIR) -> str:
+    """The settings file the watchdog reads on every pass (JSON). A Windows rig's watchdog reads the
+    same file, with its own paths (rigkit.windows.watchdog)."""
     models = []
     for model in watched(rig):
         w = model.spec.watchdog
@@ -41,9 +43,9 @@ def watchdog_config(rig: RigConfig, with_api_key: bool) -> str:
         })
     document = {
         "rig": rig.name,
-        "api_key_env_file": SECRETS_ENV_FILE if with_api_key else None,
+        "api_key_env_file": api_key_env_file if with_api_key else None,
         "api_key_env_name": ENV_NAME,
-        "state_dir": STATE_DIR,
+        "state_dir": state_dir,
         "models": models,
     }
     return json.dumps(document, indent=2) + "\n"

@@ -17,6 +17,7 @@ from rigkit.config.schema import RigConfig
 from rigkit.render import render
 from rigkit.serving.compose import render_compose, served_name
 from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
+from rigkit.windows.watchdog import TASK_WATCHDOG, watchdog_files
 
 INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
@@ -25,6 +26,12 @@ BOOTSTRAP_SCRIPT = INSTALL_DIR / "llm-bootstrap.ps1"
 DOCKER_DESKTOP = PureWindowsPath(r"C:\Program Files\Docker\Docker\Docker Desktop.exe")
 TASK_POWER = "GPU-PowerPolicy"
 TASK_BOOTSTRAP = "LocalLLM-Bootstrap"
+TASKS = (TASK_POWER, TASK_BOOTSTRAP, TASK_WATCHDOG)
+# The API key's env file (Compose reads it raw, as on Linux); SYSTEM and Administrators only
+# (rigkit.windows.private_file). Not in the bundle: a deploy puts it, install.ps1 requires it.
+API_KEY_FILE = INSTALL_DIR / "secrets" / "vllm-api-key.env"
+# Held by LocalLLM-Bootstrap for its whole run (a rollout); the watchdog never restarts meanwhile.
+ROLLOUT_LOCK = INSTALL_DIR / "locks" / "rollout.lock"
 # Filled with the installing user by install.ps1 (the task runs as the logged-in user).
 USER_PLACEHOLDER = "RIGKIT-INSTALLING-USER"
 _TASK_NS = "{http://schemas.microsoft.com/windows/2004/02/mit/task}"
@@ -34,6 +41,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
     """{path inside the bundle: content}."""
     gpus = rig.spec.gpus
     budget = bootstrap_budget(rig)
+    key_file = str(API_KEY_FILE) if rig.spec.api_key_file else None
     logs = {"log_path": str(LOG_PATH), "log_dir": str(LOG_PATH.parent)}
     stacks = [
         {
@@ -50,7 +58,8 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             "windows/gpu-power-policy.ps1.j2", rig_name=rig.name, gpus=gpus, **logs),
         "scripts/llm-bootstrap.ps1": render(
             "windows/llm-bootstrap.ps1.j2", rig_name=rig.name, stacks=stacks, power_script=str(POWER_SCRIPT),
-            docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S, budget_s=budget.total_s, **logs),
+            docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S, budget_s=budget.total_s,
+            key_file=key_file, lock_path=str(ROLLOUT_LOCK), **logs),
         f"tasks/{TASK_POWER}.xml": render(
             "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
             script_path=str(POWER_SCRIPT), execution_time_limit=POWER_TASK_LIMIT),
@@ -59,13 +68,15 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             script_path=str(BOOTSTRAP_SCRIPT), execution_time_limit=budget.task_duration()),
         "install.ps1": render(
             "windows/install.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
-            task_names=[TASK_POWER, TASK_BOOTSTRAP]),
+            task_names=list(TASKS), system_tasks=[TASK_WATCHDOG], key_file=key_file),
         "uninstall.ps1": render(
             "windows/uninstall.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
-            power_script=str(POWER_SCRIPT), task_names=[TASK_POWER, TASK_BOOTSTRAP]),
+            power_script=str(POWER_SCRIPT), task_names=list(TASKS)),
+        **watchdog_files(rig, INSTALL_DIR, LOG_PATH.parent, str(ROLLOUT_LOCK), key_file),
     }
     for model in rig.models:
-        files[f"scripts/stacks/{model.name}/compose.yml"] = render_compose(model, with_api_key=False)
+        files[f"scripts/stacks/{model.name}/compose.yml"] = render_compose(
+            model, with_api_key=key_file is not None, env_file=str(API_KEY_FILE))
     return files
 
 
@@ -103,11 +114,13 @@ def task_xml_path(task_name: str) -> str:
 def same_task(exported_xml: str, rendered_xml: str) -> bool:
     """Whether an installed task (Export-ScheduledTask) is the rendered one. Windows adds
     RegistrationInfo/Date and Author and reformats, so both are canonicalised first; the
-    principal's user is not compared (install fills it in)."""
-    return _canonical(exported_xml) == _canonical(rendered_xml)
+    principal's user is compared only where the rendered task names one (SYSTEM), not where
+    install fills it in."""
+    keep_user = USER_PLACEHOLDER not in rendered_xml
+    return _canonical(exported_xml, keep_user) == _canonical(rendered_xml, keep_user)
 
 
-def _canonical(text: str) -> str:
+def _canonical(text: str, keep_user: bool = False) -> str:
     # Export-ScheduledTask declares UTF-16; as text, the declaration only gets in the way.
     root = ET.fromstring(re.sub(r"^\s*<\?xml[^>]*\?>", "", text))
     info = root.find(f"{_TASK_NS}RegistrationInfo")
@@ -116,7 +129,7 @@ def _canonical(text: str) -> str:
             for element in info.findall(f"{_TASK_NS}{name}"):
                 info.remove(element)
     for user in root.iter(f"{_TASK_NS}UserId"):
-        user.text = ""
+        user.text = user.text if keep_user else ""
     for element in root.iter():
         element.text = (element.text or "").strip() or None
         element.tail = None

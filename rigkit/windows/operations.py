@@ -44,23 +44,24 @@ def file(dest: str, data: bytes):
 
 
 @operation()
-def scheduled_task(task_name: str, xml: str, xml_path: str):
-    """`xml_path`: where `xml` was put on the rig. The task runs as the connecting user
-    (its UserId is filled in on the rig, as install.ps1 does)."""
+def scheduled_task(task_name: str, xml: str, xml_path: str, as_connecting_user: bool = True):
+    """`xml_path`: where `xml` was put on the rig. The task runs as the connecting user (its UserId
+    is filled in on the rig, as install.ps1 does), or with `as_connecting_user=False` as its XML says."""
     exported = host.get_fact(ScheduledTaskXml, task_name=task_name)
     if exported is not None and same_task(exported, xml):
         host.noop(f"scheduled task {task_name} is as rendered")
         return
-    yield register_task_script(task_name, xml_path)
+    yield register_task_script(task_name, xml_path, as_connecting_user)
 
 
-def register_task_script(task_name: str, xml_path: str) -> str:
+def register_task_script(task_name: str, xml_path: str, as_connecting_user: bool = True) -> str:
     name, path = ps_quote(task_name), ps_quote(xml_path)
+    user = "$xml.Task.Principals.Principal.UserId = '{0}\\{1}' -f $env:USERDOMAIN, $env:USERNAME\n"
     return (
         f"# rigkit: register-task {name} {path}\n"
         f"$xml = [xml] (Get-Content -Raw -Encoding UTF8 -LiteralPath {path})\n"
-        "$xml.Task.Principals.Principal.UserId = '{0}\\{1}' -f $env:USERDOMAIN, $env:USERNAME\n"
-        f"Register-ScheduledTask -TaskName {name} -Xml $xml.OuterXml -Force | Out-Null\n"
+        + (user if as_connecting_user else "")
+        + f"Register-ScheduledTask -TaskName {name} -Xml $xml.OuterXml -Force | Out-Null\n"
         f"'{{0}}: registered for {{1}}' -f {name}, $xml.Task.Principals.Principal.UserId"
     )
 

@@ -18,7 +18,8 @@ from rigkit.config.errors import Problem
 from rigkit.config.schema import RigConfig
 
 DOCKER_WAIT_S = 180  # Docker Desktop starting at logon
-BASE_MARGIN_S = 120  # the GPU policy's nvidia-smi calls, powershell.exe starting, logging
+# The GPU policy's nvidia-smi calls, powershell.exe starting, logging; the rollout lock (30 s at most).
+BASE_MARGIN_S = 120
 PER_MODEL_MARGIN_S = 60  # `docker compose up -d` of a pulled image; the last 30 s warm-up request past its deadline
 TASK_STOP_S = 60  # Task Scheduler stopping a task at its limit and recording the result
 POWER_TASK_LIMIT = "PT5M"  # GPU-PowerPolicy: a few nvidia-smi calls per GPU

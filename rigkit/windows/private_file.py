@@ -1,0 +1,145 @@
+"""A secret on a Windows rig (the API key's env file): `private_file`, the Windows counterpart of
+rigkit/private_file.py, and the fact it compares with.
+
+The file lives in a folder whose ACL grants only SYSTEM and Administrators, without inherited
+entries (C:\\ProgramData grants Users read, and a new folder inherits that). The ACL is set with
+icacls by SID (`*S-1-5-18`, `*S-1-5-32-544`), which works in any display language, and read back
+through .NET before anything is written. The content then travels over SFTP to a temporary name
+inside that folder (so it is never readable by anyone else, not even for a moment), gets the same
+ACL explicitly, and is moved over the destination. It is never put in a script or on a command line,
+and compared by SHA-256 only (`WindowsPrivateFile` reads the digest and the ACL, never the content).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from io import BytesIO
+from pathlib import PureWindowsPath
+
+from pyinfra import host
+from pyinfra.api import FactBase, FileUploadCommand, operation
+
+from rigkit.render import ps_quote
+from rigkit.windows.facts import ABSENT
+
+SYSTEM_SID = "S-1-5-18"
+ADMINISTRATORS_SID = "S-1-5-32-544"
+ALLOWED_SIDS = (SYSTEM_SID, ADMINISTRATORS_SID)
+
+# icacls as a native program: under the connector's 'Stop', stderr must not be redirected into
+# errors (Windows PowerShell 5.1); 'Continue' is local to the function, the exit code decides.
+_ICACLS = (
+    "function Invoke-Icacls([string[]] $Arguments) {\n"
+    "    $ErrorActionPreference = 'Continue'\n"
+    "    $out = & icacls.exe @Arguments 2>&1 | ForEach-Object { [string] $_ }\n"
+    "    if ($LASTEXITCODE -ne 0) { throw ('icacls {0} failed (exit {1}): {2}' -f ($Arguments -join ' '), "
+    "$LASTEXITCODE, ($out -join ' ')) }\n"
+    "}\n"
+)
+# Reads the ACL back: protected (no inherited entries) and only the allowed SIDs, else it throws.
+_ASSERT_PRIVATE = (
+    "function Assert-Private([string] $Path) {\n"
+    "    $acl = Get-Acl -LiteralPath $Path\n"
+    "    $sids = @($acl.Access | ForEach-Object { $_.IdentityReference.Translate([Security.Principal.SecurityIdentifier]).Value })\n"
+    f"    $others = @($sids | Where-Object {{ @({', '.join(ps_quote(s) for s in ALLOWED_SIDS)}) -notcontains $_ }})\n"
+    "    if (-not $acl.AreAccessRulesProtected -or $others.Count -gt 0) {\n"
+    "        throw ('{0}: its ACL still grants {1} (inherited: {2}); only SYSTEM and Administrators may read it' -f "
+    "$Path, ($others -join ', '), (-not $acl.AreAccessRulesProtected))\n"
+    "    }\n"
+    "}\n"
+)
+
+
+def icacls_arguments(path: str, folder: bool) -> list[str]:
+    """What icacls gets: inherited entries removed, full control for SYSTEM and Administrators only
+    (inherited by what the folder holds). SIDs, not names: names are translated per language."""
+    inherit = "(OI)(CI)" if folder else ""
+    return [path, "/inheritance:r", "/grant:r", *(f"*{sid}:{inherit}F" for sid in ALLOWED_SIDS)]
+
+
+def _icacls_line(path: str, folder: bool) -> str:
+    return "Invoke-Icacls " + " ".join(ps_quote(a) for a in icacls_arguments(path, folder)) + "\n"
+
+
+def temporary_name(dest: str) -> str:
+    path = PureWindowsPath(dest)
+    return str(path.with_name(f".{path.name}.rigkit-upload"))
+
+
+def secure_folder_script(folder: str) -> str:
+    """The folder made (if needed) and given its ACL, read back; run before any content is sent."""
+    return (
+        f"# rigkit: secure-folder {ps_quote(folder)}\n"
+        + _ICACLS + _ASSERT_PRIVATE
+        + f"New-Item -ItemType Directory -Force -Path {ps_quote(folder)} | Out-Null\n"
+        + _icacls_line(folder, folder=True)
+        + f"Assert-Private {ps_quote(folder)}\n"
+    )
+
+
+def place_script(temporary: str, dest: str) -> str:
+    """The uploaded temporary file: its own ACL, moved over `dest`, and `dest`'s ACL read back."""
+    return (
+        f"# rigkit: place-private-file {ps_quote(temporary)} {ps_quote(dest)}\n"
+        + _ICACLS + _ASSERT_PRIVATE
+        + _icacls_line(temporary, folder=False)
+        + f"Move-Item -LiteralPath {ps_quote(temporary)} -Destination {ps_quote(dest)} -Force\n"
+        + _icacls_line(dest, folder=False)
+        + f"Assert-Private {ps_quote(dest)}\n"
+    )
+
+
+def protect_script(dest: str) -> str:
+    """Only the ACL of a file whose content is already right."""
+    return (
+        f"# rigkit: protect-file {ps_quote(dest)}\n"
+        + _ICACLS + _ASSERT_PRIVATE
+        + _icacls_line(dest, folder=False)
+        + f"Assert-Private {ps_quote(dest)}\n"
+    )
+
+
+class WindowsPrivateFile(FactBase):
+    """{"sha256": lower-case hex, "private": bool} of a file on the rig, or None where there is none.
+    private: its ACL has no inherited entries and grants only SYSTEM and Administrators."""
+
+    def command(self, path: str) -> str:
+        name = ps_quote(path)
+        return (
+            f"# rigkit: private-file-state {name}\n"
+            f"if (-not (Test-Path -LiteralPath {name} -PathType Leaf)) {{ {ps_quote(ABSENT)}; exit 0 }}\n"
+            f"'sha256={{0}}' -f (Get-FileHash -Algorithm SHA256 -LiteralPath {name}).Hash\n"
+            f"$acl = Get-Acl -LiteralPath {name}\n"
+            "'protected={0}' -f $acl.AreAccessRulesProtected\n"
+            "'sids={0}' -f ((@($acl.Access | ForEach-Object { "
+            "$_.IdentityReference.Translate([Security.Principal.SecurityIdentifier]).Value }) | Sort-Object -Unique) -join ',')"
+        )
+
+    def process(self, output) -> dict | None:
+        lines = [line.strip() for line in output if line.strip()]
+        if lines == [ABSENT]:
+            return None
+        values = dict(line.split("=", 1) for line in lines if "=" in line)
+        sids = {s for s in values.get("sids", "").split(",") if s}
+        return {
+            "sha256": values.get("sha256", "").lower(),
+            "private": values.get("protected", "").lower() == "true" and sids == set(ALLOWED_SIDS),
+        }
+
+
+@operation()
+def private_file(dest: str, data: bytes):
+    """Put `data` at `dest`, readable by SYSTEM and Administrators only, unless it is already
+    there with that ACL (compared by SHA-256); never shows or sends the data in a script."""
+    state = host.get_fact(WindowsPrivateFile, path=dest)
+    same = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
+    if same and state["private"]:
+        host.noop(f"{dest} is up to date, SYSTEM and Administrators only (compared by SHA-256)")
+        return
+    if same:
+        yield protect_script(dest)
+        return
+    yield secure_folder_script(str(PureWindowsPath(dest).parent))
+    temporary = temporary_name(dest)
+    yield FileUploadCommand(BytesIO(data), temporary)
+    yield place_script(temporary, dest)

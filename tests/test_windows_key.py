@@ -1,0 +1,180 @@
+"""A Windows rig's API key, deployed over SSH: `pyinfra tests/data/windows-rig.py deploy.py` with a rig
+file that has `api_key_file`.
+
+Real: pyinfra's CLI, rigkit's `@winssh` connector over real SSH and SFTP to the simulated rig, rigkit's
+Windows role, facts and operations, the key file read on the control machine.
+
+Simulated: Windows. powershell.exe on the rig is tests/simrig/powershell.exe: it runs no PowerShell, so
+icacls, Get-Acl and Move-Item do not run; it records each `Invoke-Icacls` line a script carries (with
+the names then in the target's folder) and keeps the ACL that line would set, moves the uploaded
+temporary file as the script's Move-Item would, and reports a file's SHA-256 and that ACL to the
+fact. So these tests show what rigkit sends and in which order (the ACL before any content, the
+content only over SFTP, never in a script), its decisions (nothing re-sent when the digest and ACL
+match) and the compose files; not that Windows applies the ACL (see docs/windows.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rigkit.windows.bundle import API_KEY_FILE, TASK_BOOTSTRAP
+from rigkit.windows.private_file import temporary_name
+from tests.conftest import DATA, REPO, TEST_CATALOG, copy_catalog, run_deploy
+from tests.ps51_rules import findings
+
+WIN_RIG = DATA / "rigs" / "windows.yml"
+INVENTORY = "tests/data/windows-rig.py"
+STORE = "/var/lib/rigkit-winsim"
+# Quotes (straight and typographic), $, #, spaces inside, backslash: nothing may interpret it.
+KEY = "rk-7f3e9a1c \"q\" 'x' \u2018y\u2019 $(whoami) #not-a-comment \\n"
+SECRETS = str(API_KEY_FILE.parent)
+ON_RIG_KEY = "/" + str(API_KEY_FILE).replace("\\", "/")
+
+pytestmark = pytest.mark.simrig
+
+
+@pytest.fixture(scope="module")
+def rig(fresh_rig):
+    return fresh_rig
+
+
+def keyed_rig(tmp_path, key: str | None = KEY, name: str = "win.yml"):
+    key_file = tmp_path / f"{name}.key"
+    if key is not None:
+        key_file.write_text(key + "\n")
+        os.chmod(key_file, 0o600)
+    rig_file = tmp_path / name
+    rig_file.write_text(WIN_RIG.read_text() + f"api_key_file: {key_file}\n")
+    return rig_file
+
+
+def deploy(rig, rig_file):
+    return run_deploy(rig, rig_file, inventory=INVENTORY)
+
+
+def on_rig(rig, command: str) -> str:
+    code, out = rig.exec(command)
+    assert code == 0, out
+    return out
+
+
+def icacls_calls(rig) -> list[dict]:
+    return [json.loads(line) for line in rig.exec(f"cat {STORE}/icacls.log")[1].splitlines() if line.strip()]
+
+
+def sent_scripts(rig) -> dict[str, str]:
+    names = on_rig(rig, "ls /var/log/rigkit-winsim").split()
+    return {name: rig.exec(f"cat /var/log/rigkit-winsim/{name}")[1] for name in names}
+
+
+def test_a_missing_key_file_is_refused_at_check_and_deploy_before_any_change(rig, tmp_path):
+    rig_file = keyed_rig(tmp_path, key=None)
+    check = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig_file), "--catalog", str(TEST_CATALOG)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert f"api_key_file {tmp_path / 'win.yml.key'} does not exist" in check.stderr
+
+    run = deploy(rig, rig_file)
+    assert run.returncode != 0
+    assert "nothing was changed" in run.output and "does not exist" in run.output, run.output
+    assert "Traceback" not in run.output
+    assert rig.exec("test -e /C:/ProgramData/rigkit")[0] != 0  # nothing was put
+
+
+def test_the_key_file_gets_its_acl_before_its_content_and_is_never_inlined(rig, tmp_path):
+    run = deploy(rig, keyed_rig(tmp_path))
+    assert run.returncode == 0, run.output
+    on_rig(rig, "nvidia-smi -pl 330")  # the fake ran no policy script: set the limits it would have set
+
+    # Byte for byte the env file Compose reads raw; read past rigkit, from the rig's disk.
+    assert rig.exec(f"base64 -w0 '{ON_RIG_KEY}'")[1].strip() == base64.b64encode(f"VLLM_API_KEY={KEY}\n".encode()).decode()
+    temporary = temporary_name(str(API_KEY_FILE))
+    assert rig.exec(f"test -e '/{temporary.replace(chr(92), '/')}'")[0] != 0  # moved, not left behind
+
+    calls = icacls_calls(rig)
+    assert [c["args"] for c in calls] == [
+        [SECRETS, "/inheritance:r", "/grant:r", "*S-1-5-18:(OI)(CI)F", "*S-1-5-32-544:(OI)(CI)F"],
+        [temporary, "/inheritance:r", "/grant:r", "*S-1-5-18:F", "*S-1-5-32-544:F"],
+        [str(API_KEY_FILE), "/inheritance:r", "/grant:r", "*S-1-5-18:F", "*S-1-5-32-544:F"],
+    ]
+    # The folder was locked down while empty, in a script sent before the upload (scripts are numbered).
+    assert calls[0]["present"] == [] and calls[0]["script"] < calls[1]["script"]
+    assert calls[1]["present"] == [temporary.rsplit("\\", 1)[1]]
+    acl = json.loads(on_rig(rig, f"cat {STORE}/acl.json"))[str(API_KEY_FILE).lower()]
+    assert acl == {"protected": True, "sids": ["S-1-5-18", "S-1-5-32-544"]}
+
+    compose = on_rig(rig, "cat /C:/ProgramData/rigkit/stacks/test-alpha/compose.yml")
+    assert 'env_file: [{"path": "C:\\\\ProgramData\\\\rigkit\\\\secrets\\\\vllm-api-key.env", "format": "raw"}]' in compose
+    bootstrap = on_rig(rig, "cat /C:/ProgramData/rigkit/llm-bootstrap.ps1")
+    assert "$KeyFile = 'C:\\ProgramData\\rigkit\\secrets\\vllm-api-key.env'" in bootstrap
+    assert "-Headers $Headers" in bootstrap
+    watchdog = json.loads(on_rig(rig, "cat /C:/ProgramData/rigkit/watchdog.json"))
+    assert watchdog["api_key_env_file"] == str(API_KEY_FILE)
+
+    # The key is nowhere but in its file: no script sent, no other file on the rig, not the deploy's output.
+    marker = "rk-7f3e9a1c"
+    for name, script in sent_scripts(rig).items():
+        assert marker not in script, name
+        assert findings(script) == [], name
+    holders = on_rig(rig, f"grep -rl -- '{marker}' /C: /var/log /var/lib/rigkit-winsim || true").split()
+    assert holders == [ON_RIG_KEY], holders
+    assert marker not in run.output
+    kinds = {line.split()[2] for s in sent_scripts(rig).values() for line in s.splitlines() if line.startswith("# rigkit: ")}
+    assert {"private-file-state", "secure-folder", "place-private-file"} <= kinds
+
+
+def test_a_second_deploy_changes_nothing_and_sends_no_key(rig, tmp_path):
+    rig_file = keyed_rig(tmp_path)
+    calls = len(icacls_calls(rig))
+    run = deploy(rig, rig_file)
+    assert run.returncode == 0, run.output
+    assert run.changed_operations() == 0, run.output
+    assert len(icacls_calls(rig)) == calls  # compared by the digest fact, not rewritten
+
+
+def test_an_acl_opened_behind_rigkits_back_is_closed_without_resending_the_key(rig, tmp_path):
+    rig_file = keyed_rig(tmp_path)
+    acls = json.loads(on_rig(rig, f"cat {STORE}/acl.json"))
+    acls[str(API_KEY_FILE).lower()] = {"protected": False, "sids": ["S-1-5-18", "S-1-5-32-544", "S-1-5-32-545"]}
+    on_rig(rig, f"printf '%s' '{json.dumps(acls)}' > {STORE}/acl.json")  # as icacls /grant Users:R would
+    before = len(icacls_calls(rig))
+    runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
+    run = deploy(rig, rig_file)
+    assert run.returncode == 0, run.output
+    assert [c["args"][0] for c in icacls_calls(rig)[before:]] == [str(API_KEY_FILE)]  # the file's ACL only
+    assert json.loads(on_rig(rig, f"cat {STORE}/acl.json"))[str(API_KEY_FILE).lower()]["protected"] is True
+    assert rig.exec(f"cat {STORE}/runs.log")[1].split() == runs_before  # same key: the stacks are left alone
+    assert deploy(rig, rig_file).changed_operations() == 0
+
+
+def test_a_new_key_is_put_the_same_way_and_the_stacks_come_up_with_it(rig, tmp_path):
+    rig_file = keyed_rig(tmp_path, key="rk-second-key")
+    before = len(icacls_calls(rig))
+    runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
+    run = deploy(rig, rig_file)
+    assert run.returncode == 0, run.output
+    assert on_rig(rig, f"cat '{ON_RIG_KEY}'") == "VLLM_API_KEY=rk-second-key\n"
+    assert [c["args"][0] for c in icacls_calls(rig)[before:]] == [SECRETS, temporary_name(str(API_KEY_FILE)),
+                                                                  str(API_KEY_FILE)]
+    assert rig.exec(f"cat {STORE}/runs.log")[1].split()[len(runs_before):] == [TASK_BOOTSTRAP]
+    assert "rk-second-key" not in run.output
+
+
+def test_a_watchdog_setting_changes_its_settings_file_only(rig, tmp_path):
+    """The watchdog's settings are not the bootstrap's input: a change to them runs no task."""
+    rig_file = keyed_rig(tmp_path, key="rk-second-key")
+    catalog = copy_catalog(tmp_path)  # compose files name their catalog file: one folder for both deploys
+    assert run_deploy(rig, rig_file, catalog=catalog, inventory=INVENTORY).returncode == 0
+    copy_catalog(tmp_path, test_alpha=[("ready_timeout_s: 30\n", "ready_timeout_s: 30\nwatchdog: {wedged_after_s: 45}\n")])
+    runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
+    run = run_deploy(rig, rig_file, catalog=catalog, inventory=INVENTORY)
+    assert run.returncode == 0, run.output
+    assert json.loads(on_rig(rig, "cat /C:/ProgramData/rigkit/watchdog.json"))["models"][0]["wedged_after_s"] == 45
+    assert run.changed_operations() == 1, run.output  # Put C:\\ProgramData\\rigkit\\watchdog.json
+    assert rig.exec(f"cat {STORE}/runs.log")[1].split() == runs_before
