@@ -12,8 +12,9 @@ Linux rigs (systemd, over SSH):
 7. serving: one vLLM compose stack per model, rolled out with rollback;
 8. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand).
-Windows rigs (`@winssh/HOST`): the same GPU checks, then the two elevated logon
-tasks and their scripts, installed and run now (roles/windows.py).
+Windows rigs (`@winssh/HOST`): the same GPU checks, the same weights copy onto volumes
+(through Docker Desktop), then the two elevated logon tasks and their scripts, installed
+and run now (roles/windows.py).
 """
 
 from pyinfra import host, inventory, logger
@@ -44,7 +45,7 @@ if rig.spec.os == "linux":
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
 else:
-    windows(rig)
+    windows(rig, verify_weights=options.verify_weights)
     # Not built yet for Windows: roles/verify.py's sampler runs Python + NVML on the rig.
     logger.warning(
         f"{host.print_prefix}verification is not built for Windows rigs yet: forward a model's port "

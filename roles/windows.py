@@ -17,6 +17,9 @@ With `gpu_policy: remove` in the rig file it runs the bundle's uninstall.ps1 ins
 GPUs back to default limits with clocks reset, both tasks unregistered, the folder
 removed (nothing is done when nothing of rigkit's is there).
 
+Models with `weights.storage: volume` get their weights copied onto their volumes first, as on
+Linux (rigkit.windows.weights: the same copier, through Docker Desktop's Engine).
+
 Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
 within the driver's range, PSU budget; and the bootstrap's time fits (rigkit.windows.timing).
 """
@@ -42,10 +45,12 @@ from rigkit.windows.bundle import (
 )
 from rigkit.windows.facts import WindowsNvidiaGpus
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
+from rigkit.windows.weights import weights_onto_volumes
 
 
 @deploy("Windows rig")
-def windows(rig: RigConfig) -> None:
+def windows(rig: RigConfig, verify_weights: bool = False) -> dict:
+    """Returns {model name: its weights copy operation} (as roles/weights.py does)."""
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
     report = accept_gpus(rig, host.get_fact(WindowsNvidiaGpus))
@@ -53,7 +58,7 @@ def windows(rig: RigConfig) -> None:
     installed = installed_files(bundle)
     if rig.spec.gpu_policy == "remove":
         _remove(bundle, installed)
-        return
+        return {}
     check_policy(rig, report)
     errors, warnings = timing_findings(rig)
     if errors:
@@ -69,6 +74,9 @@ def windows(rig: RigConfig) -> None:
             xml=bundle[f"tasks/{task}.xml"], xml_path=task_xml_path(task),
         )
 
+    # Weights onto their volumes before the bootstrap brings the stacks up on them.
+    copied = weights_onto_volumes(rig, verify=verify_weights)
+
     drift = power_drift(rig.spec, report)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
@@ -81,6 +89,7 @@ def windows(rig: RigConfig) -> None:
         name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(installed),
         wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=bool(drift),
     )
+    return copied
 
 
 def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:

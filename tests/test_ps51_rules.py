@@ -161,6 +161,8 @@ def sent_scripts(rig) -> dict[str, str]:
         "folder-exists": facts.WindowsFolderExists().command(path=path),
         "export-task": facts.ScheduledTaskXml().command(task_name=HOSTILE),
         "nvidia-smi": facts.WindowsNvidiaGpus().command(),
+        "weights-check": facts.WindowsWeightsVolumeState().command(
+            volume=f"rigkit-weights-{HOSTILE}", source=f"C:\\models\\{HOSTILE}", image=f"vllm/{HOSTILE}:1", copier=path),
         "register-task": winops.register_task_script(HOSTILE, path),
         "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
         "uninstall": winops.uninstall_script(render_bundle(rig)["uninstall.ps1"], [TASK_POWER, TASK_BOOTSTRAP]),
@@ -186,4 +188,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 8 * 13
+    assert checked == 8 * 14
