@@ -49,8 +49,9 @@ from rigkit.windows.weights import weights_onto_volumes
 
 
 @deploy("Windows rig")
-def windows(rig: RigConfig, verify_weights: bool = False) -> dict:
-    """Returns {model name: its weights copy operation} (as roles/weights.py does)."""
+def windows(rig: RigConfig, verify_weights: bool = False) -> list:
+    """Returns the operations after which the served models should be verified: the weights
+    copies and the two task runs (the policy applied, the stacks brought up)."""
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
     report = accept_gpus(rig, host.get_fact(WindowsNvidiaGpus))
@@ -58,7 +59,7 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> dict:
     installed = installed_files(bundle)
     if rig.spec.gpu_policy == "remove":
         _remove(bundle, installed)
-        return {}
+        return []
     check_policy(rig, report)
     errors, warnings = timing_findings(rig)
     if errors:
@@ -81,15 +82,15 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> dict:
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
     power_files = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
-    winops.run_task(
+    power_run = winops.run_task(
         name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
     )
-    winops.run_task(
+    bootstrap_run = winops.run_task(
         name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(installed),
         wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=bool(drift),
     )
-    return copied
+    return [*copied.values(), power_run, bootstrap_run]
 
 
 def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:
