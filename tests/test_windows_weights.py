@@ -16,6 +16,7 @@ engine refuses a `C:\\...` source, so a copy that succeeds went through that tra
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -80,6 +81,12 @@ def volume_listing(client) -> dict[str, tuple[str, float]]:
     return listing
 
 
+def progress_shards(client) -> int:
+    out = client.containers.run(STABLE_TAG, ["sh", "-c", "grep -c safetensors /v/.rigkit/progress.jsonl"], entrypoint=[],
+                                volumes={VOLUME: {"bind": "/v", "mode": "ro"}}, remove=True)
+    return int(out.decode().strip())
+
+
 def test_first_deploy_fills_the_volume_from_the_windows_folder_marker_last(rig, client):
     make_checkpoint(source_folder(rig), shards=3, shard_bytes=2 << 20)
     run = deploy(rig)
@@ -111,8 +118,10 @@ def test_second_deploy_changes_nothing_and_the_fact_read_only(rig, client):
 
 
 def test_an_interrupted_copy_leaves_no_marker_and_the_next_deploy_resumes(rig, client):
-    make_checkpoint(source_folder(rig), shards=6, shard_bytes=64 << 20, seed=1)  # new bytes, same names
+    shutil.rmtree(source_folder(rig))  # every file new: a resume is then the only way to copy less than all
+    make_checkpoint(source_folder(rig), shards=6, shard_bytes=64 << 20, seed=1)
     expected = sha256s(source_folder(rig))
+    done_before = progress_shards(client)  # shards the first copy finished
     env_run = {}
     worker = threading.Thread(target=lambda: env_run.setdefault("run", deploy(rig)))
     worker.start()
@@ -121,9 +130,12 @@ def test_an_interrupted_copy_leaves_no_marker_and_the_next_deploy_resumes(rig, c
     while time.monotonic() < deadline and worker.is_alive() and not killed:
         time.sleep(0.05)
         try:
-            out = client.containers.get(HELPER).exec_run(["sh", "-c", "wc -l < /dst/.rigkit/progress.jsonl"])
-            if out.exit_code == 0 and int(out.output.strip() or 0) >= 1:
-                client.containers.get(HELPER).kill()
+            helper = client.containers.get(HELPER)
+            if helper.attrs["Args"][2] != "copy":  # the helper's first run only checks
+                continue
+            out = helper.exec_run(["sh", "-c", "grep -c safetensors /dst/.rigkit/progress.jsonl"])
+            if out.exit_code == 0 and int(out.output.strip() or 0) > done_before:  # a new shard finished
+                helper.kill()
                 killed = True
         except (docker.errors.NotFound, docker.errors.APIError, ValueError):
             continue
