@@ -12,11 +12,12 @@ Linux rigs (systemd, over SSH):
 7. serving: one vLLM compose stack per model, rolled out with rollback;
 8. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand).
-Windows rigs (`@winssh/HOST`): the same GPU checks, then the two elevated logon
-tasks and their scripts, installed and run now (roles/windows.py).
+Windows rigs (`@winssh/HOST`): the same GPU checks, the same weights copy onto volumes
+(through Docker Desktop), then the two elevated logon tasks and their scripts, installed
+and run now (roles/windows.py).
 """
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, inventory
 
 from rigkit.config.inventory import rig_config, run_options, validate_inventory
 from rigkit.ssh import tcp_nodelay
@@ -44,10 +45,8 @@ if rig.spec.os == "linux":
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
 else:
-    windows(rig)
-    # Not built yet for Windows: roles/verify.py's sampler runs Python + NVML on the rig.
-    logger.warning(
-        f"{host.print_prefix}verification is not built for Windows rigs yet: forward a model's port "
-        "(ssh -L 8000:127.0.0.1:PORT) and run `rigkit bench --url http://127.0.0.1:8000 --model NAME`; "
-        "GPU clocks and power under load are not checked"
-    )
+    changes = windows(rig, verify_weights=options.verify_weights)
+    if not options.verify_never:
+        # The tasks bring the stacks up at logon and at their run now; verification benchmarks
+        # them through an SSH port forward and samples NVML in a container (roles/verify.py).
+        verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)

@@ -40,17 +40,23 @@ def forward(transport, remote_port: int, remote_host: str = "127.0.0.1"):
         yield port
 
 
+# Run by the rig's login shell as the SSH session's command; its stdin and stdout become one
+# connection to the Engine API. A connector may name another spelling (`docker_dial_command`).
+DOCKER_DIAL_COMMAND = "docker system dial-stdio"
+
+
 @contextmanager
-def forward_docker(transport):
+def forward_docker(transport, dial_command: str = DOCKER_DIAL_COMMAND):
     """Yield the path of a local Unix socket that speaks to the rig's Docker Engine, as
-    `ssh host docker system dial-stdio` does for the docker CLI: use it as
+    `ssh host docker system dial-stdio` does for the docker CLI (`dial_command`: the
+    connector's spelling of that command, e.g. `docker.exe ...` on Windows): use it as
     docker.DockerClient(base_url=f"unix://{path}"). The Engine API is root on the rig, so
     the socket lives in a folder only the deploying user can enter (a TCP port on loopback
     would be open to every local user)."""
 
     def dial(address):
         channel = transport.open_session()
-        channel.exec_command("docker system dial-stdio")
+        channel.exec_command(dial_command)
         return channel
 
     with tempfile.TemporaryDirectory(prefix="rigkit-docker-") as folder:  # mode 700

@@ -2,8 +2,10 @@
 
 Installs the telemetry sampler (rigkit/telemetry.py, with a copy of pynvml.py
 for rigs without nvidia-ml-py), then per model: starts the sampler on the rig
-for the model's GPUs, benchmarks the model from the control machine through an
-SSH port forward (the server binds the rig's 127.0.0.1), stops the sampler,
+for the model's GPUs (on a Windows rig: the same sampler in a short-lived
+container with GPU access, through Docker Desktop's Engine;
+rigkit.verify.container_sampler), benchmarks the model from the control machine
+through an SSH port forward (the server binds the rig's 127.0.0.1), stops the sampler,
 brings its samples back and judges. Writes results/<rig>/<model>/<time>.json
 and .png, prints a table, and fails the deploy when a check fails.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +33,7 @@ from rigkit.files import put
 from rigkit.serving.api_key import read_api_key
 from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
+from rigkit.weights.engine import dial_command, rig_engine
 
 if TYPE_CHECKING:
     from rigkit.verify.result import VerificationResult
@@ -44,8 +48,10 @@ PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small sh
 OUTPUT_TOKENS = 256
 REQUEST_TIMEOUT_S = 120
 SAMPLER_START_S = 20
+SAMPLER_MAX_S = 900  # a sampler left behind stops itself
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
 RUN_DIR = "/run/rigkit"  # the sampler's output, root-only
+SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}
 
 
 @deploy("Verify")
@@ -53,13 +59,15 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) ->
     """`after`: the deploy's operations; verification runs if any changed, or `always`."""
     if not rig.models:
         return
-    paths = (SAMPLER, SHIPPED_NVML)  # read in one command
-    installed = [
-        put(name="Install the telemetry sampler", data=Path(rigkit.verify.telemetry.__file__).read_bytes(),
-            dest=SAMPLER, mode="755", batch=paths),
-        put(name="Ship pynvml for rigs without nvidia-ml-py", data=Path(pynvml.__file__).read_bytes(),
-            dest=SHIPPED_NVML, mode="644", batch=paths),
-    ]
+    installed = []
+    if rig.spec.os == "linux":  # on Windows the sampler's container gets them through the Engine API
+        paths = (SAMPLER, SHIPPED_NVML)  # read in one command
+        installed = [
+            put(name="Install the telemetry sampler", data=Path(rigkit.verify.telemetry.__file__).read_bytes(),
+                dest=SAMPLER, mode="755", batch=paths),
+            put(name="Ship pynvml for rigs without nvidia-ml-py", data=Path(pynvml.__file__).read_bytes(),
+                dest=SHIPPED_NVML, mode="644", batch=paths),
+        ]
     for model in rig.models:
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
@@ -82,20 +90,8 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     from rigkit.verify.client import run_bench
     from rigkit.verify.result import build_result, earlier_results, results_folder, roofline_tok_s, save_result
 
-    # A root-only folder, not /tmp: a local user could plant a symlink at a predictable /tmp path.
-    remote_path = f"{RUN_DIR}/telemetry-{model.name}.json"
-    remote_out = shlex.quote(remote_path)
-    gpus = ",".join(str(i) for i in model.spec.gpus)
-    # Prefer the rig's own nvidia-ml-py; fall back to the copy rigkit ships.
-    start = (
-        f"mkdir -p -m 700 {RUN_DIR}; rm -f {remote_out}; if python3 -c 'import pynvml' 2>/dev/null; then P=; else P={SHIPPED_NVML_DIR}; fi; "
-        f"PYTHONPATH=$P nohup python3 {SAMPLER} --gpus {gpus} --hz {SAMPLE_HZ} --out {remote_out} "
-        f"--max-seconds 900 > {remote_out}.log 2>&1 & echo $!"
-    )
-    pid = _run(start).strip().splitlines()[-1]
-    _run(f"for i in $(seq 1 {SAMPLER_START_S * 10}); do grep -q sampling {remote_out}.log && exit 0; "
-         f"kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; cat {remote_out}.log; exit 1")
-    try:
+    sampling = _sampling_in_container(model) if rig.spec.os == "windows" else _sampling_on_host(model)
+    with sampling as sampled:
         with forward(host.connector.client.get_transport(), model.spec.port) as local_port:
             bench = run_bench(
                 f"http://127.0.0.1:{local_port}", served_name(model), PROMPT_TOKENS, OUTPUT_TOKENS,
@@ -103,13 +99,7 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
                 expected_min_decode_tok_s=model.spec.expected_min_decode_tok_s,
                 roofline_tok_s=roofline_tok_s(rig, model), draft_tokens_per_step=_draft_tokens(model),
             )
-    finally:
-        _run(f"kill -TERM {pid}; for i in $(seq 1 100); do [ -f {remote_out} ] && exit 0; sleep 0.1; done; "
-             f"cat {remote_out}.log; exit 1")
-    buffer = io.BytesIO()
-    if not host.get_file(remote_path, buffer):
-        raise OperationError(f"could not fetch {remote_path} from the rig")
-    telemetry = json.loads(buffer.getvalue())
+    telemetry = sampled["telemetry"]
 
     folder = results_folder(results_dir, rig.name, model.name)
     # The image as the catalog names it; its digest stays null until the serving role records one.
@@ -127,6 +117,52 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
         raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
 
 
+@contextmanager
+def _sampling_on_host(model: ModelConfig):
+    """The sampler as a process on the rig (Linux), started and stopped over the deploy's shell;
+    yields a dict that holds {"telemetry": ...} after the block."""
+    # A root-only folder, not /tmp: a local user could plant a symlink at a predictable /tmp path.
+    remote_path = f"{RUN_DIR}/telemetry-{model.name}.json"
+    remote_out = shlex.quote(remote_path)
+    gpus = ",".join(str(i) for i in model.spec.gpus)
+    # Prefer the rig's own nvidia-ml-py; fall back to the copy rigkit ships.
+    start = (
+        f"mkdir -p -m 700 {RUN_DIR}; rm -f {remote_out}; if python3 -c 'import pynvml' 2>/dev/null; then P=; else P={SHIPPED_NVML_DIR}; fi; "
+        f"PYTHONPATH=$P nohup python3 {SAMPLER} --gpus {gpus} --hz {SAMPLE_HZ} --out {remote_out} "
+        f"--max-seconds {SAMPLER_MAX_S} > {remote_out}.log 2>&1 & echo $!"
+    )
+    pid = _run(start).strip().splitlines()[-1]
+    _run(f"for i in $(seq 1 {SAMPLER_START_S * 10}); do grep -q sampling {remote_out}.log && exit 0; "
+         f"kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; cat {remote_out}.log; exit 1")
+    held: dict = {}
+    try:
+        yield held
+    finally:
+        _run(f"kill -TERM {pid}; for i in $(seq 1 100); do [ -f {remote_out} ] && exit 0; sleep 0.1; done; "
+             f"cat {remote_out}.log; exit 1")
+    buffer = io.BytesIO()
+    if not host.get_file(remote_path, buffer):
+        raise OperationError(f"could not fetch {remote_path} from the rig")
+    held["telemetry"] = {**json.loads(buffer.getvalue()), "sampler": "nvml-host"}
+
+
+@contextmanager
+def _sampling_in_container(model: ModelConfig):
+    """The same sampler in a short-lived container with GPU access (Windows rigs: NVML answers in
+    Docker Desktop's WSL2 containers), through the rig's Docker Engine over the deploy's SSH
+    connection; the model's serving image runs it."""
+    from rigkit.verify.container_sampler import SamplerError, sampling_in_container  # the docker SDK
+
+    gpus = sorted(model.spec.gpus)
+    with rig_engine(host.connector.client.get_transport(), dial_command(host.connector)) as client:
+        try:
+            with sampling_in_container(client, model.spec.image, f"rigkit-telemetry-{model.name}", gpus,
+                                       SAMPLE_HZ, SAMPLER_MAX_S) as held:
+                yield held
+        except SamplerError as exc:
+            raise OperationError(f"{model.name}: {exc}") from None
+
+
 def _draft_tokens(model: ModelConfig) -> int | None:
     speculative = model.spec.vllm.speculative
     return speculative.num_speculative_tokens if speculative else None
@@ -137,6 +173,7 @@ def _summary(result: VerificationResult, path: Path) -> str:
 
     f = result.figures
     lines = [f"verification of {result.model}{' (SIMULATED telemetry)' if result.telemetry_simulated else ''}:",
+             f"GPU telemetry: {SAMPLER_NAMES.get(result.telemetry_sampler, result.telemetry_sampler)}",
              bench_table(result.bench)]
     for name in ("prefill_energy_j", "decode_energy_j", "decode_mean_power_w", "joules_per_output_token",
                  "decode_tok_s_per_watt", "response_time_estimate_s", "run_energy_counter_j",

@@ -13,14 +13,13 @@ stops the deploy with the reason.
 
 from __future__ import annotations
 
-from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import DeployError, OperationError
+from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import python
 
-from rigkit.config.schema import ModelConfig, RigConfig
-from rigkit.weights.engine import rig_engine
+from rigkit.config.schema import RigConfig
 from rigkit.weights.facts import volume_states
+from rigkit.weights.operation import copy_on_rig
 
 
 @deploy("Weights")
@@ -38,19 +37,8 @@ def weights(rig: RigConfig, verify: bool = False) -> dict:
                               f"{state['error']}")
         ops[model.name] = python.call(
             name=f"Weights of {model.name} onto volume",
-            function=_copy, model=model, verify=verify,
+            function=copy_on_rig, model=model, verify=verify,
             _if=lambda needed=verify or state["status"] != "unchanged": needed,
         )
     return ops
 
-
-def _copy(model: ModelConfig, verify: bool) -> None:
-    from rigkit.weights.volumes import WeightsError, copy  # imports the docker SDK
-
-    with rig_engine(host.connector.client.get_transport()) as client:
-        try:
-            reports = copy(client, model, verify=verify)
-        except WeightsError as exc:
-            raise OperationError(str(exc)) from None
-    for report in reports:
-        logger.info(f"{host.print_prefix}{report.line()}")

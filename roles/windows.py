@@ -21,6 +21,9 @@ With `gpu_policy: remove` in the rig file it runs the bundle's uninstall.ps1 ins
 GPUs back to default limits with clocks reset, the tasks unregistered, the folder
 removed (nothing is done when nothing of rigkit's is there).
 
+Models with `weights.storage: volume` get their weights copied onto their volumes first, as on
+Linux (rigkit.windows.weights: the same copier, through Docker Desktop's Engine).
+
 Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
 within the driver's range, PSU budget; and the bootstrap's time fits (rigkit.windows.timing).
 """
@@ -52,10 +55,13 @@ from rigkit.windows.facts import WindowsNvidiaGpus
 from rigkit.windows.private_file import private_file
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
 from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
+from rigkit.windows.weights import weights_onto_volumes
 
 
 @deploy("Windows rig")
-def windows(rig: RigConfig) -> None:
+def windows(rig: RigConfig, verify_weights: bool = False) -> list:
+    """Returns the operations after which the served models should be verified: the weights
+    copies and the two task runs (the policy applied, the stacks brought up)."""
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
     report = accept_gpus(rig, host.get_fact(WindowsNvidiaGpus))
@@ -63,7 +69,7 @@ def windows(rig: RigConfig) -> None:
     installed = installed_files(bundle)
     if rig.spec.gpu_policy == "remove":
         _remove(bundle, installed)
-        return
+        return []
     check_policy(rig, report)
     errors, warnings = timing_findings(rig)
     if errors:
@@ -92,18 +98,22 @@ def windows(rig: RigConfig) -> None:
             as_connecting_user=task != TASK_WATCHDOG,  # the watchdog runs as SYSTEM
         )
 
+    # Weights onto their volumes before the bootstrap brings the stacks up on them.
+    copied = weights_onto_volumes(rig, verify=verify_weights)
+
     drift = power_drift(rig.spec, report)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
     power_files = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
-    winops.run_task(
+    power_run = winops.run_task(
         name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
     )
-    winops.run_task(
+    bootstrap_run = winops.run_task(
         name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(bootstrap_inputs),
         wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=bool(drift),
     )
+    return [*copied.values(), power_run, bootstrap_run]
 
 
 def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:

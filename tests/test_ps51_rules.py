@@ -163,6 +163,8 @@ def sent_scripts(rig) -> dict[str, str]:
         "folder-exists": facts.WindowsFolderExists().command(path=path),
         "export-task": facts.ScheduledTaskXml().command(task_name=HOSTILE),
         "nvidia-smi": facts.WindowsNvidiaGpus().command(),
+        "weights-check": facts.WindowsWeightsVolumeState().command(
+            volume=f"rigkit-weights-{HOSTILE}", source=f"C:\\models\\{HOSTILE}", image=f"vllm/{HOSTILE}:1", copier=path),
         "register-task": winops.register_task_script(HOSTILE, path),
         "register-task as SYSTEM": winops.register_task_script(HOSTILE, path, as_connecting_user=False),
         "private-file-state": private_file.WindowsPrivateFile().command(path=path),
@@ -193,4 +195,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 10 * 19
+    assert checked == 10 * 20

@@ -50,7 +50,8 @@ def rig(fresh_rig):
 
 
 def deploy(rig, rig_file=WIN_RIG):
-    return run_deploy(rig, rig_file, inventory=INVENTORY)
+    # No verification: the fake tasks start no model (tests/test_windows_verify.py verifies one).
+    return run_deploy(rig, rig_file, inventory=INVENTORY, verify=False)
 
 
 def on_rig(rig, command: str) -> str:
@@ -97,7 +98,8 @@ def test_second_deploy_changes_nothing(rig):
 def test_every_script_sent_parses_as_powershell(rig):
     scripts = sent_scripts(rig)
     kinds = {line.split()[2] for s in scripts for line in s.splitlines() if line.startswith("# rigkit: ")}
-    assert kinds == {"nvidia-smi", "file-sha256", "export-task", "register-task", "read-text", "run-task"}
+    assert kinds == {"nvidia-smi", "file-sha256", "export-task", "register-task", "read-text", "run-task",
+                     "weights-check"}
     for script in scripts:
         assert parse_errors(script) == [], script
         assert findings(script) == [], "\n".join(map(str, findings(script))) + "\n" + script

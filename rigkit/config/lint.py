@@ -87,6 +87,11 @@ def _check_model(rig, rig_file, model, errors, warnings) -> None:
         error("vllm.dtype", vllm.dtype,
               "half precision with speculative decoding: a bfloat16 drafter then accepts nothing, silently "
               "(mean acceptance length 1.00, about 3x slower). Use bfloat16 or auto")
+    if rig.os == "windows" and spec.weights.storage == "volume" and re.search(r'[,"\x00-\x1f]', spec.weights.source):
+        # The copy's check passes the source to `docker.exe run --mount source=...`, a comma-separated
+        # field; Windows PowerShell 5.1 does not escape a double quote in a native argument.
+        error("weights.source", spec.weights.source,
+              "a Windows source copied onto a volume may not contain a comma, a double quote or a control character")
     rig_gpus = {g.index: g for g in rig.gpus}
     missing = [i for i in spec.gpus if i not in rig_gpus]
     if missing:

@@ -72,6 +72,7 @@ class VerificationResult:
     regressions: list[Regression] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
     phases: list[PhaseEnergy] = field(default_factory=list)  # prefill, decode
+    telemetry_sampler: str | None = None  # which ran: nvml-host (Linux) or nvml-container (Windows)
 
     @property
     def passed(self) -> bool:
@@ -164,6 +165,7 @@ def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemet
         regressions=found,
         provenance=made_with,
         phases=[prefill, decode_phase],
+        telemetry_sampler=telemetry.get("sampler"),
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from rigkit.sshforward import forward_docker
+from rigkit.sshforward import DOCKER_DIAL_COMMAND, forward_docker
 
 DOCKER_API_TIMEOUT_S = 60  # one Engine API call (a copy's own wait is longer: volumes.COPY_TIMEOUT_S)
 
@@ -24,12 +24,19 @@ def one_pool(client) -> None:
         adapter.pools = type(adapter.pools)(1, dispose_func=lambda pool: pool.close())
 
 
+def dial_command(connector) -> str:
+    """How the deploy's connector asks the rig for a Docker Engine connection: its
+    `docker_dial_command` (the Windows connector names `docker.exe`), else the docker CLI's own."""
+    return getattr(connector, "docker_dial_command", DOCKER_DIAL_COMMAND)
+
+
 @contextmanager
-def rig_engine(transport):
-    """Yield a docker.DockerClient for the rig reached over `transport` (a paramiko Transport)."""
+def rig_engine(transport, dial: str = DOCKER_DIAL_COMMAND):
+    """Yield a docker.DockerClient for the rig reached over `transport` (a paramiko Transport);
+    `dial`: the command that connects the session to the Engine (`dial_command`)."""
     import docker  # the SDK costs an import only when a copy runs
 
-    with forward_docker(transport) as path:
+    with forward_docker(transport, dial) as path:
         client = docker.DockerClient(base_url=f"unix://{path}", timeout=DOCKER_API_TIMEOUT_S, max_pool_size=1)
         one_pool(client)
         try:

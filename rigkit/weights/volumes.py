@@ -20,7 +20,7 @@ from docker.types import Mount
 from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
 from rigkit.serving.compose import volume_name
-from rigkit.weights.layout import source_layout
+from rigkit.weights.layout import helper_image, source_layout
 
 COPY_TIMEOUT_S = 6 * 3600  # tens of GB over a slow mount still end
 
@@ -60,10 +60,6 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
-
-
-def helper_image(model: ModelConfig) -> str:
-    return model.spec.weights.helper_image or model.spec.image
 
 
 def helper_name(model: ModelConfig) -> str:

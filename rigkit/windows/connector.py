@@ -53,6 +53,11 @@ class WindowsSSHConnector(SSHConnector):
 
     # Read by rigkit.config.inventory to refuse a Linux rig behind this connector (and the reverse).
     target_os = "windows"
+    # The SSH session command that becomes a Docker Engine connection (rigkit.weights.engine):
+    # sshd hands it to the account's shell (cmd.exe unless DefaultShell says otherwise), never
+    # to PowerShell from here, so the Engine API's bytes pass through untouched. Docker Desktop's
+    # CLI is docker.exe on the PATH.
+    docker_dial_command = "docker.exe system dial-stdio"
 
     @staticmethod
     def make_names_data(name):

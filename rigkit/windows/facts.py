@@ -8,10 +8,14 @@ pyinfra's check for it is POSIX shell.
 
 from __future__ import annotations
 
+import json
+from pathlib import PureWindowsPath
+
 from pyinfra.api import FactBase
 
 from rigkit.gpu.nvsmi import EXIT_MARK, GpuReport, parse_query, query_arguments
 from rigkit.render import ps_quote
+from rigkit.weights.layout import source_layout
 
 ABSENT = "rigkit-absent"
 
@@ -100,3 +104,52 @@ class WindowsNvidiaGpus(FactBase):
         if [line.strip() for line in lines] == [ABSENT]:
             return None
         return parse_query(lines)
+
+
+class WindowsWeightsVolumeState(FactBase):
+    """Is a model's weights volume complete and the source's copy? The same answer as
+    `rigkit.weights.facts.WeightsVolumeStates`, from the same copier's `check`. Docker Desktop keeps
+    volumes inside its VM, out of the shell's reach, so the check runs in a throwaway container:
+    the copier (put on the rig by the Windows role), the source and the volume all mounted
+    read-only, no network, no pull, removed when done. It reads metadata only, so planning (and
+    `--dry`) changes nothing. `unreachable` (the copier is not on the rig yet, or Docker did not
+    answer): the copy operation checks through its helper instead."""
+
+    def command(self, volume: str, source: str, image: str, copier: str) -> str:
+        return weights_check_script(volume, source, image, copier)
+
+    def process(self, output) -> dict:
+        lines = [line for line in output if line.strip()]
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, ValueError):
+            # No answer from the copier (e.g. the image is not pulled yet): the copy operation
+            # checks through its helper, which pulls, and reports what really failed.
+            return {"status": "unreachable", "why": " ".join(lines)[-300:]}
+
+
+def weights_check_script(volume: str, source: str, image: str, copier: str) -> str:
+    root, inside = source_layout(source)
+    copier_dir = str(PureWindowsPath(copier).parent)
+    script = f"/rigkit/{PureWindowsPath(copier).name}"
+    mounts = (f"type=bind,source={copier_dir},target=/rigkit,readonly",
+              f"type=bind,source={root},target=/src,readonly",
+              f"type=volume,source={volume},target=/dst,readonly")
+    run = ["run", "--rm", "--pull", "never", "--network", "none", "--label", "rigkit.weights-check=1",
+           *(part for mount in mounts for part in ("--mount", mount)),
+           "--entrypoint", "python3", image, script, "check", f"/src/{inside}", "/dst", "/src"]
+    missing, unreachable = '{"status": "missing"}', '{"status": "unreachable"}'
+    return (
+        f"# rigkit: weights-check {ps_quote(volume)} {ps_quote(copier)}\n"
+        # Windows PowerShell turns a native program's stderr into errors; 'Stop' would throw.
+        "$ErrorActionPreference = 'Continue'\n"
+        f"$answer = & docker.exe 'volume' 'inspect' '--format' '{{{{.Name}}}}' {ps_quote(volume)} 2>&1 "
+        "| ForEach-Object { [string] $_ }\n"
+        "if ($LASTEXITCODE -ne 0) {\n"
+        f"    if (($answer -join ' ') -match 'no such volume') {{ {ps_quote(missing)} }} else {{ {ps_quote(unreachable)} }}\n"
+        "    exit 0\n"
+        "}\n"
+        f"if (-not (Test-Path -LiteralPath {ps_quote(copier)} -PathType Leaf)) {{ {ps_quote(unreachable)}; exit 0 }}\n"
+        f"& docker.exe {' '.join(ps_quote(a) for a in run)} 2>&1 | ForEach-Object {{ [string] $_ }}\n"
+        "exit 0"
+    )

@@ -7,6 +7,7 @@ from tests.data.sim_ssh import sim_ssh_data
 rigs = [
     (
         "@winssh/127.0.0.1",
-        {**sim_ssh_data(), "rig_file": os.environ["RIGKIT_RIG_FILE"], "catalog_dir": os.environ["RIGKIT_CATALOG_DIR"]},
+        {**sim_ssh_data(), "rig_file": os.environ["RIGKIT_RIG_FILE"], "catalog_dir": os.environ["RIGKIT_CATALOG_DIR"],
+         "results_dir": os.environ["RIGKIT_RESULTS_DIR"]},
     ),
 ]

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
+from docker.types import Mount
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -31,6 +33,7 @@ NVIDIA_SMI = Path(__file__).with_name("nvidia-smi")
 FAKE_NVML = Path(__file__).with_name("pynvml.py")
 FAKE_POWERSHELL = Path(__file__).with_name("powershell.exe")
 SIM_CURVES = Path(__file__).parents[1] / "sim_curves.py"
+FAKE_DOCKER_EXE = Path(__file__).with_name("docker.exe")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,11 @@ class SimRig:
         return STATE_ROOT / "simrig" / self.name
 
     @property
+    def windows_drive(self) -> Path:
+        """The host folder that is the rig's `/C:/` tree: Windows' drive C: on the simulated Windows rig."""
+        return self.state_dir / "windows-c"
+
+    @property
     def ssh_key(self) -> Path:
         return ssh_keypair()
 
@@ -107,6 +115,13 @@ class SimRig:
         authorized.chmod(0o600)
         self.remove()
         SIM_MODELS.mkdir(parents=True, exist_ok=True)
+        # Windows' drive C: (the `/C:/` tree) is a host folder, so the host's dockerd can bind-mount
+        # `C:\...` paths as Docker Desktop does (tests/simrig/docker.exe); a fresh rig, a fresh disk.
+        shutil.rmtree(self.windows_drive, ignore_errors=True)
+        self.windows_drive.mkdir(parents=True)
+        (self.state_dir / "windows.json").write_text(json.dumps({
+            "drive_c": str(self.windows_drive), "nvml": str(FAKE_NVML), "gpus_json": str(self.state_dir / "gpus.json"),
+        }))
         volumes_dir = f"{client.info()['DockerRootDir']}/volumes"
         mounts = {
             str(SIM_MODELS): (str(SIM_MODELS), "ro"),  # same path in the rig as on the host (see weights.py)
@@ -119,6 +134,8 @@ class SimRig:
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
             str(SIM_CURVES): ("/usr/lib/python3/dist-packages/rigkit_sim_curves.py", "ro"),
             str(FAKE_POWERSHELL): ("/usr/local/bin/powershell.exe", "ro"),
+            str(FAKE_DOCKER_EXE): ("/usr/local/bin/docker.exe", "ro"),
+            str(self.state_dir / "windows.json"): ("/etc/rigkit-sim/windows.json", "ro"),
             str(self.state_dir / "gpus.json"): ("/etc/rigkit-sim/gpus.json", "ro"),
             str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
             str(authorized): ("/root/.ssh/authorized_keys", "ro"),
@@ -137,6 +154,8 @@ class SimRig:
             cap_add=["SYS_ADMIN"],
             tmpfs={"/run": "rw,mode=755", "/run/lock": "rw", "/tmp": "rw,mode=1777"},
             volumes={src: {"bind": dst, "mode": mode} for src, (dst, mode) in mounts.items()},
+            # A Mount, not `volumes`: the target's colon would split a bind string.
+            mounts=[Mount("/C:", str(self.windows_drive), type="bind")],
             environment={"container": "docker"},
             stop_signal="SIGRTMIN+3",
             labels={"rigkit.simrig": "1"},

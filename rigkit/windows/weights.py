@@ -1,0 +1,48 @@
+"""Weights onto Docker volumes on a Windows rig: the Linux copy, reached through Docker Desktop.
+
+The copy itself is rigkit.weights' (`copy_on_rig`: the docker SDK over the deploy's SSH
+connection, `docker.exe system dial-stdio` on the rig; the helper container mounts the
+Windows source folder read-only, as Docker Desktop takes `C:\\...` bind sources). Only the
+read-only fact differs: Docker Desktop keeps volumes inside its VM, so the check runs the
+same copier in a throwaway read-only container (`WindowsWeightsVolumeState`), from a copy of
+the copier this puts under C:\\ProgramData\\rigkit\\weights.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api.exceptions import DeployError
+from pyinfra.operations import python
+
+from rigkit.config.schema import RigConfig
+from rigkit.render import template_text
+from rigkit.serving.compose import volume_name
+from rigkit.weights.layout import helper_image
+from rigkit.weights.operation import copy_on_rig
+from rigkit.windows import operations as winops
+from rigkit.windows.bundle import INSTALL_DIR
+from rigkit.windows.facts import WindowsWeightsVolumeState
+
+COPIER = INSTALL_DIR / "weights" / "rigkit-copy.py"
+
+
+def weights_onto_volumes(rig: RigConfig, verify: bool = False) -> dict:
+    """{model name: its copy operation} for the models with `weights.storage: volume`; a copy
+    runs only where the fact says the volume is not the source's complete copy (or `verify`)."""
+    on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
+    if not on_volumes:
+        return {}
+    winops.file(name=f"Put {COPIER}", dest=str(COPIER), data=template_text("weights/rigkit-copy.py").encode())
+    ops = {}
+    for model in on_volumes:
+        state = host.get_fact(WindowsWeightsVolumeState, volume=volume_name(model), source=model.spec.weights.source,
+                              image=helper_image(model), copier=str(COPIER))
+        if state["status"] == "error":
+            raise DeployError(f"{model.name} ({model.file}): weights.source {model.spec.weights.source}: "
+                              f"{state['error']}")
+        ops[model.name] = python.call(
+            name=f"Weights of {model.name} onto volume",
+            function=copy_on_rig, model=model, verify=verify,
+            _if=lambda needed=verify or state["status"] != "unchanged": needed,
+        )
+    return ops

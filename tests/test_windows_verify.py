@@ -1,0 +1,98 @@
+"""Verification of a Windows rig: `rigkit verify` (verify.py) over the `@winssh` connector.
+
+Real: pyinfra's CLI, verify.py and roles/verify.py; rigkit's `@winssh` connector over real SSH;
+the benchmark from the control machine through an SSH port forward (direct-tcpip on that
+connection) to the model's port on the rig's loopback; the telemetry sampler
+(rigkit/verify/telemetry.py) in a short-lived container that reserves GPUs, created, fed and
+read back through the Docker Engine API over the same SSH connection (`docker.exe system
+dial-stdio`); the verdicts, the JSON result and the PNG chart. The weights reach their volume
+through the real deploy first.
+
+Simulated: Windows (tests/simrig/powershell.exe; its task runs start nothing, so the test sets
+the GPU policy with the simulated nvidia-smi and brings the model's stack up with `docker compose`
+in the rig, as the bootstrap task would); Docker Desktop (tests/simrig/docker.exe: a container
+that reserves GPUs gets the simulated NVML, tests/simrig/pynvml.py, and a snapshot of the
+simulated GPUs' settings, where Docker Desktop gives WSL2's NVML of the real GPUs); vLLM
+(tests/vllm_standin). The telemetry is therefore steady simulated load, marked `simulated`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.request
+
+import docker
+import pytest
+
+from tests.conftest import DATA, RESULTS, copy_catalog, run_deploy
+from tests.simrig.weights import ensure_checkpoint
+
+WIN_RIG = DATA / "rigs" / "windows.yml"
+INVENTORY = "tests/data/windows-rig.py"
+PORT = 18101  # test-alpha's port in the test catalog
+COMPOSE = "/C:/ProgramData/rigkit/stacks/test-alpha/compose.yml"  # C:\ProgramData\rigkit\stacks\... in the rig
+
+pytestmark = pytest.mark.simrig
+
+
+@pytest.fixture(scope="module")
+def rig(serving_rig, tmp_path_factory):
+    """Deployed (weights on their volume from C:\\models\\test-alpha), the policy applied and the stack up."""
+    rig = serving_rig
+    shutil.copytree(ensure_checkpoint("test-alpha"), rig.windows_drive / "models" / "test-alpha")
+    rig.catalog = copy_catalog(tmp_path_factory.mktemp("win-verify"), test_alpha=[
+        ("source: /srv/rigkit-sim-models/test-alpha", "source: 'C:\\models\\test-alpha'")])
+    run = run_deploy(rig, WIN_RIG, catalog=rig.catalog, inventory=INVENTORY, verify=False)
+    assert run.returncode == 0, run.output
+    # What the tasks would have done on Windows: the policy of windows.yml, then the stack.
+    for command in ("nvidia-smi -pl 330", "nvidia-smi -lgc 0,2200", f"docker compose -f {COMPOSE} up -d"):
+        code, out = rig.exec(command)
+        assert code == 0, out
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/v1/models", timeout=2)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "test-alpha's stand-in did not answer within 60 s"
+            time.sleep(0.5)
+    shutil.rmtree(RESULTS / "windows", ignore_errors=True)
+    return rig
+
+
+def verify(rig):
+    return run_deploy(rig, WIN_RIG, "--data", "rigkit_verify=always", catalog=rig.catalog,
+                      inventory=INVENTORY, entry="verify.py")
+
+
+def test_verify_writes_json_and_png_with_nvml_sampled_in_a_gpu_container(rig):
+    run = verify(rig)
+    assert run.returncode == 0, run.output
+    assert "GPU telemetry: NVML sampler in a container with GPU access" in run.output
+    [result] = sorted((RESULTS / "windows" / "test-alpha").glob("*.json"))
+    assert result.with_suffix(".png").stat().st_size > 10_000
+    document = json.loads(result.read_text())
+    assert document["passed"] is True
+    assert document["telemetry_sampler"] == "nvml-container"
+    assert document["telemetry_simulated"] is True  # the simulated NVML ran in the container
+    assert document["bench"]["completion_tokens"] > 0  # through the SSH port forward
+    [gpu] = document["gpus"]
+    # The settings the simulated nvidia-smi holds reached the container's NVML: the cap and the lock.
+    assert gpu["index"] == 0 and gpu["enforced_limit_w"] == pytest.approx(330)
+    assert gpu["max_sm_mhz"] <= 2200
+    left = docker.from_env().containers.list(all=True, filters={"label": "rigkit.telemetry-sampler"})
+    assert left == []  # the sampler's container was removed
+
+
+def test_a_gpu_off_its_cap_fails_verification_and_says_so(rig):
+    code, out = rig.exec("nvidia-smi -i 0 -pl 450")
+    assert code == 0, out
+    try:
+        run = verify(rig)
+        assert run.returncode != 0
+        assert "verification of test-alpha failed" in run.output
+        assert "450" in run.output
+    finally:
+        rig.exec("nvidia-smi -i 0 -pl 330")
