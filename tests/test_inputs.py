@@ -103,6 +103,7 @@ def test_check_reports_the_psu_budget_and_the_api_key_file_without_a_rig(tmp_pat
     (b"a\nb\n", "one key on one line"),
     (b" padded\n", "starts or ends with a space"),
     (b"\xff\xfe", "not UTF-8"),
+    ("sk-\u2018quoted\u2019\n".encode(), "outside ASCII"),
 ])
 def test_a_bad_key_file_is_refused_with_the_reason(tmp_path, content, problem):
     key = tmp_path / "k"

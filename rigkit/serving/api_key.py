@@ -42,6 +42,10 @@ def read_key_file(path: Path | str, what: str) -> str:
         raise SecretFileError(f"{what} {path} is empty; it must hold the key on one line")
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise SecretFileError(f"{what} {path} must hold one key on one line (no line breaks or control characters)")
+    if not key.isascii():
+        # vLLM compares the Authorization header with the key; HTTP header values are ASCII.
+        raise SecretFileError(f"{what} {path}: the key has characters outside ASCII; an HTTP header "
+                              "(Authorization: Bearer) cannot carry them")
     if key != key.strip():
         # HTTP drops spaces around a header value, so such a key could never be sent.
         raise SecretFileError(f"{what} {path}: the key starts or ends with a space; remove it")
