@@ -7,6 +7,7 @@
     rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
     rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
     rigkit windows-bundle RIG_FILE --out DIR               scheduled tasks + scripts + install.ps1 for a Windows rig
+    rigkit gateway-config INVENTORY                        print the LiteLLM config of the inventory's gateway
 """
 
 from __future__ import annotations
@@ -85,6 +86,35 @@ def rig_names(inventory: str) -> list[str]:
 
     with ctx_state.use(State()):
         return [host.name for host in make_inventory(inventory, cwd=".")]
+
+
+def _hosts(inventory: str) -> list:
+    """The inventory's hosts with their data (group_data included), read offline."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):
+        return list(make_inventory(inventory, cwd="."))
+
+
+def gateway_config(args: argparse.Namespace) -> int:
+    """The LiteLLM config of the inventory's gateway, offline: no rig is reached."""
+    from rigkit.config.inventory import RigConfigError, gateway_plan
+    from rigkit.gateway.config import render_config
+
+    try:
+        hosts = _hosts(args.inventory)
+        plan = gateway_plan(hosts)
+    except RigConfigError as exc:
+        print(f"rigkit gateway-config: {exc}", file=sys.stderr)
+        return 1
+    if plan is None:
+        print(f"rigkit gateway-config: no host of {args.inventory} has `gateway` data; add it to the host "
+              "that runs the gateway (docs/gateway.md)", file=sys.stderr)
+        return 1
+    print(render_config(plan, drain=False), end="")
+    return 0
 
 
 def rollout(args: argparse.Namespace) -> int:
@@ -301,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     bundle_parser.add_argument("--out", required=True)
     bundle_parser.add_argument("--catalog", help="model catalog folder (default as for check)")
     bundle_parser.set_defaults(func=windows_bundle)
+    gateway_parser = commands.add_parser("gateway-config", help="print the LiteLLM config of the inventory's gateway "
+                                         "(offline; no rig is reached)")
+    gateway_parser.add_argument("inventory")
+    gateway_parser.set_defaults(func=gateway_config)
     args = parser.parse_args(argv)
     return args.func(args)
 

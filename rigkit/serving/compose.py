@@ -40,12 +40,13 @@ def load_strategy(model: ModelConfig) -> str | None:
     return "prefetch"
 
 
-def vllm_args(model: ModelConfig) -> list[str]:
-    """The command after the image's `vllm serve` entrypoint: the model path first."""
+def vllm_args(model: ModelConfig, host: str = "127.0.0.1") -> list[str]:
+    """The command after the image's `vllm serve` entrypoint: the model path first. `host`: the rig's
+    serve_address (0.0.0.0 only with an API key; rigkit.config.loader checks)."""
     spec, v = model.spec, model.spec.vllm
     args = [
         container_model_path(model),
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(spec.port),
         "--served-model-name", served_name(model),
         "--tensor-parallel-size", str(spec.parallel.tensor),
@@ -77,7 +78,7 @@ def vllm_args(model: ModelConfig) -> list[str]:
     return args + list(v.extra_args)
 
 
-def render_compose(model: ModelConfig, with_api_key: bool) -> str:
+def render_compose(model: ModelConfig, with_api_key: bool, host: str = "127.0.0.1") -> str:
     spec = model.spec
     environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **spec.env}
     if spec.weights.storage == "volume":
@@ -91,7 +92,7 @@ def render_compose(model: ModelConfig, with_api_key: bool) -> str:
         model_file=str(model.file),
         project=project_name(model),
         image=spec.image,
-        command=vllm_args(model),
+        command=vllm_args(model, host),
         environment=environment,
         # raw: Compose neither interpolates `$` nor strips quotes or `#` in the key.
         env_files=[{"path": SECRETS_ENV_FILE, "format": "raw"}] if with_api_key else [],
