@@ -13,7 +13,9 @@ from rigkit.gateway import LITELLM_VERSION
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".state" / "litellm-venv"
 PYTHON = VENV / "bin" / "python"
-STAMP = VENV / f".litellm-{LITELLM_VERSION}"
+STAMP = VENV / f".litellm-{LITELLM_VERSION}-2"
+# redis needs async-timeout below Python 3.11.3: the rig image (tests/gateway/image.py) has 3.11.2.
+EXTRA = ["async-timeout>=4.0.3"]
 
 
 def litellm_python() -> Path:
@@ -24,6 +26,6 @@ def litellm_python() -> Path:
     if not PYTHON.is_file():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    f"litellm[proxy]=={LITELLM_VERSION}"], check=True, timeout=1200)
+                    f"litellm[proxy]=={LITELLM_VERSION}", *EXTRA], check=True, timeout=1200)
     STAMP.touch()
     return PYTHON
