@@ -59,7 +59,9 @@ class Fleet:
         return dict(os.environ, RIGKIT_STATE=str(STATE_ROOT))
 
     def deploy(self) -> "object":
-        return run_deploy(self.rig_a, entry="deploy.py", inventory=str(self.inventory), verify=False)
+        run = run_deploy(self.rig_a, entry="deploy.py", inventory=str(self.inventory), verify=False)
+        (self.folder / "last-deploy.log").write_text(run.output)  # for a person reading a failure
+        return run
 
 
 def remove_projects() -> None:
@@ -172,7 +174,7 @@ def test_deploy_routes_to_both_rigs_usage_streams_through_and_a_second_deploy_ch
     with httpx.Client() as client:
         answers = [chat(client) for _ in range(24)]
         plain = chat(client, stream=False, max_tokens=5)
-    assert all(a["ok"] for a in answers), [a for a in answers if not a["ok"]][:3]
+    assert all(a["ok"] for a in answers), ([a for a in answers if not a["ok"]][:3], first.output[-4000:])
     # Usage passes through streaming: the stand-in counts the 8 generated tokens, the client reads them.
     assert {a["usage"]["completion_tokens"] for a in answers} == {8}
     assert plain["ok"] and plain["usage"]["completion_tokens"] == 5

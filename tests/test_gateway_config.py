@@ -171,3 +171,32 @@ def test_vllm_listens_where_the_rig_says(fleet):
                    Path(fleet.read_text().split('"catalog_dir": "')[1].split('"')[0]))
     args = vllm_args(rig.models[0], rig.spec.serve_address)
     assert args[args.index("--host") + 1] == "0.0.0.0"
+
+
+DRAIN_CHECK = """
+import asyncio, json, os, shutil, sys, time
+folder = sys.argv[1]
+sys.path.insert(0, folder)
+import rigkit_drain
+deployments = [{"model_info": {"id": f"{rig}.m", "rigkit_rig": rig}} for rig in ("rig-a", "rig-b")]
+def kept():
+    return [d["model_info"]["id"] for d in asyncio.run(rigkit_drain.handler.async_filter_deployments("m", deployments, None))]
+seen = [kept()]
+for rigs in (["rig-a"], ["rig-a", "rig-b"], []):
+    with open(os.path.join(folder, "drained.json.tmp"), "w") as f:
+        json.dump({"rigs": rigs}, f)
+    os.replace(os.path.join(folder, "drained.json.tmp"), os.path.join(folder, "drained.json"))
+    seen.append(kept())
+print(json.dumps(seen))
+"""
+
+
+def test_drain_filter_skips_drained_rigs_inside_litellm(tmp_path):
+    """The filter LiteLLM loads, run by LiteLLM's own CustomLogger base class: a rig listed in drained.json
+    gets no request; when every replica is drained, all are kept (a slow answer beats none)."""
+    shutil.copy(template_path("gateway/rigkit_drain.py"), tmp_path / "rigkit_drain.py")
+    run = subprocess.run([str(litellm_python()), "-c", DRAIN_CHECK, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [
+        ["rig-a.m", "rig-b.m"], ["rig-b.m"], ["rig-a.m", "rig-b.m"], ["rig-a.m", "rig-b.m"]]
