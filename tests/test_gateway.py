@@ -102,7 +102,7 @@ def fleet(fresh_rig, tmp_path_factory):
         ("rig-b", {**ssh, "ssh_port": RIG_B[1], "rig_file": str(folder / "rig-b.yml"), "gateway_address": "127.0.0.1"}),
     ]
     inventory = folder / "inventory.py"
-    inventory.write_text(f"rigs = {json.dumps(hosts)}\n")
+    inventory.write_text(f"rigs = {hosts!r}\n")  # pyinfra takes (host, data) tuples
     yield Fleet(folder, inventory, folder / "models", fresh_rig, rig_b)
     remove_projects()
     rig_b.remove()
@@ -219,7 +219,9 @@ def test_one_replica_killed_under_load_costs_under_one_percent_and_traffic_moves
     with Load() as load:
         time.sleep(5)
         killed_at = time.monotonic()
-        docker.from_env().containers.get("rigkit-gw-chat-b-vllm-1").kill()
+        replica = docker.from_env().containers.get("rigkit-gw-chat-b-vllm-1")
+        replica.update(restart_policy={"Name": "no"})  # it stays dead: no restart brings it back mid-test
+        replica.kill()
         time.sleep(40)
     after = [r for r in load.results if r["started"] >= killed_at]
     failed = load.failures()

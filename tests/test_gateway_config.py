@@ -200,3 +200,34 @@ def test_drain_filter_skips_drained_rigs_inside_litellm(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == [
         ["rig-a.m", "rig-b.m"], ["rig-b.m"], ["rig-a.m", "rig-b.m"], ["rig-a.m", "rig-b.m"]]
+
+
+def test_compose_file_carries_the_config_inline_with_no_secret_and_no_interpolation(fleet, tmp_path):
+    """The compose file Compose will read: the config and drain filter as inline configs (copied into the
+    container, nothing bind-mounted), keys only through the raw env file, every `$` doubled."""
+    from rigkit.config.schema import GatewaySpec
+    from rigkit.gateway.stack import env_file, render_compose, settings
+    from rigkit.gateway.topology import RigView, plan as make_plan
+
+    text = fleet.read_text()
+    catalog = Path(text.split('"catalog_dir": "')[1].split('"')[0])
+    rig_a, rig_b = (load_rig(Path(text.split('"rig_file": "')[n].split('"')[0]), catalog) for n in (1, 2))
+    plan = make_plan([RigView("rig-a", rig_a, "127.0.0.1", gateway=GatewaySpec(master_key_file="/x")),
+                      RigView("rig-b", rig_b, "10.1.2.3")])
+    compose_text = render_compose(plan)
+    compose = yaml.safe_load(compose_text)
+    service = compose["services"]["litellm"]
+    assert service["env_file"] == [{"path": "/etc/rigkit/secrets/gateway.env", "format": "raw"}]
+    assert "volumes" not in service and service["network_mode"] == "host"
+    assert service["command"][:2] == ["--config", "/etc/litellm/config.yaml"]
+    inline = yaml.safe_load(compose["configs"]["litellm_config"]["content"].replace("$$", "$"))
+    assert inline["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
+    assert "$" not in compose_text.replace("$$", "")  # no single `$` left for Compose to interpolate
+    secret = env_file("sk-master", {"RIGKIT_KEY_RIG_B": KEY_B})
+    assert secret == f"LITELLM_MASTER_KEY=sk-master\nRIGKIT_KEY_RIG_B={KEY_B}\n".encode()
+    assert KEY_B not in compose_text and "sk-master" not in compose_text
+    replicas = json.loads(settings(plan))["replicas"]
+    assert {r["metrics"] for r in replicas} == {"http://127.0.0.1:18101/metrics", "http://127.0.0.1:18103/metrics",
+                                                "http://10.1.2.3:18102/metrics"}
+    with pytest.raises(Exception, match="must start with sk-"):
+        env_file("master", {})
