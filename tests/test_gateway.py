@@ -234,3 +234,23 @@ def test_one_replica_killed_under_load_costs_under_one_percent_and_traffic_moves
     assert share < 0.01, failed[:5]
     assert last_failure_s < 30
     assert moved and all(r["deployment"] == "rig-a.gw-chat-a" for r in moved)
+
+
+def test_a_rig_that_fails_its_rollout_stays_out_of_the_gateway_and_the_rollout_stops(fleet):
+    """rig-a's new config cannot start (the stand-in's fail_at_start): its stack rolls back, the rollout
+    stops before rig-b, and the gateway keeps rig-a drained: every request goes to rig-b."""
+    for container in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project=rigkit-gw-chat-b"}):
+        container.remove(force=True)  # the previous test killed rig-b's replica: bring it back first
+    write_catalog(fleet.catalog, 240)
+    assert fleet.deploy().returncode == 0
+    broken = model_text("gw-chat-a", 240).replace('STANDIN_PREFILL_TOK_S: "5000"', 'STANDIN_PREFILL_TOK_S: "5000", STANDIN_FAULT: fail_at_start')
+    (fleet.catalog / "gw-chat-a.yml").write_text(broken)
+    rollout = subprocess.run([sys.executable, "-m", "rigkit.cli", "rollout", str(fleet.inventory)], cwd=REPO,
+                             env=fleet.env(), capture_output=True, text=True, timeout=900)
+    output = rollout.stdout + rollout.stderr
+    assert rollout.returncode == 1, output[-4000:]
+    assert "STOPPED: rig-a failed; rig-a stays out of the gateway; rigs not started: rig-b" in output, output[-4000:]
+    with httpx.Client() as client:
+        answers = [chat(client) for _ in range(12)]
+    assert all(a["ok"] for a in answers), answers[:3]
+    assert {a["deployment"] for a in answers} == {"rig-b.gw-chat-b"}

@@ -276,6 +276,9 @@ class GatewaySpec(_Strict):
     request_timeout_s: int = Field(default=900, ge=10, le=7200)
     drain_timeout_s: int = Field(default=120, ge=0, le=3600)  # rollout: wait this long for in-flight requests
     ready_timeout_s: int = Field(default=180, ge=10, le=3600)  # deploy: wait this long for the proxy to answer
+    # Proxy processes: one handles every streamed chunk in Python and capped ~460 tok/s of one-token
+    # chunks on a busy 2-core machine (bench/gateway_overhead.py). Cooldowns are per process (no Redis).
+    workers: int = Field(default=1, ge=1, le=64)
 
     @field_validator("image")
     @classmethod

@@ -57,7 +57,7 @@ def render_compose(plan: GatewayPlan, image: str | None = None) -> str:
             "image": image or spec.image,
             # The official image's entrypoint is `litellm`; these are its options.
             "command": ["--config", f"{CONTAINER_DIR}/config.yaml", "--host", spec.bind_address,
-                        "--port", str(spec.port), "--num_workers", "1"],
+                        "--port", str(spec.port), "--num_workers", str(spec.workers)],
             # Host networking: the proxy reaches replicas on this rig's 127.0.0.1 and listens on bind_address.
             "network_mode": "host",
             "restart": "unless-stopped",
