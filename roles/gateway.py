@@ -13,11 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, deploy
+from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server
 
 from rigkit.files import put
+from rigkit.gateway.facts import GatewayRunning
 from rigkit.gateway.stack import (
     COMPOSE_PATH,
     GATEWAY_DIR,
@@ -34,16 +35,6 @@ from rigkit.gateway.topology import GatewayPlan
 from rigkit.private_file import private_file
 from rigkit.render import template_text
 from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
-
-
-class GatewayRunning(FactBase):
-    """How many containers of the gateway's compose project run (0 when none or no Docker)."""
-
-    def command(self, project: str) -> str:
-        return f"timeout 30 docker compose -p {project} ps --status running -q 2>/dev/null | wc -l"
-
-    def process(self, output) -> int:
-        return int(output[0]) if output else 0
 
 
 @deploy("Gateway")
