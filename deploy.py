@@ -11,7 +11,9 @@ Linux rigs (systemd, over SSH):
 6. weights: each model's weights copied onto its Docker volume, verified;
 7. serving: one vLLM compose stack per model, rolled out with rollback;
 8. verify: benchmark each model and check GPUs under load (when this deploy
-   changed the rig; `rigkit verify` runs it on demand).
+   changed the rig; `rigkit verify` runs it on demand);
+9. gateway: on the rig whose inventory data has `gateway:`, the LiteLLM proxy over every
+   replica of every rig (docs/gateway.md).
 Windows rigs (`@winssh/HOST`): the same GPU checks, the same weights copy onto volumes
 (through Docker Desktop), then the two elevated logon tasks and their scripts, installed
 and run now (roles/windows.py).
@@ -19,9 +21,10 @@ and run now (roles/windows.py).
 
 from pyinfra import host, inventory
 
-from rigkit.config.inventory import rig_config, run_options, validate_inventory
+from rigkit.config.inventory import gateway_plan, rig_config, run_options, validate_inventory
 from rigkit.ssh import tcp_nodelay
 from roles.base import base
+from roles.gateway import gateway
 from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
 from roles.preflight import preflight
@@ -30,7 +33,8 @@ from roles.verify import verify
 from roles.weights import weights
 from roles.windows import windows
 
-validate_inventory(inventory)
+rigs = validate_inventory(inventory)
+fleet_gateway = gateway_plan(inventory, rigs)  # checked on every rig: a bad gateway entry stops them all
 tcp_nodelay(host)  # ~45 ms less per round trip (rigkit/ssh.py)
 rig = rig_config(host)
 options = run_options(host)
@@ -44,6 +48,8 @@ if rig.spec.os == "linux":
     changes = base_changes + policy_changes + list(copied.values()) + serving(rig, copied)
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
+    if fleet_gateway is not None and fleet_gateway.host == host.name:
+        gateway(fleet_gateway, {name: rig_config(h) for h in inventory for name in [h.name]})
 else:
     changes = windows(rig, verify_weights=options.verify_weights)
     if not options.verify_never:

@@ -9,6 +9,7 @@
     rigkit tune INVENTORY --rig NAME --model NAME [--power-limits 200:350:25 ...] [--hold] [--write]
                                                            measure GPU settings live on a loaded model; propose one
     rigkit windows-bundle RIG_FILE --out DIR               scheduled tasks + scripts + install.ps1 for a Windows rig
+    rigkit gateway-config INVENTORY                        print the LiteLLM config of the inventory's gateway
 """
 
 from __future__ import annotations
@@ -89,18 +90,95 @@ def rig_names(inventory: str) -> list[str]:
         return [host.name for host in make_inventory(inventory, cwd=".")]
 
 
+def _hosts(inventory: str) -> list:
+    """The inventory's hosts with their data (group_data included), read offline."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):
+        return list(make_inventory(inventory, cwd="."))
+
+
+def gateway_config(args: argparse.Namespace) -> int:
+    """The LiteLLM config of the inventory's gateway, offline: no rig is reached."""
+    from rigkit.config.inventory import RigConfigError, gateway_plan
+    from rigkit.gateway.config import render_config
+
+    try:
+        hosts = _hosts(args.inventory)
+        plan = gateway_plan(hosts)
+    except RigConfigError as exc:
+        print(f"rigkit gateway-config: {exc}", file=sys.stderr)
+        return 1
+    if plan is None:
+        print(f"rigkit gateway-config: no host of {args.inventory} has `gateway` data; add it to the host "
+              "that runs the gateway (docs/gateway.md)", file=sys.stderr)
+        return 1
+    print(render_config(plan, drain=False), end="")
+    return 0
+
+
 def rollout(args: argparse.Namespace) -> int:
-    """Rolling rollout: each rig gets the whole deploy (and its rollback) before the next starts."""
+    """Rolling rollout: each rig gets the whole deploy (and its rollback) before the next starts.
+    With a gateway in the inventory, each rig's replicas are drained from it first (bounded wait for
+    their in-flight requests) and put back once the rig deployed; a rig that fails stays out."""
+    from rigkit.config.inventory import RigConfigError, gateway_plan
+
     names = rig_names(args.inventory)
+    try:
+        plan = gateway_plan(_hosts(args.inventory))
+    except RigConfigError as exc:
+        print(f"rigkit rollout: {exc}", file=sys.stderr)
+        return 1
     for position, name in enumerate(names, 1):
         print(f"rigkit rollout: rig {position}/{len(names)}: {name}", flush=True)
+        drained = False
+        if plan is not None and plan.replicas_of(name):
+            code = _gateway(args.inventory, plan, "drain", name)
+            if code not in (0, NOT_INSTALLED):
+                print(f"rigkit rollout: STOPPED before {name}: the gateway could not drain it (nothing changed on "
+                      f"{name}); rigs not started: {', '.join(names[position - 1:])}", file=sys.stderr)
+                return 1
+            drained = code == 0
         command = [sys.executable, "-m", "pyinfra", "-y", "--limit", name, args.inventory, args.deploy]
         if subprocess.run(command).returncode != 0:
             untouched = ", ".join(names[position:]) or "none"
-            print(f"rigkit rollout: STOPPED: {name} failed; rigs not started: {untouched}", file=sys.stderr)
+            out = f"; {name} stays out of the gateway" if drained else ""
+            print(f"rigkit rollout: STOPPED: {name} failed{out}; rigs not started: {untouched}", file=sys.stderr)
+            return 1
+        if drained and _gateway(args.inventory, plan, "undrain") != 0:
+            print(f"rigkit rollout: STOPPED: {name} deployed, but the gateway did not take it back", file=sys.stderr)
             return 1
     print(f"rigkit rollout: all {len(names)} rigs deployed")
     return 0
+
+
+NOT_INSTALLED = 9  # the gateway helper is not on its rig yet (a first rollout): nothing to drain
+
+
+def _gateway(inventory: str, plan, *action: str) -> int:
+    """Run the rig-side gateway helper on the gateway's rig (pyinfra exec); its exit code, or
+    NOT_INSTALLED."""
+    import shlex
+
+    from rigkit.gateway.stack import HELPER_PATH
+
+    helper = " ".join(shlex.quote(part) for part in (HELPER_PATH, *action))
+    command = (f"if [ -x {HELPER_PATH} ]; then {helper}; else echo 'rigkit-gateway: not installed yet; "
+               f"nothing to drain'; exit {NOT_INSTALLED}; fi")
+    run = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "--limit", plan.host, inventory, "exec", "--",
+                          command], capture_output=True, text=True)
+    said = [line.split("rigkit-gateway:", 1)[1].strip() for line in (run.stdout + run.stderr).splitlines()
+            if "rigkit-gateway:" in line]
+    for line in said:
+        print(f"rigkit rollout: gateway on {plan.host}: {line}", flush=True)
+    if run.returncode != 0 and not said:
+        print(f"rigkit rollout: gateway on {plan.host}: `{' '.join(action)}` failed:\n"
+              f"{(run.stdout + run.stderr)[-2000:]}", file=sys.stderr)
+    if run.returncode != 0 and any("not installed yet" in line for line in said):
+        return NOT_INSTALLED
+    return run.returncode or 0
 
 
 class BadInput(Exception):
@@ -306,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     bundle_parser.add_argument("--out", required=True)
     bundle_parser.add_argument("--catalog", help="model catalog folder (default as for check)")
     bundle_parser.set_defaults(func=windows_bundle)
+    gateway_parser = commands.add_parser("gateway-config", help="print the LiteLLM config of the inventory's gateway "
+                                         "(offline; no rig is reached)")
+    gateway_parser.add_argument("inventory")
+    gateway_parser.set_defaults(func=gateway_config)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -80,7 +80,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
 
     for model in rig.models:
         compose_path, settings_path = wanted_files[model.name]
-        compose = put(name=f"Compose file for {model.name}", data=render_compose(model, with_key),
+        compose = put(name=f"Compose file for {model.name}", data=render_compose(model, with_key, host=rig.spec.serve_address),
                       dest=compose_path, mode="644", batch=paths)
         settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
                        dest=settings_path, mode="644", batch=paths)

@@ -103,7 +103,7 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
 
     folder = results_folder(results_dir, rig.name, model.name)
     # The image as the catalog names it; its digest stays null until the serving role records one.
-    serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model)}
+    serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model, rig.spec.serve_address)}
     result = build_result(rig, model, bench, telemetry, earlier_results(folder), serving=serving)
     path = save_result(folder, result)
     from rigkit.verify.chart import (

@@ -19,11 +19,16 @@ from pyinfra.api.exceptions import PyinfraError
 
 from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
-from rigkit.config.schema import RigConfig
+from rigkit.config.schema import GatewaySpec, RigConfig
 
 # Defaults for every rig (group_data/all.py shows them; a host's own data overrides them).
 DEFAULT_CATALOG_DIR = "inventory/models"  # one YAML file per served model
 DEFAULT_RESULTS_DIR = "results"  # verification results on the control machine
+# The gateway (docs/gateway.md): the one host with `gateway` data runs it; its fields and their defaults
+# are GatewaySpec's (rigkit/config/schema.py). `gateway_address` (any host, default: none) is where the
+# gateway reaches that rig's models when not at the rig's own address.
+GATEWAY_KEY = "gateway"
+GATEWAY_ADDRESS_KEY = "gateway_address"
 
 
 class RigConfigError(PyinfraError):
@@ -117,3 +122,46 @@ def ssh_target(host) -> SshTarget:
         known_hosts_file=data.get("ssh_known_hosts_file"),
         strict_host_key_checking=str(data.get("ssh_strict_host_key_checking") or "yes"),
     )
+
+
+def gateway_spec(host) -> GatewaySpec | None:
+    """The host's `gateway` data, validated, or None when it runs no gateway."""
+    data = host.data.get(GATEWAY_KEY)
+    if data is None:
+        return None
+    from pydantic import ValidationError
+
+    if not isinstance(data, dict):
+        raise RigConfigError(f"host {host.name}: {GATEWAY_KEY} must be a mapping (port, bind_address, "
+                             f"master_key_file, ...), not {type(data).__name__}")
+    try:
+        return GatewaySpec.model_validate(data)
+    except ValidationError as exc:
+        allowed = ", ".join(GatewaySpec.model_fields)
+        lines = []
+        for error in exc.errors():
+            field = ".".join(str(p) for p in error["loc"])
+            if error["type"] == "extra_forbidden":
+                lines.append(f"{GATEWAY_KEY}.{field}: unknown key (a typo?); allowed: {allowed}")
+            elif error["type"] == "missing":
+                lines.append(f"{GATEWAY_KEY}.{field}: required field is missing")
+            else:
+                lines.append(f"{GATEWAY_KEY}.{field}: {error.get('input')!r}: {error['msg'].removeprefix('Value error, ')}")
+        raise RigConfigError(f"host {host.name}: " + "; ".join(lines)) from None
+
+
+def gateway_plan(inventory, rigs: dict[str, RigConfig] | None = None):
+    """The inventory's gateway (rigkit.gateway.topology.GatewayPlan), or None when no host runs one.
+    Every host of the inventory counts, active or not: a rollout limited to one rig keeps the others."""
+    from rigkit.gateway.topology import GatewayConfigError, RigView, plan
+
+    views = []
+    for host in inventory:
+        rig = (rigs or {}).get(host.name) or rig_config(host)
+        address = host.data.get(GATEWAY_ADDRESS_KEY)
+        views.append(RigView(host=host.name, rig=rig, address=str(host.data.get("ssh_hostname") or host.name),
+                             gateway=gateway_spec(host), gateway_address=None if address is None else str(address)))
+    try:
+        return plan(views)
+    except GatewayConfigError as exc:
+        raise RigConfigError(str(exc)) from None

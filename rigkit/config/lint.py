@@ -38,7 +38,7 @@ FIRST_CLASS_FLAGS = {
     "--pipeline-parallel-size": "parallel.pipeline", "-pp": "parallel.pipeline",
     "--data-parallel-size": "parallel.data", "-dp": "parallel.data",
     "--port": "port",
-    "--host": "nothing (rigkit binds 127.0.0.1)",
+    "--host": "serve_address in the rig file",
     "--api-key": "the rig's api_key_file (a key on a command line leaks into logs)",
 }
 

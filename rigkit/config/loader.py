@@ -24,7 +24,7 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
     """Load and validate one rig file and every catalog entry it serves."""
     rig_file, catalog_dir = Path(rig_file), Path(catalog_dir)
     spec = _validate(RigSpec, rig_file)
-    models, problems = [], _file_name_problems(rig_file, "rig")
+    models, problems = [], _file_name_problems(rig_file, "rig") + _serve_address_problems(spec, rig_file)
     for position, name in enumerate(spec.models):
         model_file = catalog_dir / f"{name}.yml"
         if not model_file.is_file():
@@ -43,6 +43,21 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
     if errors:
         raise ConfigError(errors)
     return RigConfig(rig_file.stem, spec, tuple(models), rig_file, tuple(warnings))
+
+
+def _serve_address_problems(spec: RigSpec, rig_file: Path) -> list[Problem]:
+    """Models reachable from the network must require a key: anyone who reaches the port could use
+    the GPUs otherwise."""
+    if spec.serve_address == "127.0.0.1":
+        return []
+    if spec.os == "windows":
+        return [Problem(rig_file, "serve_address", spec.serve_address,
+                        "Windows rigs serve on 127.0.0.1 only (their models have no API key yet); remove the field")]
+    if not spec.api_key_file:
+        return [Problem(rig_file, "serve_address", spec.serve_address,
+                        "models listening on every interface need an API key: set api_key_file (a file of mode 600 "
+                        "holding the key), or serve_address: 127.0.0.1")]
+    return []
 
 
 def load_model(model_file: Path | str) -> ModelConfig:

@@ -152,6 +152,9 @@ class RigSpec(_Strict):
     psu_budget_override: bool = False
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
     api_key_file: str | None = None
+    # Where the vLLM servers listen: loopback only (default), or every interface so a gateway on another
+    # rig can reach them (then api_key_file is required: rigkit.config.loader refuses it without one).
+    serve_address: Literal["127.0.0.1", "0.0.0.0"] = "127.0.0.1"
     base: BaseSpec = BaseSpec()  # Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
 
     @field_validator("gpus")
@@ -252,6 +255,8 @@ class ModelSpec(_Strict):
     active_weight_bytes: int | None = Field(default=None, gt=0)  # bytes read per decoded token
     ready_timeout_s: int = Field(default=900, ge=30, le=7200)
     watchdog: WatchdogSpec = WatchdogSpec()
+    # Served model names the gateway tries, in order, when every replica of this one failed (docs/gateway.md).
+    gateway_fallbacks: list[Annotated[str, AfterValidator(_follows_name_rule)]] = Field(default_factory=list)
 
     @field_validator("env")
     @classmethod
@@ -269,6 +274,42 @@ class ModelSpec(_Strict):
         # fullmatch: `re.match(...$)` would also accept a tag with a trailing newline.
         if not _PINNED_IMAGE.fullmatch(value) or value.endswith(":latest"):
             raise ValueError("pin the image to a tag or digest, e.g. vllm/vllm-openai:v0.11.0 (not :latest, not untagged)")
+        return value
+
+
+# ----- inventory: the gateway (docs/gateway.md) -------------------------------
+
+# The official LiteLLM proxy image, pinned by digest: the one place it is named. Its version must be
+# LITELLM_VERSION (rigkit/gateway/__init__.py), the one the tests run from PyPI. Never 1.107.0 (a
+# compromised release on PyPI, Docker Hub and GHCR). Move both together, after the release notes.
+LITELLM_IMAGE = "ghcr.io/berriai/litellm@sha256:bd089afdcd35b894b14a93f9743cdc8b591f82da1a38dd43a010a7b0c9de5fd7"
+
+
+class GatewaySpec(_Strict):
+    """The LiteLLM gateway: the inventory host whose data has `gateway:` runs it (roles/gateway.py)."""
+
+    port: int = Field(default=4000, ge=1024, le=65535)
+    bind_address: str = Field(default="127.0.0.1", pattern=r"^(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])){3}$")
+    master_key_file: str  # on the control machine, mode 600; the key must start with sk- (LiteLLM's rule)
+    image: str = LITELLM_IMAGE
+    num_retries: int = Field(default=2, ge=0, le=10)  # a retry may pick another replica
+    allowed_fails: int = Field(default=1, ge=0, le=100)  # failures in a minute before a replica cools down
+    cooldown_s: int = Field(default=30, ge=1, le=3600)  # how long a failed replica gets no traffic
+    # A request may wait this long for its whole answer: a 128K-token prompt at 300 tok/s prefill is ~430 s.
+    request_timeout_s: int = Field(default=900, ge=10, le=7200)
+    drain_timeout_s: int = Field(default=120, ge=0, le=3600)  # rollout: wait this long for in-flight requests
+    ready_timeout_s: int = Field(default=180, ge=10, le=3600)  # deploy: wait this long for the proxy to answer
+    # Proxy processes: one handles every streamed chunk in Python and capped ~460 tok/s of one-token
+    # chunks on a busy 2-core machine (bench/gateway_overhead.py). Cooldowns are per process (no Redis).
+    workers: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        if not _PINNED_IMAGE.fullmatch(value) or value.endswith(":latest"):
+            raise ValueError("pin the image to a tag or digest (not :latest, not untagged)")
+        if "1.107.0" in value:
+            raise ValueError("LiteLLM 1.107.0 was a compromised release; use the pinned default")
         return value
 
 

@@ -40,12 +40,13 @@ def load_strategy(model: ModelConfig) -> str | None:
     return "prefetch"
 
 
-def vllm_args(model: ModelConfig) -> list[str]:
-    """The command after the image's `vllm serve` entrypoint: the model path first."""
+def vllm_args(model: ModelConfig, host: str = "127.0.0.1") -> list[str]:
+    """The command after the image's `vllm serve` entrypoint: the model path first. `host`: the rig's
+    serve_address (0.0.0.0 only with an API key; rigkit.config.loader checks)."""
     spec, v = model.spec, model.spec.vllm
     args = [
         container_model_path(model),
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(spec.port),
         "--served-model-name", served_name(model),
         "--tensor-parallel-size", str(spec.parallel.tensor),
@@ -77,8 +78,10 @@ def vllm_args(model: ModelConfig) -> list[str]:
     return args + list(v.extra_args)
 
 
-def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE) -> str:
-    """`env_file`: where the rig keeps the API key's env file (a Windows rig: under C:\\ProgramData\\rigkit)."""
+def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE,
+                   host: str = "127.0.0.1") -> str:
+    """`env_file`: where the rig keeps the API key's env file (a Windows rig: under C:\\ProgramData\\rigkit).
+    `host`: the address vLLM listens on (the rig file's `serve_address`)."""
     spec = model.spec
     environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **spec.env}
     if spec.weights.storage == "volume":
@@ -92,7 +95,7 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         model_file=str(model.file),
         project=project_name(model),
         image=spec.image,
-        command=vllm_args(model),
+        command=vllm_args(model, host),
         environment=environment,
         # raw: Compose neither interpolates `$` nor strips quotes or `#` in the key.
         env_files=[{"path": env_file, "format": "raw"}] if with_api_key else [],

@@ -46,7 +46,7 @@ def wanted_files(rig: RigConfig) -> dict[str, dict[str, str]]:
         with_key = read_api_key(rig) is not None
     except SecretFileError:
         with_key = True  # the deploy refuses such a key file; the files are judged as if it were fixed
-    return {m.name: {"compose.yml": sha256(render_compose(m, with_key)), "stack.json": sha256(stack_settings(m, with_key))}
+    return {m.name: {"compose.yml": sha256(render_compose(m, with_key, host=rig.spec.serve_address)), "stack.json": sha256(stack_settings(m, with_key))}
             for m in rig.models}
 
 

@@ -1,0 +1,66 @@
+"""The LiteLLM proxy's config.yaml, rendered from a GatewayPlan. Pure functions.
+
+Every replica of a model on every rig is one deployment of the same `model_name` (its served name),
+`openai/<served name>` at the replica's api_base. Secrets are never in the file: each rig's key and
+the master key are `os.environ/...` references, filled from the gateway's root-only env file.
+The drain filter (templates/gateway/rigkit_drain.py) sits beside config.yaml and is loaded by
+LiteLLM as a callback; it skips the replicas of the rigs listed in drained.json.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from rigkit.gateway.topology import GatewayPlan
+
+MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
+NO_KEY = "no-key"  # vLLM without --api-key ignores it; the OpenAI client refuses an empty one
+DRAIN_CALLBACK = "rigkit_drain.handler"  # module file beside config.yaml, object in it
+
+
+def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
+    """`drain`: load rigkit's drain filter (the deployed gateway has it beside its config; a config
+    printed for a LiteLLM of the user's own has not, and rigkit cannot drain that one)."""
+    spec = plan.spec
+    model_list = []
+    for replica in plan.replicas:
+        name = replica.model_name
+        model_list.append({
+            "model_name": name,
+            "litellm_params": {
+                "model": f"openai/{name}",
+                "api_base": replica.api_base,
+                "api_key": f"os.environ/{replica.key_env}" if replica.key_env else NO_KEY,
+                # Both timeouts cover the whole prefill: a long prompt sends its first token late.
+                "timeout": spec.request_timeout_s,
+                "stream_timeout": spec.request_timeout_s,
+            },
+            "model_info": {"id": replica.deployment_id, "rigkit_rig": replica.rig, "rigkit_model": replica.model.name},
+        })
+    fallbacks = {}
+    for replica in plan.replicas:
+        if replica.model.spec.gateway_fallbacks:
+            fallbacks.setdefault(replica.model_name, list(replica.model.spec.gateway_fallbacks))
+    router = {
+        "routing_strategy": "simple-shuffle",
+        "num_retries": spec.num_retries,
+        "retry_after": 0,  # another replica is usually free at once; waiting only adds to the client's latency
+        "allowed_fails": spec.allowed_fails,
+        "cooldown_time": spec.cooldown_s,
+        "timeout": spec.request_timeout_s,
+        "stream_timeout": spec.request_timeout_s,
+    }
+    if fallbacks:
+        router["fallbacks"] = [{name: targets} for name, targets in sorted(fallbacks.items())]
+    return {
+        "model_list": model_list,
+        "router_settings": router,
+        "litellm_settings": {"request_timeout": spec.request_timeout_s, **({"callbacks": [DRAIN_CALLBACK]} if drain else {})},
+        "general_settings": {"master_key": f"os.environ/{MASTER_KEY_ENV}"},
+    }
+
+
+def render_config(plan: GatewayPlan, drain: bool = True) -> str:
+    header = ("# LiteLLM proxy config rendered by rigkit (docs/gateway.md); edits are overwritten.\n"
+              f"# Gateway host: {plan.host}; {len(plan.replicas)} replica(s).\n")
+    return header + yaml.safe_dump(litellm_config(plan, drain), sort_keys=False, default_flow_style=False)

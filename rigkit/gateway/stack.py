@@ -1,0 +1,98 @@
+"""What the gateway becomes on its rig: a Compose project `rigkit-gateway` (the LiteLLM proxy, host
+networking), its root-only env file (master key, each rig's API key) and the settings the rig-side
+helper (templates/gateway/rigkit-gateway) reads. Pure functions; roles/gateway.py installs them.
+
+The config and the drain filter travel inside the compose file as Compose `configs` with inline
+`content`: Compose copies them into the container, so nothing is bind-mounted from the rig's disk
+(on the simulated rig the host's dockerd could not see the rig's files). No secret is in it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rigkit.gateway.config import MASTER_KEY_ENV, render_config
+from rigkit.gateway.topology import GatewayPlan
+from rigkit.render import template_text
+
+PROJECT = "rigkit-gateway"
+HELPER_PATH = "/usr/local/sbin/rigkit-gateway"  # templates/gateway/rigkit-gateway
+GATEWAY_DIR = "/etc/rigkit/gateway"
+COMPOSE_PATH = f"{GATEWAY_DIR}/compose.yml"
+SETTINGS_PATH = f"{GATEWAY_DIR}/gateway.json"
+SECRETS_ENV_FILE = "/etc/rigkit/secrets/gateway.env"
+CONTAINER_DIR = "/etc/litellm"  # config.yaml, rigkit_drain.py and drained.json inside the container
+DRAINED_FILE = f"{CONTAINER_DIR}/drained.json"
+
+
+class GatewaySecretError(Exception):
+    pass
+
+
+def env_file(master_key: str, rig_keys: dict[str, str]) -> bytes:
+    """The env file Compose reads raw (no interpolation): the master key and {env name: key}."""
+    if not master_key.startswith("sk-"):
+        raise GatewaySecretError("the gateway's master key must start with sk- (LiteLLM refuses others)")
+    lines = [f"{MASTER_KEY_ENV}={master_key}", *(f"{name}={key}" for name, key in sorted(rig_keys.items()))]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _dollars(value):
+    """Compose interpolates `$` everywhere in the file, inline config content included: double it."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, list):
+        return [_dollars(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dollars(v) for k, v in value.items()}
+    return value
+
+
+def render_compose(plan: GatewayPlan, image: str | None = None) -> str:
+    """The compose file (JSON, which is YAML). `image`: tests give a locally built one."""
+    spec = plan.spec
+    document = {
+        "name": PROJECT,
+        "services": {"litellm": {
+            "image": image or spec.image,
+            # The official image's entrypoint is `litellm`; these are its options.
+            "command": ["--config", f"{CONTAINER_DIR}/config.yaml", "--host", spec.bind_address,
+                        "--port", str(spec.port), "--num_workers", str(spec.workers)],
+            # Host networking: the proxy reaches replicas on this rig's 127.0.0.1 and listens on bind_address.
+            "network_mode": "host",
+            "restart": "unless-stopped",
+            "env_file": [{"path": SECRETS_ENV_FILE, "format": "raw"}],
+            "environment": {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"},
+            "configs": [
+                {"source": "litellm_config", "target": f"{CONTAINER_DIR}/config.yaml"},
+                {"source": "rigkit_drain", "target": f"{CONTAINER_DIR}/rigkit_drain.py"},
+            ],
+        }},
+        "configs": {
+            "litellm_config": {"content": render_config(plan)},
+            "rigkit_drain": {"content": template_text("gateway/rigkit_drain.py")},
+        },
+    }
+    header = "# Rendered by rigkit from the inventory's gateway entry (docs/gateway.md); edits are overwritten.\n"
+    return header + json.dumps(_dollars(document), indent=2) + "\n"
+
+
+def probe_host(plan: GatewayPlan) -> str:
+    return "127.0.0.1" if plan.spec.bind_address == "0.0.0.0" else plan.spec.bind_address
+
+
+def settings(plan: GatewayPlan) -> str:
+    """What the rig-side helper needs: where to probe, how long to wait, each replica's /metrics."""
+    return json.dumps({
+        "project": PROJECT,
+        "compose": COMPOSE_PATH,
+        "url": f"http://{probe_host(plan)}:{plan.spec.port}",
+        "env_file": SECRETS_ENV_FILE,
+        "master_key_env": MASTER_KEY_ENV,
+        "ready_timeout_s": plan.spec.ready_timeout_s,
+        "drain_timeout_s": plan.spec.drain_timeout_s,
+        "drained_file": DRAINED_FILE,
+        "models": sorted({r.model_name for r in plan.replicas}),
+        "replicas": [{"rig": r.rig, "id": r.deployment_id, "metrics": r.api_base.removesuffix("/v1") + "/metrics"}
+                     for r in plan.replicas],
+    }, indent=2) + "\n"

@@ -1,0 +1,256 @@
+"""The LiteLLM gateway end to end: two simulated rigs (two SSH ports, one stand-in replica of the
+model `gw-chat` each, on distinct loopback ports), the gateway deployed on the first by the real
+pyinfra CLI, LiteLLM itself (litellm[proxy] from PyPI in a local image, tests/gateway/image.py)
+routing real HTTP to both replicas, `rigkit rollout` draining each rig in turn.
+
+Simulated: vLLM (tests/vllm_standin), the GPUs (tests/simrig), and the network between rigs:
+the simulated rigs share the host's network, so the inventory gives rig B a gateway_address of
+127.0.0.1 (a real rig B would serve on 0.0.0.0 with a key, tested offline in test_gateway_config.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import docker
+import httpx
+import pytest
+
+from tests.conftest import DATA, REPO, STATE_ROOT, run_deploy
+from tests.simrig.rig import SimRig, ssh_keypair
+
+pytestmark = pytest.mark.simrig
+
+GATEWAY_PORT = 14000
+PORTS = {"gw-chat-a": 18201, "gw-chat-b": 18202}  # one replica per rig
+PROJECTS = ["rigkit-gateway", *(f"rigkit-{m}" for m in PORTS)]
+MASTER_KEY = "sk-gw-test-master"
+RIG_KEY = "rig key with $ and # inside"
+RIG_B = ("rigkit-gw-b", 2231)
+
+
+def model_text(name: str, decode_tok_s: int) -> str:
+    return (f"image: rigkit-vllm-standin:sim\nweights: {{source: /srv/rigkit-sim-models/{name}}}\ngpus: [0]\n"
+            f"port: {PORTS[name]}\nvllm: {{dtype: bfloat16, served_model_name: gw-chat}}\n"
+            f"env: {{STANDIN_DECODE_TOK_S: \"{decode_tok_s}\", STANDIN_PREFILL_TOK_S: \"5000\"}}\nready_timeout_s: 30\n")
+
+
+def write_catalog(folder, decode_tok_s: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PORTS:
+        (folder / f"{name}.yml").write_text(model_text(name, decode_tok_s))
+
+
+@dataclass
+class Fleet:
+    folder: object
+    inventory: object
+    catalog: object
+    rig_a: SimRig
+    rig_b: SimRig
+
+    def env(self) -> dict:
+        return dict(os.environ, RIGKIT_STATE=str(STATE_ROOT))
+
+    def deploy(self) -> "object":
+        run = run_deploy(self.rig_a, entry="deploy.py", inventory=str(self.inventory), verify=False)
+        (self.folder / "last-deploy.log").write_text(run.output)  # for a person reading a failure
+        return run
+
+
+def remove_projects() -> None:
+    client = docker.from_env()
+    for project in PROJECTS:
+        for container in client.containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"}):
+            container.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def fleet(fresh_rig, tmp_path_factory):
+    from tests.gateway.image import ensure_litellm_image
+    from tests.simrig.weights import ensure_checkpoint
+    from tests.vllm_standin.image import ensure_standin_image
+
+    ensure_standin_image()
+    image = ensure_litellm_image()
+    for name in PORTS:
+        ensure_checkpoint(name)
+    remove_projects()
+    rig_b = SimRig(name=RIG_B[0], ssh_port=RIG_B[1]).start(log=lambda m: print(m, file=sys.stderr))
+    folder = tmp_path_factory.mktemp("gateway")
+    write_catalog(folder / "models", 200)
+    key, master = folder / "rig.key", folder / "master.key"
+    for path, text in ((key, RIG_KEY), (master, MASTER_KEY)):
+        path.write_text(text + "\n")
+        path.chmod(0o600)
+    base = (DATA / "rigs" / "serving.yml").read_text().replace("models: [test-alpha, test-beta]", "models: [MODEL]")
+    for rig, model in (("rig-a", "gw-chat-a"), ("rig-b", "gw-chat-b")):
+        (folder / f"{rig}.yml").write_text(base.replace("MODEL", model) + f"api_key_file: {key}\n")
+    ssh = {"ssh_hostname": "127.0.0.1", "ssh_user": "root", "ssh_key": str(ssh_keypair()),
+           "ssh_known_hosts_file": "/dev/null", "ssh_strict_host_key_checking": "off",
+           "catalog_dir": str(folder / "models"), "rigkit_verify": "never"}
+    gateway = {"port": GATEWAY_PORT, "master_key_file": str(master), "image": image, "ready_timeout_s": 180,
+               "drain_timeout_s": 30, "cooldown_s": 30}
+    hosts = [
+        ("rig-a", {**ssh, "ssh_port": fresh_rig.ssh_port, "rig_file": str(folder / "rig-a.yml"), "gateway": gateway}),
+        ("rig-b", {**ssh, "ssh_port": RIG_B[1], "rig_file": str(folder / "rig-b.yml"), "gateway_address": "127.0.0.1"}),
+    ]
+    inventory = folder / "inventory.py"
+    inventory.write_text(f"rigs = {hosts!r}\n")  # pyinfra takes (host, data) tuples
+    yield Fleet(folder, inventory, folder / "models", fresh_rig, rig_b)
+    remove_projects()
+    rig_b.remove()
+
+
+def chat(client: httpx.Client, stream: bool = True, max_tokens: int = 8) -> dict:
+    """One chat request through the gateway; what came back (ok, usage, the deployment that served it)."""
+    body = {"model": "gw-chat", "messages": [{"role": "user", "content": "one two three four five six"}],
+            "max_tokens": max_tokens, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    url = f"http://127.0.0.1:{GATEWAY_PORT}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    try:
+        if not stream:
+            answer = client.post(url, json=body, headers=headers, timeout=60)
+            return {"ok": answer.status_code == 200, "usage": answer.json().get("usage"),
+                    "deployment": answer.headers.get("x-litellm-model-id"), "status": answer.status_code}
+        usage, done = None, False
+        with client.stream("POST", url, json=body, headers=headers, timeout=60) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data:"):
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                    elif data:
+                        event = json.loads(data)
+                        if "error" in event:
+                            return {"ok": False, "status": answer.status_code, "error": event["error"]}
+                        usage = event.get("usage") or usage
+            return {"ok": answer.status_code == 200 and done and bool(usage), "usage": usage,
+                    "deployment": answer.headers.get("x-litellm-model-id"), "status": answer.status_code}
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"ok": False, "error": repr(exc)}
+
+
+@dataclass
+class Load:
+    """A steady, bounded client stream: `workers` threads, one request after another each."""
+
+    workers: int = 4
+    results: list = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self):
+        def work():
+            with httpx.Client() as client:
+                while not self.stop.is_set():
+                    started = time.monotonic()
+                    result = chat(client)
+                    self.results.append({**result, "started": started, "ended": time.monotonic()})
+        self.threads = [threading.Thread(target=work, daemon=True) for _ in range(self.workers)]
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+
+    def failures(self):
+        return [r for r in self.results if not r["ok"]]
+
+
+def test_deploy_routes_to_both_rigs_usage_streams_through_and_a_second_deploy_changes_nothing(fleet):
+    first = fleet.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+    with httpx.Client() as client:
+        answers = [chat(client) for _ in range(24)]
+        plain = chat(client, stream=False, max_tokens=5)
+    assert all(a["ok"] for a in answers), ([a for a in answers if not a["ok"]][:3], first.output[-4000:])
+    # Usage passes through streaming: the stand-in counts the 8 generated tokens, the client reads them.
+    assert {a["usage"]["completion_tokens"] for a in answers} == {8}
+    assert plain["ok"] and plain["usage"]["completion_tokens"] == 5
+    assert {a["deployment"] for a in answers} == {"rig-a.gw-chat-a", "rig-b.gw-chat-b"}  # both replicas serve
+    for name, port in PORTS.items():  # an independent read: each stand-in counted requests of its own
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert "vllm:generation_tokens_total" in metrics
+    # The rig's key reached the stand-ins (they refuse requests without it) and no secret is world-readable.
+    code, listing = fleet.rig_a.exec("stat -c '%a %n' /etc/rigkit/secrets/gateway.env /etc/rigkit/gateway/compose.yml")
+    assert "600 /etc/rigkit/secrets/gateway.env" in listing
+    code, compose = fleet.rig_a.exec("cat /etc/rigkit/gateway/compose.yml")
+    assert MASTER_KEY not in compose and "$$ and" not in compose and RIG_KEY not in compose
+
+    started = docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"]
+    second = fleet.deploy()
+    assert second.returncode == 0, second.output[-6000:]
+    assert second.changed_operations() == 0, second.output[-6000:]
+    assert docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"] == started
+
+
+def test_a_rolling_rollout_of_both_rigs_loses_no_request(fleet):
+    before = {n: docker.from_env().containers.get(f"rigkit-{n}-vllm-1").id for n in PORTS}
+    write_catalog(fleet.catalog, 240)  # every model's config changes: both replicas restart
+    with Load() as load:
+        time.sleep(3)
+        rollout = subprocess.run([sys.executable, "-m", "rigkit.cli", "rollout", str(fleet.inventory)], cwd=REPO,
+                                 env=fleet.env(), capture_output=True, text=True, timeout=900)
+        time.sleep(3)
+    output = rollout.stdout + rollout.stderr
+    assert rollout.returncode == 0, output[-6000:]
+    assert "drained rig-a" in output and "drained rig-b" in output, output[-3000:]
+    after = {n: docker.from_env().containers.get(f"rigkit-{n}-vllm-1").id for n in PORTS}
+    assert all(before[n] != after[n] for n in PORTS)  # both replicas really were replaced
+    for port in PORTS.values():
+        assert httpx.get(f"http://127.0.0.1:{port}/standin/info", timeout=5).json()["decode_tok_s"] == 240.0
+    assert len(load.results) > 100, len(load.results)
+    assert load.failures() == [], load.failures()[:5]
+    print(f"rollout under load: {len(load.results)} requests, 0 failed")
+
+
+def test_one_replica_killed_under_load_costs_under_one_percent_and_traffic_moves_within_30_s(fleet):
+    with Load() as load:
+        time.sleep(5)
+        killed_at = time.monotonic()
+        replica = docker.from_env().containers.get("rigkit-gw-chat-b-vllm-1")
+        replica.update(restart_policy={"Name": "no"})  # it stays dead: no restart brings it back mid-test
+        replica.kill()
+        time.sleep(40)
+    after = [r for r in load.results if r["started"] >= killed_at]
+    failed = load.failures()
+    share = len(failed) / len(load.results)
+    last_failure_s = max((r["ended"] - killed_at for r in failed), default=0.0)
+    moved = [r for r in after if r["ok"] and r["ended"] - killed_at > 30]
+    print(f"replica killed: {len(load.results)} requests, {len(failed)} failed ({share:.2%}), "
+          f"last failure {last_failure_s:.1f} s after the kill")
+    assert len(load.results) > 200
+    assert share < 0.01, failed[:5]
+    assert last_failure_s < 30
+    assert moved and all(r["deployment"] == "rig-a.gw-chat-a" for r in moved)
+
+
+def test_a_rig_that_fails_its_rollout_stays_out_of_the_gateway_and_the_rollout_stops(fleet):
+    """rig-a's new config cannot start (the stand-in's fail_at_start): its stack rolls back, the rollout
+    stops before rig-b, and the gateway keeps rig-a drained: every request goes to rig-b."""
+    for container in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project=rigkit-gw-chat-b"}):
+        container.remove(force=True)  # the previous test killed rig-b's replica: bring it back first
+    write_catalog(fleet.catalog, 240)
+    assert fleet.deploy().returncode == 0
+    broken = model_text("gw-chat-a", 240).replace('STANDIN_PREFILL_TOK_S: "5000"', 'STANDIN_PREFILL_TOK_S: "5000", STANDIN_FAULT: fail_at_start')
+    (fleet.catalog / "gw-chat-a.yml").write_text(broken)
+    rollout = subprocess.run([sys.executable, "-m", "rigkit.cli", "rollout", str(fleet.inventory)], cwd=REPO,
+                             env=fleet.env(), capture_output=True, text=True, timeout=900)
+    output = rollout.stdout + rollout.stderr
+    assert rollout.returncode == 1, output[-4000:]
+    assert "STOPPED: rig-a failed; rig-a stays out of the gateway; rigs not started: rig-b" in output, output[-4000:]
+    with httpx.Client() as client:
+        answers = [chat(client) for _ in range(12)]
+    assert all(a["ok"] for a in answers), answers[:3]
+    assert {a["deployment"] for a in answers} == {"rig-b.gw-chat-b"}

@@ -1,0 +1,233 @@
+"""The gateway's LiteLLM config, rendered offline from an inventory, and the bind-address rule.
+
+Nothing is simulated: the config is loaded by LiteLLM's own proxy config loader (litellm[proxy]
+from PyPI, in its own venv: tests/gateway/venv.py), and the CLI runs as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigkit.config.errors import ConfigError
+from rigkit.config.loader import load_rig
+from rigkit.render import template_path
+from tests.gateway.venv import litellm_python
+
+REPO = Path(__file__).resolve().parents[1]
+CATALOG = REPO / "inventory" / "models"
+KEY_B = "sk-rig-b $ecret #1"  # $ and # would break a key that reached a shell or Compose unquoted
+
+RIG = """\
+os: linux
+psu_w: 1200
+system_w: 200
+gpus:
+  - {index: 0, model: RTX 4090}
+  - {index: 1, model: RTX 4090}
+models: [MODELS]
+"""
+
+
+def model_file(folder: Path, name: str, port: int, served: str | None = None, fallbacks=()) -> None:
+    text = (f"image: rigkit-vllm-standin:sim\nweights: {{source: /srv/x/{name}}}\ngpus: [0]\nport: {port}\n"
+            f"shared_gpus: true\n")
+    if served:
+        text += f"vllm: {{served_model_name: {served}}}\n"
+    if fallbacks:
+        text += f"gateway_fallbacks: {list(fallbacks)}\n"
+    (folder / f"{name}.yml").write_text(text)
+
+
+def private(path: Path, text: str) -> Path:
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Two rigs: rig-a runs the gateway and serves chat replica 0 and a coder; rig-b (with a key,
+    models on every interface) serves chat replica 1."""
+    catalog = tmp_path / "models"
+    catalog.mkdir()
+    model_file(catalog, "chat-r0", 18101, served="chat", fallbacks=["coder"])
+    model_file(catalog, "chat-r1", 18102, served="chat", fallbacks=["coder"])
+    model_file(catalog, "coder", 18103)
+    rigs = tmp_path / "rigs"
+    rigs.mkdir()
+    (rigs / "rig-a.yml").write_text(RIG.replace("MODELS", "chat-r0, coder"))
+    key_b = private(tmp_path / "key-b", KEY_B)
+    (rigs / "rig-b.yml").write_text(RIG.replace("MODELS", "chat-r1") +
+                                    f"api_key_file: {key_b}\nserve_address: 0.0.0.0\n")
+    master = private(tmp_path / "master", "sk-master-1")
+    inventory = tmp_path / "inv.py"
+    inventory.write_text(f"""
+rigs = [
+    ("rig-a", {{"ssh_hostname": "127.0.0.1", "rig_file": "{rigs / 'rig-a.yml'}", "catalog_dir": "{catalog}",
+               "gateway": {{"port": 4111, "master_key_file": "{master}", "num_retries": 3, "cooldown_s": 20}}}}),
+    ("rig-b", {{"ssh_hostname": "10.1.2.3", "rig_file": "{rigs / 'rig-b.yml'}", "catalog_dir": "{catalog}"}}),
+]
+""")
+    return inventory
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rigkit.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def test_gateway_config_prints_every_replica_without_secrets(fleet):
+    run = cli("gateway-config", str(fleet))
+    assert run.returncode == 0, run.stderr
+    assert KEY_B not in run.stdout and "sk-master-1" not in run.stdout
+    config = yaml.safe_load(run.stdout)
+    chat = [d for d in config["model_list"] if d["model_name"] == "chat"]
+    assert {d["litellm_params"]["api_base"] for d in chat} == {"http://127.0.0.1:18101/v1", "http://10.1.2.3:18102/v1"}
+    assert "callbacks" not in config["litellm_settings"]  # a user's own LiteLLM has no drain filter
+
+
+def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
+    """LiteLLM reads the config the role deploys (drain filter beside it) and resolves the key references."""
+    from rigkit.config.schema import GatewaySpec
+    from rigkit.gateway.config import render_config
+    from rigkit.gateway.topology import RigView, plan as make_plan
+
+    text = fleet.read_text()
+    catalog = Path(text.split('"catalog_dir": "')[1].split('"')[0])
+    rig_a, rig_b = (load_rig(Path(text.split('"rig_file": "')[n].split('"')[0]), catalog) for n in (1, 2))
+    gateway = GatewaySpec(port=4111, master_key_file="/unused", num_retries=3, cooldown_s=20)
+    plan = make_plan([RigView("rig-a", rig_a, "127.0.0.1", gateway=gateway), RigView("rig-b", rig_b, "10.1.2.3")])
+    folder = tmp_path / "gateway"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(render_config(plan))
+    shutil.copy(template_path("gateway/rigkit_drain.py"), folder / "rigkit_drain.py")
+    env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-1", "RIGKIT_KEY_RIG_B": KEY_B}
+    run = subprocess.run([str(litellm_python()), str(REPO / "tests/gateway/litellm_load.py"),
+                          str(folder / "config.yaml")], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    by_id = {d["id"]: d for d in seen["deployments"]}
+    assert set(by_id) == {"rig-a.chat-r0", "rig-a.coder", "rig-b.chat-r1"}
+    assert by_id["rig-b.chat-r1"]["api_key"] == KEY_B  # LiteLLM resolved os.environ/RIGKIT_KEY_RIG_B
+    assert by_id["rig-b.chat-r1"]["model"] == "openai/chat" and by_id["rig-b.chat-r1"]["rig"] == "rig-b"
+    assert by_id["rig-a.chat-r0"]["timeout"] == 900  # a long prefill fits
+    assert seen["num_retries"] == 3 and seen["cooldown_time"] == 20 and seen["allowed_fails"] == 1
+    assert seen["fallbacks"] == [{"chat": ["coder"]}]
+    assert seen["master_key_set"]
+    assert "RigkitDrain" in seen["callbacks"]
+
+
+def test_remote_loopback_models_are_refused_with_the_way_out(fleet):
+    text = fleet.read_text()
+    rig_b = Path(text.split('"rig_file": "')[2].split('"')[0])
+    rig_b.write_text(rig_b.read_text().replace("serve_address: 0.0.0.0\n", ""))
+    run = cli("gateway-config", str(fleet))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert f"{rig_b}: serve_address: '127.0.0.1'" in run.stderr
+    assert "gateway_address" in run.stderr and "rig-a cannot reach them" in run.stderr
+
+
+def test_unknown_fallback_and_bad_gateway_fields_are_refused(fleet):
+    catalog = Path(fleet.read_text().split('"catalog_dir": "')[1].split('"')[0])
+    model_file(catalog, "coder", 18103, fallbacks=["nope"])
+    run = cli("gateway-config", str(fleet))
+    assert run.returncode == 1 and "coder.yml: gateway_fallbacks[0]: 'nope': no rig" in run.stderr
+    model_file(catalog, "coder", 18103)
+    fleet.write_text(fleet.read_text().replace('"num_retries": 3', '"num_retrys": 3').replace('"port": 4111', '"port": 80'))
+    run = cli("gateway-config", str(fleet))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "gateway.num_retrys: unknown key" in run.stderr and "gateway.port: 80:" in run.stderr
+
+
+def test_two_gateways_or_one_address_twice_are_refused(fleet):
+    two = fleet.read_text().replace('"catalog_dir": "', '"gateway": {"master_key_file": "/x"}, "catalog_dir": "', 2)
+    fleet.write_text(two)
+    run = cli("gateway-config", str(fleet))
+    assert run.returncode == 1 and "one host runs the gateway" in run.stderr
+
+
+def test_serve_address_beyond_loopback_needs_a_key(tmp_path):
+    rig = tmp_path / "open.yml"
+    rig.write_text(RIG.replace("[MODELS]", "[]") + "serve_address: 0.0.0.0\n")
+    with pytest.raises(ConfigError) as caught:
+        load_rig(rig, CATALOG)
+    assert f"{rig}: serve_address: '0.0.0.0': models listening on every interface need an API key" in str(caught.value)
+    run = cli("check", str(rig), "--catalog", str(CATALOG))
+    assert run.returncode == 1 and "serve_address: '0.0.0.0'" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_vllm_listens_where_the_rig_says(fleet):
+    from rigkit.serving.compose import vllm_args
+
+    rig = load_rig(Path(fleet.read_text().split('"rig_file": "')[2].split('"')[0]),
+                   Path(fleet.read_text().split('"catalog_dir": "')[1].split('"')[0]))
+    args = vllm_args(rig.models[0], rig.spec.serve_address)
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+
+
+DRAIN_CHECK = """
+import asyncio, json, os, shutil, sys, time
+folder = sys.argv[1]
+sys.path.insert(0, folder)
+import rigkit_drain
+deployments = [{"model_info": {"id": f"{rig}.m", "rigkit_rig": rig}} for rig in ("rig-a", "rig-b")]
+def kept():
+    return [d["model_info"]["id"] for d in asyncio.run(rigkit_drain.handler.async_filter_deployments("m", deployments, None))]
+seen = [kept()]
+for rigs in (["rig-a"], ["rig-a", "rig-b"], []):
+    with open(os.path.join(folder, "drained.json.tmp"), "w") as f:
+        json.dump({"rigs": rigs}, f)
+    os.replace(os.path.join(folder, "drained.json.tmp"), os.path.join(folder, "drained.json"))
+    seen.append(kept())
+print(json.dumps(seen))
+"""
+
+
+def test_drain_filter_skips_drained_rigs_inside_litellm(tmp_path):
+    """The filter LiteLLM loads, run by LiteLLM's own CustomLogger base class: a rig listed in drained.json
+    gets no request; when every replica is drained, all are kept (a slow answer beats none)."""
+    shutil.copy(template_path("gateway/rigkit_drain.py"), tmp_path / "rigkit_drain.py")
+    run = subprocess.run([str(litellm_python()), "-c", DRAIN_CHECK, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [
+        ["rig-a.m", "rig-b.m"], ["rig-b.m"], ["rig-a.m", "rig-b.m"], ["rig-a.m", "rig-b.m"]]
+
+
+def test_compose_file_carries_the_config_inline_with_no_secret_and_no_interpolation(fleet, tmp_path):
+    """The compose file Compose will read: the config and drain filter as inline configs (copied into the
+    container, nothing bind-mounted), keys only through the raw env file, every `$` doubled."""
+    from rigkit.config.schema import GatewaySpec
+    from rigkit.gateway.stack import env_file, render_compose, settings
+    from rigkit.gateway.topology import RigView, plan as make_plan
+
+    text = fleet.read_text()
+    catalog = Path(text.split('"catalog_dir": "')[1].split('"')[0])
+    rig_a, rig_b = (load_rig(Path(text.split('"rig_file": "')[n].split('"')[0]), catalog) for n in (1, 2))
+    plan = make_plan([RigView("rig-a", rig_a, "127.0.0.1", gateway=GatewaySpec(master_key_file="/x")),
+                      RigView("rig-b", rig_b, "10.1.2.3")])
+    compose_text = render_compose(plan)
+    compose = yaml.safe_load(compose_text)
+    service = compose["services"]["litellm"]
+    assert service["env_file"] == [{"path": "/etc/rigkit/secrets/gateway.env", "format": "raw"}]
+    assert "volumes" not in service and service["network_mode"] == "host"
+    assert service["command"][:2] == ["--config", "/etc/litellm/config.yaml"]
+    inline = yaml.safe_load(compose["configs"]["litellm_config"]["content"].replace("$$", "$"))
+    assert inline["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
+    assert "$" not in compose_text.replace("$$", "")  # no single `$` left for Compose to interpolate
+    secret = env_file("sk-master", {"RIGKIT_KEY_RIG_B": KEY_B})
+    assert secret == f"LITELLM_MASTER_KEY=sk-master\nRIGKIT_KEY_RIG_B={KEY_B}\n".encode()
+    assert KEY_B not in compose_text and "sk-master" not in compose_text
+    replicas = json.loads(settings(plan))["replicas"]
+    assert {r["metrics"] for r in replicas} == {"http://127.0.0.1:18101/metrics", "http://127.0.0.1:18103/metrics",
+                                                "http://10.1.2.3:18102/metrics"}
+    with pytest.raises(Exception, match="must start with sk-"):
+        env_file("master", {})
