@@ -96,8 +96,15 @@ def _hosts(inventory: str) -> list:
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    with ctx_state.use(State()):
-        return list(make_inventory(inventory, cwd="."))
+    from rigkit.config.inventory import RigConfigError
+
+    if not Path(inventory).is_file():
+        raise RigConfigError(f"{inventory}: no such inventory file")
+    try:
+        with ctx_state.use(State()):
+            return list(make_inventory(inventory, cwd="."))
+    except Exception as exc:  # the inventory is the user's Python: any error is theirs to see in one line
+        raise RigConfigError(f"{inventory}: cannot be loaded: {type(exc).__name__}: {exc}") from None
 
 
 def gateway_config(args: argparse.Namespace) -> int:
@@ -147,7 +154,7 @@ def rollout(args: argparse.Namespace) -> int:
             out = f"; {name} stays out of the gateway" if drained else ""
             print(f"rigkit rollout: STOPPED: {name} failed{out}; rigs not started: {untouched}", file=sys.stderr)
             return 1
-        if drained and _gateway(args.inventory, plan, "undrain") != 0:
+        if drained and _gateway(args.inventory, plan, "undrain", name) != 0:
             print(f"rigkit rollout: STOPPED: {name} deployed, but the gateway did not take it back", file=sys.stderr)
             return 1
     print(f"rigkit rollout: all {len(names)} rigs deployed")

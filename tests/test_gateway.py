@@ -254,3 +254,11 @@ def test_a_rig_that_fails_its_rollout_stays_out_of_the_gateway_and_the_rollout_s
         answers = [chat(client) for _ in range(12)]
     assert all(a["ok"] for a in answers), answers[:3]
     assert {a["deployment"] for a in answers} == {"rig-b.gw-chat-b"}
+    # Another rig's drain and return (its own rollout) must not bring rig-a back with it.
+    for action in ("drain rig-b", "undrain rig-b"):
+        code, said = fleet.rig_a.exec(f"/usr/local/sbin/rigkit-gateway {action}")
+        assert code == 0, said
+    assert "still drained: rig-a" in said, said
+    with httpx.Client() as client:
+        answers = [chat(client) for _ in range(12)]
+    assert {a["deployment"] for a in answers} == {"rig-b.gw-chat-b"}, answers[:3]

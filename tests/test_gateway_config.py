@@ -231,3 +231,21 @@ def test_compose_file_carries_the_config_inline_with_no_secret_and_no_interpolat
                                                 "http://10.1.2.3:18102/metrics"}
     with pytest.raises(Exception, match="must start with sk-"):
         env_file("master", {})
+
+
+def test_gateway_config_names_a_missing_or_broken_inventory_in_one_line(tmp_path, capsys):
+    from rigkit.cli import main
+
+    broken = tmp_path / "inventory.py"
+    broken.write_text("rigs = [(\n")
+    assert main(["gateway-config", str(broken)]) == 1
+    assert f"{broken}: cannot be loaded: SyntaxError" in capsys.readouterr().err
+    assert main(["gateway-config", str(tmp_path / "none.py")]) == 1
+    assert "no such inventory file" in capsys.readouterr().err
+
+
+def test_key_variable_names_are_safe_for_any_host_name():
+    from rigkit.gateway.topology import key_env_name
+
+    assert key_env_name("rig-1.lan") == "RIGKIT_KEY_RIG_1_LAN"
+    assert key_env_name("Bad Name=1") == "RIGKIT_KEY_BAD_NAME_1"

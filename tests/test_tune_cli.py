@@ -34,6 +34,8 @@ def tune(*args: str, rig_file=RIG) -> subprocess.CompletedProcess:
     (("--rig", "sim-rig", "--model", "tune-sim", "--hold", "--write"), "nothing to --write"),
     (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", "--deadman-s", "2"), "--deadman-s 2"),
     (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", "--repeats", "0"), "--repeats '0'"),
+    # counted before a list is built: a huge range is refused at once, not after filling memory
+    (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "1:999999999:1"), "999999999 values; at most 40"),
 ])
 def test_bad_options_are_refused_with_one_line_before_any_rig_is_reached(args, said):
     run = tune("inventory/sim.py", *args)
@@ -53,3 +55,11 @@ def test_a_bad_rig_file_is_named(tmp_path):
 def test_a_missing_inventory_is_named():
     run = tune("inventory/none.py", "--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200")
     assert run.returncode == 2 and "inventory/none.py: no such inventory file" in run.stderr
+
+
+def test_an_inventory_that_does_not_load_is_named_in_one_line(tmp_path):
+    broken = tmp_path / "inventory.py"
+    broken.write_text("rigs = [(\n")
+    run = tune(str(broken), "--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200")
+    assert run.returncode == 2 and f"{broken}: cannot be loaded: SyntaxError" in run.stderr
+    assert "Traceback" not in run.stderr

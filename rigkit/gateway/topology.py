@@ -63,7 +63,9 @@ class GatewayPlan:
 
 
 def key_env_name(host: str) -> str:
-    return "RIGKIT_KEY_" + host.upper().replace("-", "_").replace(".", "_")
+    """An environment variable name for the host's key: anything but A-Z, 0-9 and _ becomes _, so
+    an inventory host name never breaks the env file's `NAME=value` lines or LiteLLM's lookup."""
+    return "RIGKIT_KEY_" + re.sub(r"[^A-Z0-9_]", "_", host.upper())
 
 
 def plan(views: list[RigView]) -> GatewayPlan | None:

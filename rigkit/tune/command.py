@@ -87,8 +87,11 @@ def _host(inventory: str, name: str):
 
     if not Path(inventory).is_file():
         raise TuneInputError(f"{inventory}: no such inventory file")
-    with ctx_state.use(State()):
-        hosts = list(make_inventory(inventory, cwd="."))
+    try:
+        with ctx_state.use(State()):
+            hosts = list(make_inventory(inventory, cwd="."))
+    except Exception as exc:  # the inventory is the user's Python: any error is theirs to see in one line
+        raise TuneInputError(f"{inventory}: cannot be loaded: {type(exc).__name__}: {exc}") from None
     names = [h.name for h in hosts]
     for host in hosts:
         if host.name == name:

@@ -31,6 +31,9 @@ def parse_values(option: str, text: str, *, allow_negative: bool = False, allow_
             raise GridError(f"{option} {text!r}: the step must be positive, got {step}")
         if start > stop:
             raise GridError(f"{option} {text!r}: start {start} is above stop {stop}")
+        count = len(range(start, stop + 1, step))  # counted before any list is built
+        if count > MAX_VALUES_PER_OPTION:
+            raise GridError(f"{option} {text!r}: {count} values; at most {MAX_VALUES_PER_OPTION}, use a coarser step")
         values: list = list(range(start, stop + 1, step))
     else:
         values = []

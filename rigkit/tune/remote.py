@@ -23,7 +23,8 @@ import rigkit.verify.telemetry
 from rigkit.config.inventory import SshTarget
 from rigkit.sshforward import forward
 from rigkit.tune.cells import Cell, Enforced, Figures
-from rigkit.tune.measure import BenchSettings, measure_once
+from rigkit.tune.measure import BenchSettings, MeasurementError, measure_once
+from rigkit.tune.rigside import DEADMAN_UNIT
 from rigkit.tune.safety import OffsetRange
 
 REMOTE_DIR = "/usr/local/lib/rigkit/tune"
@@ -191,7 +192,15 @@ class SshTuneRig:
         started, sampling = time.monotonic(), RemoteSampling(self.shell, self.gpus)
         try:
             with forward(self.client.get_transport(), self.port) as local_port:
-                return measure_once(f"http://127.0.0.1:{local_port}", self.model, sampling, self.bench)
+                figures = measure_once(f"http://127.0.0.1:{local_port}", self.model, sampling, self.bench)
+            # A switch that fired mid-measurement put the declared policy back under the load: the
+            # reading is of no one setting, and must not be booked to the cell.
+            armed = self.shell.run(f"systemctl is-active {DEADMAN_UNIT}.timer", check=False).strip()
+            if armed != "active":
+                raise MeasurementError(
+                    f"the dead man's switch fired during the measurement of {cell.label()} (timer {armed or 'gone'}): "
+                    f"--deadman-s {self.deadman_s} is shorter than one measurement; raise it")
+            return figures
         finally:
             self.spent_measuring_s += time.monotonic() - started
             self.spent_sampling_s += sampling.spent_s

@@ -138,7 +138,10 @@ def restore(args) -> dict:
     run = _systemctl("restart", args.policy_unit)
     if run.returncode != 0:
         errors.append(f"systemctl restart {args.policy_unit}: {run.stderr.strip()}")
-    disarm()
+    if not any(errors):
+        # Only a restore that worked may stand the switch down: after a failed one the timer
+        # still fires and tries the declared policy again.
+        disarm()
     return {**read(args.gpus), "errors": [e for e in errors if e]}
 
 

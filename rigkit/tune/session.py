@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from rigkit.gpu.nvsmi import parse_query, query_command
+from rigkit.serving.api_key import SecretFileError, read_api_key
 from rigkit.tune.inputs import TuneInputError, default_json, elapsed, grid_for, start_cell, write_json
 from rigkit.tune.measure import BenchSettings, MeasurementError, hold, hold_text, measure_once
 from rigkit.tune.remote import RemoteSampling, RigError, Shell, SshTuneRig, connect, install
@@ -21,10 +22,10 @@ def _say(text: str) -> None:
 def run_session(args, options, rig, model, target, results_dir: Path) -> int:
     started = time.monotonic()
     gpus = tuple(model.spec.gpus)
-    bench = BenchSettings(args.prompt_tokens, args.output_tokens, api_key=_api_key(rig))
     try:
+        bench = BenchSettings(args.prompt_tokens, args.output_tokens, api_key=_api_key(rig))
         client = connect(target)
-    except RigError as exc:
+    except (RigError, SecretFileError, OSError) as exc:
         print(f"rigkit tune: {exc}", file=sys.stderr)
         return 1
     shell = Shell(client)
@@ -61,6 +62,14 @@ def run_session(args, options, rig, model, target, results_dir: Path) -> int:
             _say(f"rigkit tune: interrupted; restored: {_restored_text(tune_rig)}")
             return 130
         _say(f"restored: {_restored_text(tune_rig)}")
+        if not tune_rig.restored or tune_rig.restored.get("errors"):
+            # The measurements are kept, but no setting is proposed or written from a rig whose
+            # restore failed; its dead man's switch stays armed and retries the declared policy.
+            args.write = False
+            _report(args, rig, model, result, plan, context, out, started, tune_rig)
+            print("rigkit tune: the rig's original settings were NOT all restored (see above); its dead "
+                  "man's switch stays armed and re-applies the declared policy when it fires", file=sys.stderr)
+            return 1
     except (RigError, MeasurementError, TuneError, TuneInputError) as exc:
         print(f"rigkit tune: {exc}", file=sys.stderr)
         return 1
@@ -94,7 +103,9 @@ def _restored_text(tune_rig: SshTuneRig) -> str:
         return "restore did not report (the dead man's switch restores the policy on its own)"
     gpus = ", ".join(f"GPU {g['index']} {g['enforced_w']:.0f} W" for g in tune_rig.restored["gpus"])
     errors = tune_rig.restored.get("errors") or []
-    return gpus + ("; " + "; ".join(errors) if errors else "") + "; dead man's switch disarmed"
+    if errors:
+        return gpus + "; " + "; ".join(errors) + "; dead man's switch left armed"
+    return gpus + "; dead man's switch disarmed"
 
 
 def _hold(client, shell, gpus, model, bench, repeats, out, context, started) -> int:
@@ -156,6 +167,4 @@ def _report(args, rig, model, result, plan, context, out, started, tune_rig) -> 
 
 
 def _api_key(rig) -> str | None:
-    from rigkit.serving.api_key import read_api_key
-
     return read_api_key(rig)
