@@ -161,7 +161,7 @@ def rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-NOT_INSTALLED = 9  # the gateway helper is not on its rig yet (a first rollout): nothing to drain
+NOT_INSTALLED = 9  # the gateway helper is not on its rig yet (a first rollout) or not running: nothing to drain
 
 
 def _gateway(inventory: str, plan, *action: str) -> int:
@@ -183,7 +183,10 @@ def _gateway(inventory: str, plan, *action: str) -> int:
     if run.returncode != 0 and not said:
         print(f"rigkit rollout: gateway on {plan.host}: `{' '.join(action)}` failed:\n"
               f"{(run.stdout + run.stderr)[-2000:]}", file=sys.stderr)
-    if run.returncode != 0 and any("not installed yet" in line for line in said):
+    # Not installed yet, or its container stopped: nothing is routed through it, so there is
+    # nothing to drain (a stopped gateway must not block the rollout that may bring it back).
+    if run.returncode != 0 and any("not installed yet" in line or "container is not running" in line
+                                   for line in said):
         return NOT_INSTALLED
     return run.returncode or 0
 

@@ -122,4 +122,28 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from rigkit.tune.session import run_session
 
+    _ctrl_c_to_main_greenlet()
     return run_session(args, options, rig, model, target, results_dir)
+
+
+def _ctrl_c_to_main_greenlet() -> None:
+    """Reading the inventory imports pyinfra_cli, which patches the standard library with gevent:
+    paramiko's transport and the port forwards then run as greenlets in this one thread, and
+    Python raises KeyboardInterrupt in whichever greenlet runs when Ctrl-C arrives. Raised in the
+    transport's, it ends the SSH connection without a word, and the restore that should follow
+    waits on a dead connection. So Ctrl-C is delivered to the main greenlet only, where the
+    sweep's `finally` restores the rig."""
+    import signal
+
+    import greenlet
+
+    main = greenlet.getcurrent()
+
+    def interrupt(signum, frame):
+        if greenlet.getcurrent() is main:
+            raise KeyboardInterrupt
+        import gevent
+
+        gevent.get_hub().loop.run_callback(main.throw, KeyboardInterrupt)
+
+    signal.signal(signal.SIGINT, interrupt)
