@@ -14,12 +14,10 @@ stops the deploy with the reason.
 from __future__ import annotations
 
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import python
 
 from rigkit.config.schema import RigConfig
 from rigkit.weights.facts import volume_states
-from rigkit.weights.operation import copy_on_rig
+from rigkit.weights.operation import copy_operations
 
 
 @deploy("Weights")
@@ -28,17 +26,5 @@ def weights(rig: RigConfig, verify: bool = False) -> dict:
     `verify`: re-hash every volume against its manifest first (`rigkit deploy --verify-weights`)."""
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     # Weights left on a bind mount are warned about by the serving checks (rig.warnings).
-    ops = {}
-    states = volume_states(rig)
-    for model in on_volumes:
-        state = states[model.name]
-        if state["status"] == "error":
-            raise DeployError(f"{model.name} ({model.file}): weights.source {model.spec.weights.source}: "
-                              f"{state['error']}")
-        ops[model.name] = python.call(
-            name=f"Weights of {model.name} onto volume",
-            function=copy_on_rig, model=model, verify=verify,
-            _if=lambda needed=verify or state["status"] != "unchanged": needed,
-        )
-    return ops
+    return copy_operations(on_volumes, volume_states(rig), verify)
 

@@ -1,14 +1,8 @@
 """TEST INFRASTRUCTURE: a simulated rig for `rigkit tune`, with curves anchored to published numbers.
 
-The curves and their anchors are in tests/sim_curves.py (shared with the vLLM stand-in and the
-simulated NVML, so the rig-level tests see the same card). In short:
-- seed 004, RTX PRO 4000 Blackwell SFF: 27B + DFlash2 70 W 35.04, 90 W 47.05, 106 W 52.05, 120 W 54.18;
-  35B A3B 84.97, 93.63, 96.21, 96.43. Memory offset at 120 W: +33.3% memory clock gave +19.8% decode
-  on 35B and +5.0% on 27B (+20% gave +6.5% on 27B: a concave curve); prefill barely changed.
-  NVML memory offsets 1800/3600/6000 were about +10/+20/+33.3%, so 100% is taken as 18,000 MHz.
-- field notes [001, 003], RTX 3090: +7% decode from 200 to 250 W, then about +1% per 50 W. The
-  absolute rate (33 tok/s at 200 W) and the points below 200 W are illustrative, not published.
-Between anchors the curve is linear; prefill, SM clocks and draws are plausible shapes, not data.
+The curves and their anchors (seed 004's tables, the 3090 of the field notes) are in
+tests/sim_curves.py, shared with the vLLM stand-in and the simulated NVML, so the rig-level
+tests see the same card.
 Noise is seeded; an optional drift changes every rate by a share per measurement.
 """
 

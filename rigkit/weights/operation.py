@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api.exceptions import OperationError
+from pyinfra.api.exceptions import DeployError, OperationError
+from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig
 from rigkit.weights.engine import dial_command, rig_engine
@@ -21,3 +22,21 @@ def copy_on_rig(model: ModelConfig, verify: bool) -> None:
             raise OperationError(str(exc)) from None
     for report in reports:
         logger.info(f"{host.print_prefix}{report.line()}")
+
+
+def copy_operations(models: list[ModelConfig], states: dict[str, dict], verify: bool) -> dict:
+    """{model name: its copy operation}, from each volume's state (the Linux or the Windows fact):
+    a source error stops the deploy before anything changes; a copy runs only where the volume is
+    not the source's complete copy, or when `verify` asks every volume to be re-hashed."""
+    ops = {}
+    for model in models:
+        state = states[model.name]
+        if state["status"] == "error":
+            raise DeployError(f"{model.name} ({model.file}): weights.source {model.spec.weights.source}: "
+                              f"{state['error']}")
+        ops[model.name] = python.call(
+            name=f"Weights of {model.name} onto volume",
+            function=copy_on_rig, model=model, verify=verify,
+            _if=lambda needed=verify or state["status"] != "unchanged": needed,
+        )
+    return ops

@@ -11,14 +11,12 @@ the copier this puts under C:\\ProgramData\\rigkit\\weights.
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import python
 
 from rigkit.config.schema import RigConfig
 from rigkit.render import template_text
 from rigkit.serving.compose import volume_name
 from rigkit.weights.layout import helper_image
-from rigkit.weights.operation import copy_on_rig
+from rigkit.weights.operation import copy_operations
 from rigkit.windows import operations as winops
 from rigkit.windows.bundle import INSTALL_DIR
 from rigkit.windows.facts import WindowsWeightsVolumeState
@@ -33,16 +31,8 @@ def weights_onto_volumes(rig: RigConfig, verify: bool = False) -> dict:
     if not on_volumes:
         return {}
     winops.file(name=f"Put {COPIER}", dest=str(COPIER), data=template_text("weights/rigkit-copy.py").encode())
-    ops = {}
-    for model in on_volumes:
-        state = host.get_fact(WindowsWeightsVolumeState, volume=volume_name(model), source=model.spec.weights.source,
-                              image=helper_image(model), copier=str(COPIER))
-        if state["status"] == "error":
-            raise DeployError(f"{model.name} ({model.file}): weights.source {model.spec.weights.source}: "
-                              f"{state['error']}")
-        ops[model.name] = python.call(
-            name=f"Weights of {model.name} onto volume",
-            function=copy_on_rig, model=model, verify=verify,
-            _if=lambda needed=verify or state["status"] != "unchanged": needed,
-        )
-    return ops
+    states = {model.name: host.get_fact(WindowsWeightsVolumeState, volume=volume_name(model),
+                                        source=model.spec.weights.source, image=helper_image(model),
+                                        copier=str(COPIER))
+              for model in on_volumes}
+    return copy_operations(on_volumes, states, verify)
