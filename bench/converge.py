@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -92,13 +93,30 @@ def ensure_ansible() -> Path:
     return playbook_bin
 
 
-def timed(command: list[str], env: dict | None = None) -> float:
+CPU_S: dict[str, list[float]] = {}  # the controller's own CPU (user + sys) per run, by label
+
+
+def timed(command: list[str], env: dict | None = None, label: str = "") -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if label:
+        CPU_S.setdefault(label, []).append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return elapsed
+
+
+def reference_loop_s() -> float:
+    """A fixed pure-Python loop: this shared VM's speed moves by up to 2x within minutes, so the
+    absolute times above are read against it (ratios from one run are what the bench is for)."""
+    started = time.perf_counter()
+    total = 0
+    for n in range(5_000_000):
+        total += n
+    return time.perf_counter() - started
 
 
 def changed_ansible(output: str) -> int:
@@ -134,17 +152,19 @@ def main() -> None:
             assert changed_ansible(check.stdout) == 0, check.stdout  # converged: the comparison is fair
 
             times: dict[str, list[float]] = {k: [] for k in ("demo", "rk1", "an1", "rk8", "an8")}
+            loops_s = [reference_loop_s()]
             for n in range(args.repeats):
                 order = [("rk1", "an1"), ("rk8", "an8")] if n % 2 == 0 else [("an1", "rk1"), ("an8", "rk8")]
-                times["demo"].append(timed(pyinfra + [demo_inventory, "deploy.py"]))
+                times["demo"].append(timed(pyinfra + [demo_inventory, "deploy.py"], label="demo"))
                 for pair in order:
                     for key in pair:
                         if key.startswith("rk"):
                             inv = one if key == "rk1" else eight
-                            times[key].append(timed(pyinfra + [str(inv), "deploy.py"]))
+                            times[key].append(timed(pyinfra + [str(inv), "deploy.py"], label=key))
                         else:
                             inv = ans_one if key == "an1" else ans_eight
                             times[key].append(timed([str(playbook_bin), "-i", str(inv), str(playbook)], ansible_env))
+                loops_s.append(reference_loop_s())
                 print(f"round {n + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
                       flush=True)
     finally:
@@ -159,6 +179,11 @@ def main() -> None:
           f"rigkit/Ansible {med['rk8'] / med['an8']:.2f}")
     print(f"  rigkit T(8)/T(1) {med['rk8'] / med['rk1']:.2f}   (target <= 1.3); "
           f"Ansible T(8)/T(1) {med['an8'] / med['an1']:.2f}")
+    cpu = {k: statistics.median(v) for k, v in CPU_S.items()}
+    print(f"  rigkit's own CPU (user + sys of the pyinfra process): demo {cpu['demo']:.2f} s, "
+          f"1 rig {cpu['rk1']:.2f} s, 8 rigs {cpu['rk8']:.2f} s, 8/1 {cpu['rk8'] / cpu['rk1']:.2f}. The simulated")
+    print("  rigs' sshd, systemd and nvidia-smi run on the same 2 cores, so 8 rigs also wait for each other's CPU.")
+    print(f"  reference loop: {min(loops_s):.2f}-{max(loops_s):.2f} s over the rounds (the machine's speed while measuring)")
 
 
 if __name__ == "__main__":

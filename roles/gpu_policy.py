@@ -21,6 +21,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 
 from rigkit.config.schema import RigConfig
+from rigkit import units
 from rigkit.files import put
 from rigkit.gpu.gate import check_policy
 from rigkit.gpu.nvsmi import GpuReport
@@ -71,7 +72,7 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
         dest=UNIT_PATH, mode="644", batch=paths,
     )
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    systemd.service(name="Enable the GPU policy at boot", service=UNIT, enabled=True)
+    units.service(name="Enable the GPU policy at boot", unit=UNIT, batch=(UNIT,), enabled=True, after=(unit,))
 
     drift = power_drift(rig.spec, report)
     for line in drift:

@@ -25,6 +25,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server, systemd
 
 from rigkit.config.schema import RigConfig
+from rigkit import units
 from rigkit.files import put
 from rigkit.private_file import private_file
 from rigkit.render import template_text
@@ -118,12 +119,13 @@ def _watchdog(rig: RigConfig, with_key: bool) -> None:
     put(name="Install the watchdog", data=template_text("serving/rigkit-watchdog"), dest=WATCHDOG_PATH, mode="755",
         batch=paths)
     put(name="Watchdog settings", data=watchdog_config(rig, with_key), dest=CONFIG_PATH, mode="644", batch=paths)
-    units = [
+    unit_files = [
         put(name="Watchdog service unit", data=service_unit(), dest=f"{UNIT_DIR}/{SERVICE}", mode="644", batch=paths),
         put(name="Watchdog timer unit", data=timer_unit(rig), dest=f"{UNIT_DIR}/{TIMER}", mode="644", batch=paths),
     ]
-    systemd.daemon_reload(name="Reload systemd units (watchdog)", _if=lambda: any(u.did_change() for u in units))
+    systemd.daemon_reload(name="Reload systemd units (watchdog)", _if=lambda: any(u.did_change() for u in unit_files))
     on = bool(watched(rig))
     systemd.service(name=f"Watchdog timer {'on' if on else 'off'}", service=TIMER, running=on, enabled=on,
-                    restarted=on, _if=lambda: any(u.did_change() for u in units))
-    systemd.service(name=f"Watchdog timer {'running' if on else 'stopped'}", service=TIMER, running=on, enabled=on)
+                    restarted=on, _if=lambda: any(u.did_change() for u in unit_files))
+    units.service(name=f"Watchdog timer {'running' if on else 'stopped'}", unit=TIMER, batch=(TIMER,), running=on,
+                  enabled=on, after=tuple(unit_files))

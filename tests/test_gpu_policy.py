@@ -108,6 +108,18 @@ def test_drift_is_reported_and_repaired(rig):
     assert run_deploy(rig).changed_operations() == 0
 
 
+def test_a_unit_disabled_behind_rigkit_s_back_is_enabled_again(rig):
+    """The converged case is decided from one read while planning (rigkit/units.py); a unit
+    found not as wanted goes to pyinfra's systemd.service, which repairs it on the rig."""
+    assert run_deploy(rig).changed_operations() == 0
+    assert rig.exec("systemctl disable rigkit-gpu-policy.service")[0] == 0
+    run = run_deploy(rig)
+    assert run.returncode == 0, run.output
+    assert run.changed_operations() == 1
+    assert rig.exec("systemctl is-enabled rigkit-gpu-policy")[1].strip() == "enabled"
+    assert run_deploy(rig).changed_operations() == 0
+
+
 def test_changed_policy_applies_now_without_reboot(rig, tmp_path):
     changed = variant(tmp_path, "changed", SIM_RIG.replace("power_limit_w: 330\n    clock_lock_mhz: [0, 2200]\n  - index: 1", "power_limit_w: 300\n    clock_lock_mhz: [0, 1800]\n  - index: 1"))
     run = run_deploy(rig, changed)

@@ -3,6 +3,8 @@ facts' parsers on captured output, and `rigkit check`). Simulates nothing."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from pydantic import ValidationError
 
@@ -101,11 +103,17 @@ def test_disk_arithmetic():
 def test_driver_fact_parses_what_nvidia_smi_and_the_kernel_say():
     ok = NvidiaDriver().process([
         "module-sys=", "module-proc=NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build",
-        "0, NVIDIA GeForce RTX 5090, 580.95.05", "1, NVIDIA GeForce RTX 4090, 580.95.05", "rigkit-exit=0",
-        "cc=0, 12.0", "cc=1, 8.9",
+        "gpu-cc=0, NVIDIA GeForce RTX 5090, 580.95.05, 12.0", "gpu-cc=1, NVIDIA GeForce RTX 4090, 580.95.05, 8.9",
+        "rigkit-exit=0",
     ])
     assert ok.module_version == "580.95.05" and ok.library_version == "580.95.05"
     assert [g.compute_capability for g in ok.gpus] == [(12, 0), (8, 9)]
+    assert [g.name for g in ok.gpus] == ["NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090"]
+    # A driver from before compute_cap refuses the one query; the second has no capability column.
+    old = NvidiaDriver().process([
+        "module-sys=470.256.02", "module-proc=", "0, NVIDIA GeForce RTX 3090, 470.256.02", "rigkit-exit=0",
+    ])
+    assert [(g.index, g.compute_capability) for g in old.gpus] == [(0, None)] and old.library_version == "470.256.02"
     broken = NvidiaDriver().process([
         "module-sys=570.133.07", "module-proc=",
         "Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95", "rigkit-exit=18",
@@ -187,3 +195,22 @@ def test_source_lines_and_daemon_json():
 def test_repository_urls_are_refused_unless_plain(url):
     with pytest.raises(ValidationError):
         AptRepoSpec(url=url, key_url="http://x/gpgkey")
+
+
+def test_driver_fact_command_asks_again_without_compute_cap(tmp_path):
+    """Runs the fact's shell command with /bin/sh against a simulated nvidia-smi of a driver
+    from before compute_cap (it refuses any query naming that field, as real ones do)."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\ncase "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\' >&2; '
+                    'exit 2;; esac\necho "0, NVIDIA GeForce RTX 3090, 470.256.02"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    out = subprocess.run(["sh", "-c", NvidiaDriver().command()], env=env, capture_output=True, text=True, timeout=30)
+    state = NvidiaDriver().process(out.stdout.splitlines())
+    assert (state.exit_code, state.library_version) == (0, "470.256.02")
+    assert [(g.index, g.name, g.compute_capability) for g in state.gpus] == [(0, "NVIDIA GeForce RTX 3090", None)]
+    calls = tmp_path / "calls"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho "0, NVIDIA GeForce RTX 4090, 580.95.05, 8.9"\n')
+    out = subprocess.run(["sh", "-c", NvidiaDriver().command()], env=env, capture_output=True, text=True, timeout=30)
+    assert [g.compute_capability for g in NvidiaDriver().process(out.stdout.splitlines()).gpus] == [(8, 9)]
+    assert len(calls.read_text().splitlines()) == 1  # a current driver is asked once

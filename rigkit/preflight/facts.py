@@ -26,10 +26,13 @@ class NvidiaDriver(FactBase):
             "command -v nvidia-smi >/dev/null 2>&1 || { echo rigkit-no-nvidia-smi; exit 0; }; "
             'echo "module-sys=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
             'echo "module-proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
-            "nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1; "
-            f'echo "{_EXIT}$?"; '
-            # compute_cap is a field of drivers from 2021 on; without it the rig file's GPU model says.
-            "nvidia-smi --query-gpu=index,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/cc=/'; exit 0"
+            # One nvidia-smi start (50-300 ms on a rig) where the driver knows compute_cap (2021 on).
+            # Drivers without it refuse the whole query; they are asked again without it, and the
+            # rig file's GPU model then says what the architecture is.
+            "if out=$(nvidia-smi --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader 2>/dev/null); "
+            'then printf "%s\\n" "$out" | sed "s/^/gpu-cc=/"; echo "' + _EXIT + '0"; '
+            "else nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1; "
+            f'echo "{_EXIT}$?"; fi; exit 0'
         )
 
     def process(self, output) -> DriverState:
@@ -45,11 +48,13 @@ class NvidiaDriver(FactBase):
                 module = module or (found[1] if found else None)
             elif line.startswith(_EXIT):
                 exit_code = int(line[len(_EXIT):])
-            elif line.startswith("cc="):
-                index, _, cc = line[3:].partition(",")
-                if re.fullmatch(r"\s*[0-9]+\.[0-9]+\s*", cc) and index.strip().isdigit():
+            elif line.startswith("gpu-cc="):  # index, name, driver_version, compute_cap
+                line, _, cc = line[len("gpu-cc="):].rpartition(",")
+                index = line.split(",", 1)[0].strip()
+                if re.fullmatch(r"\s*[0-9]+\.[0-9]+\s*", cc) and index.isdigit():
                     major, minor = cc.strip().split(".")
                     caps[int(index)] = (int(major), int(minor))
+                body.append(line.strip())
             elif line.strip():
                 body.append(line.strip())
         if exit_code != 0:
