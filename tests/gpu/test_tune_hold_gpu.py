@@ -14,11 +14,7 @@ It prints the decode tok/s CV and the repeats per cell that a 1% and a 2% differ
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,9 +24,8 @@ pytest.importorskip("transformers")
 httpx = pytest.importorskip("httpx")
 
 from rigkit.tune.measure import BenchSettings, LocalSampling, hold, hold_text, measure_once  # noqa: E402
-from tests.gpu.gpu import have_gpu  # noqa: E402
+from tests.gpu.gpu import have_gpu, llm_server  # noqa: E402
 
-SERVER = Path(__file__).with_name("llm_server.py")
 REPEATS = int(os.environ.get("RIGKIT_HOLD_REPEATS", "8"))
 SETTINGS = BenchSettings(prompt_tokens=1024, output_tokens=256, timeout_s=300)
 
@@ -39,28 +34,8 @@ pytestmark = pytest.mark.skipif(not have_gpu(), reason="no NVIDIA GPU with NVML 
 
 @pytest.fixture(scope="module")
 def server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-u", str(SERVER), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300  # model build and kernel warm-up
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited: {proc.stdout.read()}")
-                time.sleep(1)
-        else:
-            raise TimeoutError("the GPU server did not answer /health within 300 s")
+    with llm_server() as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 def _enforced_w() -> float:

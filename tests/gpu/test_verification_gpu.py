@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,13 +27,10 @@ from rigkit.verify.checks import check_sample_rate, gpu_load  # noqa: E402
 from rigkit.verify.client import run_bench  # noqa: E402
 from rigkit.verify.energy import phase  # noqa: E402
 from rigkit.verify.telemetry import Sampler  # noqa: E402
-from tests.gpu.gpu import have_gpu  # noqa: E402
+from tests.gpu.gpu import have_gpu, llm_server  # noqa: E402
 
-SERVER = Path(__file__).with_name("llm_server.py")
 PROMPT_TOKENS = 2048
 OUTPUT_TOKENS = 512
-
-
 
 
 pytestmark = pytest.mark.skipif(not have_gpu(), reason="no NVIDIA GPU with NVML and CUDA here")
@@ -45,28 +38,8 @@ pytestmark = pytest.mark.skipif(not have_gpu(), reason="no NVIDIA GPU with NVML 
 
 @pytest.fixture(scope="module")
 def server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-u", str(SERVER), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300  # model build and kernel warm-up
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited: {proc.stdout.read()}")
-                time.sleep(1)
-        else:
-            raise TimeoutError("the GPU server did not answer /health within 300 s")
+    with llm_server() as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 def test_decode_matches_the_servers_own_figure_and_energy_splits_by_phase(server):
