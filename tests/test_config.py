@@ -136,3 +136,21 @@ def test_rigkit_check_cli(tmp_path, capsys):
     bad = write(tmp_path, GOOD_RIG.replace("os: linux", "os: linx"))
     assert main(["check", str(bad), "--catalog", str(CATALOG)]) == 1
     assert "os: 'linx'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, always, never", [(None, False, False), ("after-changes", False, False),
+                                                  ("always", True, False), ("never", False, True)])
+def test_the_verify_switch_takes_three_values(value, always, never):
+    from types import SimpleNamespace
+
+    from rigkit.config.inventory import run_options
+    options = run_options(SimpleNamespace(name="rig-1", data={"rigkit_verify": value} if value else {}))
+    assert (options.verify_always, options.verify_never) == (always, never)
+
+
+def test_a_misspelt_verify_switch_is_refused_with_the_allowed_values():
+    from types import SimpleNamespace
+
+    from rigkit.config.inventory import RigConfigError, run_options
+    with pytest.raises(RigConfigError, match=r"rig-1: rigkit_verify is 'nevr'; allowed: after-changes, always, never"):
+        run_options(SimpleNamespace(name="rig-1", data={"rigkit_verify": "nevr"}))

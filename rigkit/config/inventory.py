@@ -63,11 +63,17 @@ def rig_config(host) -> RigConfig:
         raise RigConfigError(f"rig {host.name}: {exc.render()}") from None
 
 
+VERIFY_CHOICES = ("after-changes", "always", "never")  # `rigkit_verify`; unset: after-changes
+
+
 def run_options(host) -> RunOptions:
+    verify = host.data.get("rigkit_verify") or "after-changes"
+    if verify not in VERIFY_CHOICES:  # a misspelt "never" must not benchmark, nor a misspelt "always" skip
+        raise RigConfigError(f"host {host.name}: rigkit_verify is {verify!r}; allowed: {', '.join(VERIFY_CHOICES)}")
     return RunOptions(
         results_dir=Path(host.data.get("results_dir") or DEFAULT_RESULTS_DIR),
-        verify_always=host.data.get("rigkit_verify") == "always",
-        verify_never=host.data.get("rigkit_verify") == "never",
+        verify_always=verify == "always",
+        verify_never=verify == "never",
         verify_weights=bool(host.data.get("rigkit_weights_verify")),
         status_dir=Path(host.data.get("rigkit_status_dir")) if host.data.get("rigkit_status_dir") else None,
         status_inventory=str(host.data.get("rigkit_status_inventory") or "INVENTORY"),
