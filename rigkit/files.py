@@ -57,15 +57,30 @@ def put(dest: str, data: str | bytes, mode: str = "644", batch: tuple[str, ...] 
     data = data.encode() if isinstance(data, str) else data
     state = read_once(FileStates, paths=tuple(batch) or (dest,)).get(dest)
     same_content = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
+    # This body can run twice: while planning, when rigkit.units asks whether the put will
+    # change, and when pyinfra executes it. What it tells the user, it tells once.
+    first_time = _first_time(dest)
     if same_content and state["mode"] == mode.lstrip("0"):
-        host.noop(f"{dest} is up to date")
+        if first_time:
+            host.noop(f"{dest} is up to date")
         return
     if not same_content:
-        if host.state.config.DIFF:
+        if host.state.config.DIFF and first_time:
             _show_diff(dest, state, data)
         yield f"mkdir -p {shlex.quote(str(PurePosixPath(dest).parent))}"
         yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
     yield f"chmod {shlex.quote(mode)} {shlex.quote(dest)}"
+
+
+_told: set[tuple[int, str, str]] = set()  # (run, host, dest) already reported
+
+
+def _first_time(dest: str) -> bool:
+    key = (id(host.state), host.name, dest)
+    if key in _told:
+        return False
+    _told.add(key)
+    return True
 
 
 def _show_diff(dest: str, state: dict | None, data: bytes) -> None:

@@ -114,6 +114,10 @@ def test_driver_fact_parses_what_nvidia_smi_and_the_kernel_say():
         "module-sys=470.256.02", "module-proc=", "0, NVIDIA GeForce RTX 3090, 470.256.02", "rigkit-exit=0",
     ])
     assert [(g.index, g.compute_capability) for g in old.gpus] == [(0, None)] and old.library_version == "470.256.02"
+    # A warning nvidia-smi prints among the rows is reported whole, as before, not cut at a comma.
+    warned = NvidiaDriver().process(["module-sys=580.95.05", "gpu-cc=WARNING: infoROM is corrupted at gpu 0000:01:00.0",
+                                     "gpu-cc=0, NVIDIA GeForce RTX 4090, 580.95.05, 8.9", "rigkit-exit=0"])
+    assert warned.error == "unexpected nvidia-smi line: 'WARNING: infoROM is corrupted at gpu 0000:01:00.0'"
     broken = NvidiaDriver().process([
         "module-sys=570.133.07", "module-proc=",
         "Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95", "rigkit-exit=18",

@@ -63,3 +63,12 @@ def test_an_inventory_that_does_not_load_is_named_in_one_line(tmp_path):
     run = tune(str(broken), "--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200")
     assert run.returncode == 2 and f"{broken}: cannot be loaded: SyntaxError" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_bad_verify_switch_in_the_inventory_is_one_line(tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f'rigs = [("sim-rig", {{"ssh_hostname": "127.0.0.1", "ssh_port": 1, "rig_file": "{RIG}", '
+                         f'"catalog_dir": "{REPO / "tests" / "data" / "tune" / "models"}", "rigkit_verify": "nevr"}})]\n')
+    run = tune(str(inventory), "--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200")
+    assert run.returncode == 2 and "rigkit_verify is 'nevr'; allowed: after-changes, always, never" in run.stderr
+    assert "Traceback" not in run.stderr

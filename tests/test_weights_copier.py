@@ -143,3 +143,31 @@ def test_the_space_check_counts_only_what_is_added(tmp_path):
     assert (dst / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
     (src / "new.bin").write_bytes(os.urandom(2_000_000))
     assert copier.copy() == 3  # 2 MB really added, 1 MB free: refused before copying
+
+
+def test_the_volume_fact_finds_each_volume_by_its_exact_name(tmp_path):
+    """WeightsVolumeStates' command under /bin/sh with a simulated `docker` that answers
+    `volume inspect` as Docker's CLI does (found volumes printed, missing ones skipped, exit 1).
+    Names that awk would read as equal numbers ("100" and "1e2") must not swap mountpoints."""
+    from rigkit.weights.facts import WeightsVolumeStates
+
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "w.bin").write_bytes(b"w")
+    mounts = {"1e2": tmp_path / "mp one", "100": tmp_path / "mp-two"}
+    for folder in mounts.values():
+        folder.mkdir()
+    (mounts["100"] / ".rigkit").mkdir()
+    (mounts["100"] / ".rigkit" / "complete").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    table = "".join(f'  {name}) echo "{name} {path}";;\n' for name, path in mounts.items())
+    (bin_dir / "docker").write_text(f'#!/bin/sh\nshift 4\nfor v in "$@"; do case "$v" in\n{table}  *) rc=1;; esac; done\n'
+                                    'exit ${rc:-0}\n')
+    (bin_dir / "docker").chmod(0o755)
+    pairs = (("1e2", str(source)), ("100", str(source)), ("absent", str(source)))
+    out = subprocess.run(["sh", "-c", WeightsVolumeStates().command(pairs)], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, timeout=60)
+    states = WeightsVolumeStates().process(out.stdout.splitlines())
+    assert states["1e2"]["complete"] is False and states["100"]["complete"] is True  # each read its own volume
+    assert states["absent"] == {"status": "missing"}

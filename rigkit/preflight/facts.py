@@ -49,12 +49,15 @@ class NvidiaDriver(FactBase):
             elif line.startswith(_EXIT):
                 exit_code = int(line[len(_EXIT):])
             elif line.startswith("gpu-cc="):  # index, name, driver_version, compute_cap
-                line, _, cc = line[len("gpu-cc="):].rpartition(",")
-                index = line.split(",", 1)[0].strip()
-                if re.fullmatch(r"\s*[0-9]+\.[0-9]+\s*", cc) and index.isdigit():
-                    major, minor = cc.strip().split(".")
-                    caps[int(index)] = (int(major), int(minor))
-                body.append(line.strip())
+                line = line[len("gpu-cc="):]
+                if line.count(",") >= 3:  # else not a GPU row (a warning): kept whole, as before
+                    line, _, cc = line.rpartition(",")
+                    index = line.split(",", 1)[0].strip()
+                    if re.fullmatch(r"\s*[0-9]+\.[0-9]+\s*", cc) and index.isdigit():
+                        major, minor = cc.strip().split(".")
+                        caps[int(index)] = (int(major), int(minor))
+                if line.strip():
+                    body.append(line.strip())
             elif line.strip():
                 body.append(line.strip())
         if exit_code != 0:

@@ -117,6 +117,9 @@ def main(args: argparse.Namespace) -> int:
                                  f"{', '.join(m.name for m in rig.models) or 'no models'}")
         target = ssh_target(host)
         results_dir = run_options(host).results_dir
+    except RigConfigError as exc:
+        print(f"rigkit tune: {exc}", file=sys.stderr)
+        return 2
     except TuneInputError as exc:
         print(f"rigkit tune: {exc}", file=sys.stderr)
         return 2

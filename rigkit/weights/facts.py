@@ -33,7 +33,8 @@ class WeightsVolumeStates(FactBase):
         script = shlex.quote(template_text("weights/rigkit-copy.py"))
         missing, unreachable = shlex.quote('{"status": "missing"}'), shlex.quote('{"status": "unreachable"}')
         # One `docker volume inspect` for every volume (a Docker CLI start is ~30 ms on the rig):
-        # it prints "NAME MOUNTPOINT" for each volume that exists and skips the others.
+        # it prints "NAME MOUNTPOINT" for each volume that exists and skips the others. Names are
+        # compared as strings ("" appended): awk would compare "100" and "1e2" as numbers.
         names = " ".join(shlex.quote(volume) for volume, _ in pairs)
         checks = [f"script={script}; py=$(command -v python3); "
                   f"mps=$(timeout 30 docker volume inspect --format '{{{{.Name}}}} {{{{.Mountpoint}}}}' {names} 2>/dev/null)"]
@@ -42,7 +43,7 @@ class WeightsVolumeStates(FactBase):
             src = shlex.quote(f"{root}/{inside}" if inside != "." else source)
             checks.append(
                 f"echo {shlex.quote('volume ' + volume)}; "
-                f"mp=$(printf '%s\\n' \"$mps\" | awk -v n={shlex.quote(volume)} '$1 == n {{ print substr($0, length(n) + 2); exit }}'); "
+                f"mp=$(printf '%s\\n' \"$mps\" | awk -v n={shlex.quote(volume)} '$1 \"\" == n \"\" {{ print substr($0, length(n) + 2); exit }}'); "
                 f'if [ -n "$mp" ]; then '
                 f'if [ -d "$mp" ] && [ -n "$py" ]; then python3 -c "$script" check {src} "$mp" {shlex.quote(root)}; '
                 f"else echo {unreachable}; fi; else echo {missing}; fi"
