@@ -1,0 +1,142 @@
+"""Verification through the gateway (rigkit.verify.gateway) against the real LiteLLM proxy
+(litellm[proxy] from PyPI, tests/gateway/venv.py) run as a local process with the config rigkit
+renders, health checks on, in front of two vLLM stand-ins (local processes, each with an API key).
+
+Simulated: vLLM (tests/vllm_standin), and, for the model `stripped` only, a gateway that does not
+pass usage through streaming: a LiteLLM callback (tests/gateway/strip_usage.py) drops `usage` from
+that model's streamed chunks. The deployed path (pyinfra, SSH forwards, the simulated rigs) is in
+tests/test_gateway.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rigkit.config.schema import GatewaySpec, ModelConfig, ModelSpec, RigConfig, RigSpec
+from rigkit.gateway.config import render_config
+from rigkit.gateway.topology import RigView, plan
+from rigkit.render import template_path
+from rigkit.verify import gateway as gv
+from tests.gateway.venv import litellm_python
+from tests.standin import free_port, standin
+
+REPO = Path(__file__).resolve().parents[1]
+MASTER = "sk-verify-test"
+KEYS = {"kept": "key-kept $1", "stripped": "key-stripped #2"}
+HEALTH_CHECK_INTERVAL_S = 2  # short, so checks run while the tests watch
+
+
+def rig(folder: Path, name: str, port: int) -> RigConfig:
+    key_file = folder / f"{name}.key"
+    key_file.write_text(KEYS[name] + "\n")
+    key_file.chmod(0o600)
+    spec = RigSpec(os="linux", psu_w=1200, system_w=200, gpus=[{"index": 0, "model": "RTX 4090"}], models=[name],
+                   api_key_file=str(key_file))
+    model = ModelSpec(image="x/standin:1", weights={"source": "/x"}, gpus=[0], port=port,
+                      vllm={"served_model_name": name})
+    return RigConfig(name, spec, (ModelConfig(name, model, Path(f"{name}.yml")),), Path(f"{name}.yml"))
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    """{"gateway": url, "kept": stand-in url, "stripped": stand-in url}, LiteLLM in front of both."""
+    folder = tmp_path_factory.mktemp("gwverify")
+    rates = {"standin_decode_tok_s": "400", "standin_prefill_tok_s": "20000"}
+    urls = {}
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        for name in KEYS:
+            (folder / name).mkdir()
+            urls[name] = stack.enter_context(standin(folder / name, "--api-key", KEYS[name], name=name, **rates))
+        port = free_port()
+        gateway = GatewaySpec(port=port, master_key_file="/unused", health_check_interval_s=HEALTH_CHECK_INTERVAL_S)
+        views = [RigView(f"rig-{name}", rig(folder, name, int(urls[name].rsplit(":", 1)[1])), "127.0.0.1",
+                         gateway=gateway if name == "kept" else None, gateway_address="127.0.0.1") for name in KEYS]
+        config = render_config(plan(views)).replace("- rigkit_drain.handler", "- rigkit_drain.handler\n  - strip_usage.handler")
+        (folder / "config.yaml").write_text(config)
+        shutil.copy(template_path("gateway/rigkit_drain.py"), folder / "rigkit_drain.py")
+        shutil.copy(REPO / "tests/gateway/strip_usage.py", folder / "strip_usage.py")
+        env = dict(os.environ, LITELLM_MASTER_KEY=MASTER, LITELLM_LOG="ERROR", STRIP_USAGE_MODELS="stripped",
+                   RIGKIT_KEY_RIG_KEPT=KEYS["kept"], RIGKIT_KEY_RIG_STRIPPED=KEYS["stripped"])
+        log = open(folder / "litellm.log", "w")
+        proc = subprocess.Popen([str(litellm_python()), "-m", "litellm.proxy.proxy_cli", "--config",
+                                 str(folder / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],
+                                env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+        stack.callback(log.close)
+        stack.callback(proc.wait)
+        stack.callback(proc.kill)
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/health/liveliness", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None, (folder / "litellm.log").read_text()[-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("LiteLLM did not start within 150 s: " + (folder / "litellm.log").read_text()[-3000:])
+        yield {"gateway": url, **urls}
+
+
+def test_through_the_gateway_tokens_come_from_usage_and_the_added_ttft_is_measured(proxy):
+    result = gv.measure_model(proxy["gateway"], MASTER, proxy["kept"], KEYS["kept"], "kept", ["rig-kept.kept"],
+                              "rig-kept.kept", timeout_s=60, seed=1)
+    entry = result.to_json()
+    assert result.passed, [c for c in result.checks if not c.passed]
+    assert entry["usage_passed_through"] is True
+    assert entry["completion_tokens"] == gv.OUTPUT_TOKENS  # the stand-in's usage, through LiteLLM's stream
+    assert entry["prompt_tokens"] == gv.PROMPT_TOKENS
+    assert len(entry["ttft_direct_samples_ms"]) == len(entry["ttft_gateway_samples_ms"]) == 2 * gv.TTFT_BLOCKS
+    assert entry["ttft_direct_ms"] > 0 and entry["ttft_gateway_ms"] > 0
+    assert entry["ttft_added_ms"] == pytest.approx(entry["ttft_gateway_ms"] - entry["ttft_direct_ms"])
+    assert {c["name"] for c in entry["checks"]} >= {"tokens_produced", "gateway_usage", "gateway_ttft"}
+    print(gv.summary_line(result))
+
+
+def test_a_gateway_that_drops_usage_fails_verification_and_nothing_is_counted_from_chunks(proxy):
+    result = gv.measure_model(proxy["gateway"], MASTER, proxy["stripped"], KEYS["stripped"], "stripped",
+                              ["rig-stripped.stripped"], "rig-stripped.stripped", timeout_s=60, seed=1)
+    checks = {c.name: c for c in result.checks}
+    assert not result.passed
+    assert not checks["gateway_usage"].passed
+    assert "no usage reached the client through the gateway's stream" in checks["gateway_usage"].message
+    assert "does not count chunks instead" in checks["gateway_usage"].message
+    entry = result.to_json()
+    assert entry["usage_passed_through"] is False
+    assert entry["completion_tokens"] is None and entry["decode_tok_s"] is None  # no chunk-counted figure
+    assert entry["ttft_added_ms"] is None and "no usage" in entry["ttft_note"]
+    assert gv.summary_line(result).startswith("FAIL  gateway stripped: NO USAGE through the gateway")
+
+
+def read_counts(url: str, key: str) -> tuple[float, float]:
+    """(requests, generated tokens) the stand-in has served, from its /metrics."""
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=5).text
+    values = {}
+    for line in text.splitlines():
+        for name in ("vllm:request_success_total", "vllm:generation_tokens_total"):
+            if line.startswith(name + "{"):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values.get("vllm:request_success_total", 0.0), values.get("vllm:generation_tokens_total", 0.0)
+
+
+def test_health_checks_authenticate_with_the_rigs_key_and_cost_one_token_each(proxy):
+    """No client traffic meanwhile: whatever the stand-ins serve is LiteLLM's background checks."""
+    before = {n: read_counts(proxy[n], KEYS[n]) for n in KEYS}
+    time.sleep(3 * HEALTH_CHECK_INTERVAL_S + 1)
+    after = {n: read_counts(proxy[n], KEYS[n]) for n in KEYS}
+    for name in KEYS:
+        requests = after[name][0] - before[name][0]
+        tokens = after[name][1] - before[name][1]
+        assert requests >= 2, (name, before, after)  # checks keep coming, at the interval
+        assert tokens == requests  # one token each: health_check_max_tokens reached the request
+    health = httpx.get(f"{proxy['gateway']}/health", headers={"Authorization": f"Bearer {MASTER}"}, timeout=30).json()
+    # The stand-ins refuse requests without their key: healthy means the check sent the rig's key.
+    assert health["healthy_count"] == 2 and health["unhealthy_count"] == 0, health
