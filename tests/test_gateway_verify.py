@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -50,8 +51,6 @@ def proxy(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gwverify")
     rates = {"standin_decode_tok_s": "400", "standin_prefill_tok_s": "20000"}
     urls = {}
-    from contextlib import ExitStack
-
     with ExitStack() as stack:
         for name in KEYS:
             (folder / name).mkdir()
