@@ -311,13 +311,14 @@ def test_a_deploy_verifies_each_model_through_the_gateway_with_usage_and_the_add
     run = verify_run(fleet, tmp_path)
     assert run.returncode == 0, run.output[-6000:]
     assert "verification through the gateway:" in run.output, run.output[-8000:]
-    assert "PASS  gateway gw-chat: 64 of 64 tokens" in run.output, run.output[-8000:]
+    assert "PASS  gateway gw-chat: 64 of 64 tokens counted from the server's usage" in run.output, run.output[-8000:]
     [doc] = gateway_results(tmp_path)
     assert doc["kind"] == "gateway" and doc["gateway_host"] == "rig-a" and doc["passed"] is True
     [entry] = doc["models"]
     assert entry["model"] == "gw-chat" and set(entry["replicas"]) == {"rig-a.gw-chat-a", "rig-b.gw-chat-b"}
-    assert entry["usage_passed_through"] is True
+    assert entry["usage_passed_through"] is True and entry["usage_from_server"] is True
     assert entry["completion_tokens"] == 64 and entry["bench"]["completion_tokens"] == 64  # from usage
+    assert entry["usage_probe"]["direct"] == entry["usage_probe"]["gateway"] == [64, 8]  # the server's own count
     assert entry["prompt_tokens"] == 512
     assert entry["ttft_direct_replica"] == "rig-a.gw-chat-a"  # the replica on the gateway's own rig
     assert len(entry["ttft_direct_samples_ms"]) == len(entry["ttft_gateway_samples_ms"]) == 6
@@ -364,4 +365,4 @@ def test_a_gateway_that_drops_usage_from_streams_fails_verification_through_it(f
 
     repaired = verify_run(fleet, tmp_path)  # a deploy: the compose file differs, so the gateway is redone
     assert repaired.returncode == 0, repaired.output[-6000:]
-    assert "PASS  gateway gw-chat: 64 of 64 tokens" in repaired.output
+    assert "PASS  gateway gw-chat: 64 of 64 tokens counted from the server's usage" in repaired.output

@@ -2,10 +2,15 @@
 (litellm[proxy] from PyPI, tests/gateway/venv.py) run as a local process with the config rigkit
 renders, health checks on, in front of two vLLM stand-ins (local processes, each with an API key).
 
-Simulated: vLLM (tests/vllm_standin), and, for the model `stripped` only, a gateway that does not
-pass usage through streaming: a LiteLLM callback (tests/gateway/strip_usage.py) drops `usage` from
-that model's streamed chunks. The deployed path (pyinfra, SSH forwards, the simulated rigs) is in
-tests/test_gateway.py.
+Simulated: vLLM (tests/vllm_standin), and two ways a gateway loses the server's usage:
+- `stripped`: a gateway that passes no usage through streaming: a LiteLLM callback
+  (tests/gateway/strip_usage.py) drops `usage` from that model's streamed chunks;
+- `estimated`: a gateway whose server sends it no usage (as if it did not forward
+  stream_options.include_usage): LiteLLM's backend is a stand-in that ignores include_usage
+  (STANDIN_FAULT=no_usage), while the direct requests go to a twin stand-in of the same model that
+  reports usage, as the same server would to a client that asks for it. LiteLLM then makes usage up
+  from its own tokenizer; nothing about that part is simulated.
+The deployed path (pyinfra, SSH forwards, the simulated rigs) is in tests/test_gateway.py.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from tests.standin import free_port, standin
 
 REPO = Path(__file__).resolve().parents[1]
 MASTER = "sk-verify-test"
-KEYS = {"kept": "key-kept $1", "stripped": "key-stripped #2"}
+KEYS = {"kept": "key-kept $1", "stripped": "key-stripped #2", "estimated": "key-estimated 3"}
+FAULTS = {"estimated": "no_usage"}
 HEALTH_CHECK_INTERVAL_S = 2  # short, so checks run while the tests watch
 
 
@@ -47,14 +53,20 @@ def rig(folder: Path, name: str, port: int) -> RigConfig:
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory):
-    """{"gateway": url, "kept": stand-in url, "stripped": stand-in url}, LiteLLM in front of both."""
+    """{"gateway": url, model: its stand-in's url, "estimated-twin": url}, LiteLLM in front of the three
+    stand-ins (not the twin)."""
     folder = tmp_path_factory.mktemp("gwverify")
     rates = {"standin_decode_tok_s": "400", "standin_prefill_tok_s": "20000"}
     urls = {}
     with ExitStack() as stack:
         for name in KEYS:
             (folder / name).mkdir()
-            urls[name] = stack.enter_context(standin(folder / name, "--api-key", KEYS[name], name=name, **rates))
+            fault = {"standin_fault": FAULTS[name]} if name in FAULTS else {}
+            urls[name] = stack.enter_context(standin(folder / name, "--api-key", KEYS[name], name=name, **rates,
+                                                     **fault))
+        (folder / "twin").mkdir()
+        urls["estimated-twin"] = stack.enter_context(standin(folder / "twin", "--api-key", KEYS["estimated"],
+                                                             name="estimated", **rates))
         port = free_port()
         gateway = GatewaySpec(port=port, master_key_file="/unused", health_check_interval_s=HEALTH_CHECK_INTERVAL_S)
         views = [RigView(f"rig-{name}", rig(folder, name, int(urls[name].rsplit(":", 1)[1])), "127.0.0.1",
@@ -64,7 +76,7 @@ def proxy(tmp_path_factory):
         shutil.copy(template_path("gateway/rigkit_drain.py"), folder / "rigkit_drain.py")
         shutil.copy(REPO / "tests/gateway/strip_usage.py", folder / "strip_usage.py")
         env = dict(os.environ, LITELLM_MASTER_KEY=MASTER, LITELLM_LOG="ERROR", STRIP_USAGE_MODELS="stripped",
-                   RIGKIT_KEY_RIG_KEPT=KEYS["kept"], RIGKIT_KEY_RIG_STRIPPED=KEYS["stripped"])
+                   **{f"RIGKIT_KEY_RIG_{name.upper()}": key for name, key in KEYS.items()})
         log = open(folder / "litellm.log", "w")
         proc = subprocess.Popen([str(litellm_python()), "-m", "litellm.proxy.proxy_cli", "--config",
                                  str(folder / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],
@@ -90,8 +102,10 @@ def test_through_the_gateway_tokens_come_from_usage_and_the_added_ttft_is_measur
                               "rig-kept.kept", timeout_s=60, seed=1)
     entry = result.to_json()
     assert result.passed, [c for c in result.checks if not c.passed]
-    assert entry["usage_passed_through"] is True
+    assert entry["usage_passed_through"] is True and entry["usage_from_server"] is True
     assert entry["completion_tokens"] == gv.OUTPUT_TOKENS  # the stand-in's usage, through LiteLLM's stream
+    probe = entry["usage_probe"]
+    assert probe["direct"] == probe["gateway"] == [gv.PROBE_PROMPT_TOKENS, gv.PROBE_OUTPUT_TOKENS]
     assert entry["prompt_tokens"] == gv.PROMPT_TOKENS
     assert len(entry["ttft_direct_samples_ms"]) == len(entry["ttft_gateway_samples_ms"]) == 2 * gv.TTFT_BLOCKS
     assert entry["ttft_direct_ms"] > 0 and entry["ttft_gateway_ms"] > 0
@@ -113,6 +127,23 @@ def test_a_gateway_that_drops_usage_fails_verification_and_nothing_is_counted_fr
     assert entry["completion_tokens"] is None and entry["decode_tok_s"] is None  # no chunk-counted figure
     assert entry["ttft_added_ms"] is None and "no usage" in entry["ttft_note"]
     assert gv.summary_line(result).startswith("FAIL  gateway stripped: NO USAGE through the gateway")
+
+
+def test_usage_the_gateway_made_up_is_told_from_the_servers_and_fails(proxy):
+    result = gv.measure_model(proxy["gateway"], MASTER, proxy["estimated-twin"], KEYS["estimated"], "estimated",
+                              ["rig-estimated.estimated"], "rig-estimated.estimated", timeout_s=60, seed=1)
+    entry = result.to_json()
+    checks = {c.name: c for c in result.checks}
+    # LiteLLM did hand the client a usage (its own count), so the plain "was there usage" test is passed...
+    assert entry["usage_passed_through"] is True and entry["completion_tokens"] is not None
+    # ...but it is not the server's count of the same prompt, and verification says so.
+    assert entry["usage_from_server"] is False
+    assert entry["usage_probe"]["direct"] == [gv.PROBE_PROMPT_TOKENS, gv.PROBE_OUTPUT_TOKENS]
+    assert entry["usage_probe"]["gateway"] != entry["usage_probe"]["direct"], entry["usage_probe"]
+    assert not result.passed and not checks["gateway_usage"].passed
+    assert "the gateway's usage is not the server's" in checks["gateway_usage"].message
+    assert gv.summary_line(result).startswith("FAIL  gateway estimated: usage NOT the server's")
+    print(checks["gateway_usage"].message)
 
 
 def read_counts(url: str, key: str) -> tuple[float, float]:
@@ -138,4 +169,4 @@ def test_health_checks_authenticate_with_the_rigs_key_and_cost_one_token_each(pr
         assert tokens == requests  # one token each: health_check_max_tokens reached the request
     health = httpx.get(f"{proxy['gateway']}/health", headers={"Authorization": f"Bearer {MASTER}"}, timeout=30).json()
     # The stand-ins refuse requests without their key: healthy means the check sent the rig's key.
-    assert health["healthy_count"] == 2 and health["unhealthy_count"] == 0, health
+    assert health["healthy_count"] == len(KEYS) and health["unhealthy_count"] == 0, health

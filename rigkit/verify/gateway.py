@@ -5,6 +5,10 @@ roles/gateway_verify.py gives the URLs (SSH port forwards) and keys.
 
 - Tokens come from the API's `usage`, as in direct verification (rigkit.verify.stream): a gateway
   whose stream carries no usage fails `gateway_usage`; tokens are never counted from chunks instead.
+- Usage must be the server's. When a backend's stream has no usage, LiteLLM 1.103.0 makes one up
+  from its own tokenizer (measured: 65 completion and 520 prompt tokens for the stand-in's 64 and
+  512), so "some usage arrived" proves nothing. One prompt goes both ways, direct first: the
+  gateway's usage must equal the server's own count for it.
 - The TTFT comparison alternates direct and gateway requests in ABBA blocks (drift cancels), each a
   short uncached prompt and a few tokens, a fixed number of them within a time budget. The medians
   and their difference are reported; requests through the gateway may land on any replica.
@@ -34,6 +38,9 @@ TTFT_BLOCKS = 3  # 6 requests per path
 TTFT_PROMPT_TOKENS = 64  # short: the prefill adds little, the difference is the path's
 TTFT_OUTPUT_TOKENS = 4
 TTFT_BUDGET_S = 60.0  # the comparison stops starting blocks after this long, and says so
+# The usage probe: one prompt sent direct, then through the gateway; their usage must agree.
+PROBE_PROMPT_TOKENS = 64
+PROBE_OUTPUT_TOKENS = 8
 ORDER = ("direct", "gateway", "gateway", "direct")
 
 
@@ -61,12 +68,26 @@ class TtftComparison:
 
 
 @dataclass(frozen=True)
+class UsageProbe:
+    """The same prompt, direct and through the gateway: (prompt_tokens, completion_tokens) of each."""
+
+    direct: tuple[int | None, int | None] | None
+    gateway: tuple[int | None, int | None] | None
+    error: str | None = None  # a request of the probe failed: "path: what"
+
+    @property
+    def agrees(self) -> bool:
+        return self.error is None and self.direct is not None and self.direct == self.gateway
+
+
+@dataclass(frozen=True)
 class GatewayModelResult:
     model: str  # the served name clients ask the gateway for
     replicas: list[str]  # deployment ids behind it
     bench: BenchResult  # through the gateway
     ttft: TtftComparison
     checks: list[Check]
+    probe: UsageProbe | None = None  # None: not run (no usage at all through the gateway)
 
     @property
     def passed(self) -> bool:
@@ -77,6 +98,8 @@ class GatewayModelResult:
         return {
             "model": self.model, "replicas": self.replicas,
             "usage_passed_through": self.bench.completion_tokens is not None,
+            "usage_from_server": self.probe.agrees if self.probe else False,
+            "usage_probe": _listed(asdict(self.probe)) if self.probe else None,
             "prompt_tokens": self.bench.prompt_tokens, "completion_tokens": self.bench.completion_tokens,
             "decode_tok_s": self.bench.decode_tok_s,
             "ttft_gateway_ms": t.ttft_gateway_ms, "ttft_direct_ms": t.ttft_direct_ms, "ttft_added_ms": t.ttft_added_ms,
@@ -84,6 +107,11 @@ class GatewayModelResult:
             "ttft_gateway_samples_ms": t.gateway_samples_ms, "ttft_errors": t.errors, "ttft_note": t.note,
             "bench": self.bench.to_json(), "checks": [asdict(c) for c in self.checks], "passed": self.passed,
         }
+
+
+def _listed(document: dict) -> dict:
+    """Tuples as lists, as the JSON file will have them."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in document.items()}
 
 
 def compare_ttft(direct_url: str, direct_key: str | None, gateway_url: str, gateway_key: str, model: str,
@@ -124,16 +152,46 @@ def compare_ttft(direct_url: str, direct_key: str | None, gateway_url: str, gate
     return TtftComparison(direct_replica, samples["direct"], samples["gateway"], errors, note)
 
 
-def check_usage(bench: BenchResult) -> Check:
-    """Did usage reach the client through the gateway's stream? Without it nothing is counted."""
-    if bench.completion_tokens is not None:
-        return Check("gateway_usage", True, f"usage passed through the gateway's stream: {bench.completion_tokens} "
-                     f"completion and {bench.prompt_tokens} prompt tokens counted from it")
-    return Check("gateway_usage", False,
-                 "no usage reached the client through the gateway's stream (stream_options.include_usage was "
-                 "asked): tokens cannot be counted honestly, and rigkit does not count chunks instead. Check that "
-                 "the gateway passes usage through streaming (LiteLLM does; a callback or proxy in front of it may "
-                 f"drop it). The request said: {_first_error(bench)}")
+def probe_usage(direct_url: str, direct_key: str | None, gateway_url: str, gateway_key: str, model: str,
+                timeout_s: float, seed: int | None = None) -> UsageProbe:
+    """One prompt direct, then through the gateway; the usage each reported."""
+    prompt = make_prompt(PROBE_PROMPT_TOKENS, random.Random(None if seed is None else -seed))  # not compare_ttft's
+    counted = {}
+    for path, url, key in (("direct", direct_url, direct_key), ("gateway", gateway_url, gateway_key)):
+        with http_client({"Authorization": f"Bearer {key}"} if key else {}, timeout_s) as client:
+            result = stream_completion(client, url.rstrip("/"), model, prompt, PROBE_PROMPT_TOKENS,
+                                       PROBE_OUTPUT_TOKENS, timeout_s)
+        if result.error:
+            return UsageProbe(counted.get("direct"), None, f"{path}: {result.error}")
+        counted[path] = (result.prompt_tokens, result.completion_tokens)
+    return UsageProbe(counted["direct"], counted["gateway"])
+
+
+def check_usage(bench: BenchResult, probe: UsageProbe | None) -> Check:
+    """Did the server's usage reach the client through the gateway's stream? Without it nothing is counted."""
+    if bench.completion_tokens is None:
+        return Check("gateway_usage", False,
+                     "no usage reached the client through the gateway's stream (stream_options.include_usage was "
+                     "asked): tokens cannot be counted honestly, and rigkit does not count chunks instead. Check that "
+                     "the gateway passes usage through streaming (LiteLLM does; a callback or proxy in front of it may "
+                     f"drop it). The request said: {_first_error(bench)}")
+    if probe is None or probe.error:
+        return Check("gateway_usage", False, "could not tell whether the gateway's usage is the server's: the same "
+                     f"prompt sent both ways failed ({probe.error if probe else 'not run'})")
+    if not probe.agrees:
+        return Check("gateway_usage", False,
+                     f"the gateway's usage is not the server's: for one prompt the server counted {_pair(probe.direct)} "
+                     f"directly, the gateway reported {_pair(probe.gateway)}. A gateway that gets no usage from the "
+                     "server makes its own (LiteLLM estimates with its tokenizer); check that it forwards "
+                     "stream_options.include_usage to the server")
+    return Check("gateway_usage", True,
+                 f"usage passed through the gateway's stream: {bench.completion_tokens} completion and "
+                 f"{bench.prompt_tokens} prompt tokens counted from it; one prompt sent both ways got the server's "
+                 f"own count through the gateway ({_pair(probe.gateway)})")
+
+
+def _pair(counts) -> str:
+    return "nothing" if counts is None else f"{counts[0]} prompt + {counts[1]} completion tokens"
 
 
 def check_ttft(comparison: TtftComparison) -> Check:
@@ -160,19 +218,22 @@ def measure_model(gateway_url: str, gateway_key: str, direct_url: str, direct_ke
                       seed=seed)
     if bench.completion_tokens is None:
         ttft = TtftComparison(direct_replica, [], [], [], "not measured: the benchmark through the gateway got no usage")
-        checks = [*bench.checks, check_usage(bench)]
-    else:
-        ttft = compare_ttft(direct_url, direct_key, gateway_url, gateway_key, model, direct_replica, timeout_s,
-                            seed=seed)
-        checks = [*bench.checks, check_usage(bench), check_ttft(ttft)]
-    return GatewayModelResult(model, replicas, bench, ttft, checks)
+        return GatewayModelResult(model, replicas, bench, ttft, [*bench.checks, check_usage(bench, None)])
+    probe = probe_usage(direct_url, direct_key, gateway_url, gateway_key, model, timeout_s, seed)
+    ttft = compare_ttft(direct_url, direct_key, gateway_url, gateway_key, model, direct_replica, timeout_s, seed=seed)
+    checks = [*bench.checks, check_usage(bench, probe), check_ttft(ttft)]
+    return GatewayModelResult(model, replicas, bench, ttft, checks, probe)
 
 
 def summary_line(result: GatewayModelResult) -> str:
     """One line per model for the deploy's output; every figure is in the result JSON."""
     b, t = result.bench, result.ttft
-    tokens = f"{b.completion_tokens} of {b.requested_output_tokens} tokens counted from usage" \
-        if b.completion_tokens is not None else "NO USAGE through the gateway"
+    if b.completion_tokens is None:
+        tokens = "NO USAGE through the gateway"
+    elif result.probe is None or not result.probe.agrees:
+        tokens = f"usage NOT the server's ({b.completion_tokens} of {b.requested_output_tokens} tokens reported)"
+    else:
+        tokens = f"{b.completion_tokens} of {b.requested_output_tokens} tokens counted from the server's usage"
     decode = f", decode {b.decode_tok_s:.1f} tok/s" if b.decode_tok_s else ""
     if t.ttft_added_ms is not None:
         ttft = (f"; TTFT gateway {t.ttft_gateway_ms:.1f} ms vs direct {t.ttft_direct_ms:.1f} ms to {t.direct_replica} "
