@@ -329,6 +329,10 @@ def test_a_deploy_verifies_each_model_through_the_gateway_with_usage_and_the_add
     health = httpx.get(f"http://127.0.0.1:{GATEWAY_PORT}/health", headers={"Authorization": f"Bearer {MASTER_KEY}"},
                        timeout=60).json()
     assert health["healthy_count"] == 2 and health["unhealthy_count"] == 0, health
+    # Nothing changed since: the next deploy changes nothing and verifies nothing.
+    again = verify_run(fleet, tmp_path)
+    assert again.returncode == 0 and again.changed_operations() == 0, again.output[-6000:]
+    assert "verification through the gateway" not in again.output and len(gateway_results(tmp_path)) == 1
 
 
 def test_a_gateway_that_drops_usage_from_streams_fails_verification_through_it(fleet, tmp_path):

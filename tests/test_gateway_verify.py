@@ -170,3 +170,27 @@ def test_health_checks_authenticate_with_the_rigs_key_and_cost_one_token_each(pr
     health = httpx.get(f"{proxy['gateway']}/health", headers={"Authorization": f"Bearer {MASTER}"}, timeout=30).json()
     # The stand-ins refuse requests without their key: healthy means the check sent the rig's key.
     assert health["healthy_count"] == len(KEYS) and health["unhealthy_count"] == 0, health
+
+
+def test_the_direct_replica_is_the_one_on_the_gateways_rig_else_the_first(tmp_path):
+    """Pure: which replica the TTFT comparison asks directly."""
+    from roles.gateway_verify import direct_replica
+
+    gateway = GatewaySpec(port=4100, master_key_file="/unused")
+    rigs = {name: rig(tmp_path, name, port) for name, port in (("kept", 18301), ("stripped", 18302))}
+    on_b = plan([RigView("rig-a", rigs["kept"], "10.0.0.1", gateway_address="10.0.0.1"),
+                 RigView("rig-b", rigs["stripped"], "10.0.0.2", gateway=gateway)])
+    assert direct_replica(on_b, "stripped").deployment_id == "rig-b.stripped"  # the gateway's own rig
+    assert direct_replica(on_b, "kept").deployment_id == "rig-a.kept"  # the only one, reached as the gateway does
+    assert direct_replica(on_b, "kept").api_base == "http://10.0.0.1:18301/v1"
+
+
+def test_ttft_figures_are_medians_and_their_difference_and_a_failed_request_fails_the_check():
+    """Pure: the comparison's arithmetic and verdicts."""
+    ok = gv.TtftComparison("rig-a.m", [10.0, 30.0, 12.0], [50.0, 70.0, 55.0])
+    assert (ok.ttft_direct_ms, ok.ttft_gateway_ms, ok.ttft_added_ms) == (12.0, 55.0, 43.0)
+    assert gv.check_ttft(ok).passed and "+43.0 ms" in gv.check_ttft(ok).message
+    failed = gv.TtftComparison("rig-a.m", [10.0], [50.0], ["gateway: HTTP 502: no healthy deployment"])
+    assert not gv.check_ttft(failed).passed and "HTTP 502" in gv.check_ttft(failed).message
+    none = gv.TtftComparison("rig-a.m", [], [], [], "not measured: the warm-up request on the direct path failed")
+    assert none.ttft_added_ms is None and not gv.check_ttft(none).passed
