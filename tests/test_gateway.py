@@ -287,7 +287,7 @@ def test_a_stopped_gateway_does_not_block_a_rollout(fleet, monkeypatch):
 def verify_run(fleet, results, entry: str = "deploy.py", *extra: str):
     """The real pyinfra CLI with verification on (the fixture's inventory turns it off for the tests above):
     deploy.py verifies what the deploy changed, verify.py everything (`rigkit verify`)."""
-    switch = "always" if entry == "verify.py" else "after"
+    switch = "always" if entry == "verify.py" else "after-changes"
     return run_deploy(fleet.rig_a, str(fleet.folder / "rig-a.yml"), *extra, "--data", f"rigkit_verify={switch}",
                       "--data", f"results_dir={results}", entry=entry, inventory=str(fleet.inventory))
 
