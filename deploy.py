@@ -13,7 +13,9 @@ Linux rigs (systemd, over SSH):
 8. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand);
 9. gateway: on the rig whose inventory data has `gateway:`, the LiteLLM proxy over every
-   replica of every rig (docs/gateway.md).
+   replica of every rig (docs/gateway.md);
+10. verify through the gateway: per model name, a benchmark through it and the time to first
+   token it adds against a direct request (when this deploy changed the gateway's rig).
 Windows rigs (`@winssh/HOST`): the same GPU checks, the same weights copy onto volumes
 (through Docker Desktop), then the two elevated logon tasks and their scripts, installed
 and run now (roles/windows.py).
@@ -26,6 +28,7 @@ from rigkit.pyinfra_fastpaths import use_fast_paths
 from rigkit.ssh import tcp_nodelay
 from roles.base import base
 from roles.gateway import gateway
+from roles.gateway_verify import gateway_verify
 from roles.gpu_policy import gpu_policy
 from roles.gpu_report import gpu_report
 from roles.preflight import preflight
@@ -51,7 +54,11 @@ if rig.spec.os == "linux":
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
     if fleet_gateway is not None and fleet_gateway.host == host.name:
-        gateway(fleet_gateway, {name: rig_config(h) for h in inventory for name in [h.name]})
+        fleet = {name: rig_config(h) for h in inventory for name in [h.name]}
+        gateway_changes = gateway(fleet_gateway, fleet)
+        if not options.verify_never:
+            gateway_verify(fleet_gateway, fleet, results_dir=options.results_dir, always=options.verify_always,
+                           after=changes + gateway_changes)
 else:
     changes = windows(rig, verify_weights=options.verify_weights)
     if not options.verify_never:

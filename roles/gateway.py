@@ -38,8 +38,9 @@ from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
 
 
 @deploy("Gateway")
-def gateway(plan: GatewayPlan, rigs: dict) -> None:
-    """`rigs`: {inventory host: RigConfig} of every rig, for their API keys."""
+def gateway(plan: GatewayPlan, rigs: dict) -> list:
+    """`rigs`: {inventory host: RigConfig} of every rig, for their API keys. Returns the operations
+    that change the gateway (its files and its start), for verification through it to follow."""
     try:
         master = read_key_file(plan.spec.master_key_file, f"host {plan.host}: gateway.master_key_file")
         keys = {env: read_api_key(rigs[name]) for name, env in plan.keyed_rigs}
@@ -58,8 +59,9 @@ def gateway(plan: GatewayPlan, rigs: dict) -> None:
         private_file(name="Gateway keys (root only)", dest=SECRETS_ENV_FILE, data=secret),
     ]
     running = host.get_fact(GatewayRunning, project=PROJECT)
-    server.shell(
+    started = server.shell(
         name=f"Start the gateway on port {plan.spec.port} and wait until it lists every model",
         commands=[f"{HELPER_PATH} up"],
         _if=lambda: running == 0 or any(op.did_change() for op in changed),
     )
+    return [*changed, started]

@@ -10,10 +10,12 @@ the simulated rigs share the host's network, so the inventory gives rig B a gate
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -280,3 +282,91 @@ def test_a_stopped_gateway_does_not_block_a_rollout(fleet, monkeypatch):
         assert _gateway(str(fleet.inventory), plan, "drain", "rig-b") == NOT_INSTALLED
     finally:
         proxy.start()
+
+
+def verify_run(fleet, results, entry: str = "deploy.py", *extra: str):
+    """The real pyinfra CLI with verification on (the fixture's inventory turns it off for the tests above):
+    deploy.py verifies what the deploy changed, verify.py everything (`rigkit verify`)."""
+    switch = "always" if entry == "verify.py" else "after-changes"
+    return run_deploy(fleet.rig_a, str(fleet.folder / "rig-a.yml"), *extra, "--data", f"rigkit_verify={switch}",
+                      "--data", f"results_dir={results}", entry=entry, inventory=str(fleet.inventory))
+
+
+def gateway_results(results) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((results / "rig-a" / "_gateway").glob("*.json"))]
+
+
+def back_to_normal(fleet) -> None:
+    """Undo the tests above (rig-a left drained by a failed rollout, a broken config) and change both
+    replicas' configs (a decode rate no test above used), so the next deploy has something to verify."""
+    code, said = fleet.rig_a.exec("[ ! -x /usr/local/sbin/rigkit-gateway ] || /usr/local/sbin/rigkit-gateway undrain")
+    assert code == 0, said
+    write_catalog(fleet.catalog, 220)
+
+
+def test_a_deploy_verifies_each_model_through_the_gateway_with_usage_and_the_added_ttft(fleet, tmp_path):
+    """Both rigs' models change, so the deploy verifies them directly and then, on rig-a, through the
+    gateway: one entry per served name, tokens from usage, TTFT against rig-a's replica, alternating."""
+    back_to_normal(fleet)
+    run = verify_run(fleet, tmp_path)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "verification through the gateway:" in run.output, run.output[-8000:]
+    assert "PASS  gateway gw-chat: 64 of 64 tokens counted from the server's usage" in run.output, run.output[-8000:]
+    [doc] = gateway_results(tmp_path)
+    assert doc["kind"] == "gateway" and doc["gateway_host"] == "rig-a" and doc["passed"] is True
+    [entry] = doc["models"]
+    assert entry["model"] == "gw-chat" and set(entry["replicas"]) == {"rig-a.gw-chat-a", "rig-b.gw-chat-b"}
+    assert entry["usage_passed_through"] is True and entry["usage_from_server"] is True
+    assert entry["completion_tokens"] == 64 and entry["bench"]["completion_tokens"] == 64  # from usage
+    assert entry["usage_probe"]["direct"] == entry["usage_probe"]["gateway"] == [64, 8]  # the server's own count
+    assert entry["prompt_tokens"] == 512
+    assert entry["ttft_direct_replica"] == "rig-a.gw-chat-a"  # the replica on the gateway's own rig
+    assert len(entry["ttft_direct_samples_ms"]) == len(entry["ttft_gateway_samples_ms"]) == 6
+    assert entry["ttft_added_ms"] == pytest.approx(entry["ttft_gateway_ms"] - entry["ttft_direct_ms"])
+    assert {c["name"] for c in entry["checks"] if c["passed"]} >= {"tokens_produced", "gateway_usage", "gateway_ttft"}
+    print(next(line.strip() for line in run.output.splitlines() if "PASS  gateway gw-chat" in line))
+    # LiteLLM's background health checks reach both replicas with their keys (the stand-ins refuse others).
+    health = httpx.get(f"http://127.0.0.1:{GATEWAY_PORT}/health", headers={"Authorization": f"Bearer {MASTER_KEY}"},
+                       timeout=60).json()
+    assert health["healthy_count"] == 2 and health["unhealthy_count"] == 0, health
+    # Nothing changed since: the next deploy changes nothing and verifies nothing.
+    again = verify_run(fleet, tmp_path)
+    assert again.returncode == 0 and again.changed_operations() == 0, again.output[-6000:]
+    assert "verification through the gateway" not in again.output and len(gateway_results(tmp_path)) == 1
+
+
+def test_a_gateway_that_drops_usage_from_streams_fails_verification_through_it(fleet, tmp_path):
+    """Simulated: a gateway that does not pass usage through streaming. The deployed proxy's config gets
+    a LiteLLM callback (tests/gateway/strip_usage.py) that drops usage from streamed chunks; `rigkit
+    verify` then fails with the reason, and the next deploy puts rigkit's own config back."""
+    code, text = fleet.rig_a.exec("cat /etc/rigkit/gateway/compose.yml")
+    assert code == 0, text
+    header, body = text.split("\n", 1)
+    compose = json.loads(body)
+    config = compose["configs"]["litellm_config"]["content"]
+    compose["configs"]["litellm_config"]["content"] = config.replace(
+        "- rigkit_drain.handler", "- rigkit_drain.handler\n  - strip_usage.handler")
+    compose["configs"]["strip_usage"] = {"content": (REPO / "tests/gateway/strip_usage.py").read_text()}
+    compose["services"]["litellm"]["configs"].append({"source": "strip_usage", "target": "/etc/litellm/strip_usage.py"})
+    changed = header + "\n" + json.dumps(compose, indent=2) + "\n"
+    client = docker.from_env().containers.get(fleet.rig_a.name)
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("compose.yml")
+        info.size = len(changed.encode())
+        tar.addfile(info, io.BytesIO(changed.encode()))
+    assert client.put_archive("/etc/rigkit/gateway", archive.getvalue())
+    code, said = fleet.rig_a.exec("/usr/local/sbin/rigkit-gateway up")
+    assert code == 0, said
+
+    run = verify_run(fleet, tmp_path, "verify.py", "--limit", "rig-a")
+    assert run.returncode != 0, run.output[-6000:]
+    assert "verification through the gateway failed" in run.output, run.output[-6000:]
+    assert "gateway_usage: no usage reached the client through the gateway's stream" in run.output
+    assert "FAIL  gateway gw-chat: NO USAGE through the gateway" in run.output
+    [doc] = gateway_results(tmp_path)
+    assert doc["passed"] is False and doc["models"][0]["completion_tokens"] is None  # nothing counted from chunks
+
+    repaired = verify_run(fleet, tmp_path)  # a deploy: the compose file differs, so the gateway is redone
+    assert repaired.returncode == 0, repaired.output[-6000:]
+    assert "PASS  gateway gw-chat: 64 of 64 tokens counted from the server's usage" in repaired.output

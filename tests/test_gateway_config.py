@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from rigkit.config.errors import ConfigError
+from rigkit.config.inventory import GATEWAY_HEALTH_CHECK_INTERVAL_S
 from rigkit.config.loader import load_rig
 from rigkit.render import template_path
 from tests.gateway.venv import litellm_python
@@ -103,7 +104,8 @@ def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
     text = fleet.read_text()
     catalog = Path(text.split('"catalog_dir": "')[1].split('"')[0])
     rig_a, rig_b = (load_rig(Path(text.split('"rig_file": "')[n].split('"')[0]), catalog) for n in (1, 2))
-    gateway = GatewaySpec(port=4111, master_key_file="/unused", num_retries=3, cooldown_s=20)
+    gateway = GatewaySpec(port=4111, master_key_file="/unused", num_retries=3, cooldown_s=20,
+                          health_check_interval_s=GATEWAY_HEALTH_CHECK_INTERVAL_S)
     plan = make_plan([RigView("rig-a", rig_a, "127.0.0.1", gateway=gateway), RigView("rig-b", rig_b, "10.1.2.3")])
     folder = tmp_path / "gateway"
     folder.mkdir()
@@ -118,6 +120,12 @@ def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
     assert set(by_id) == {"rig-a.chat-r0", "rig-a.coder", "rig-b.chat-r1"}
     assert by_id["rig-b.chat-r1"]["api_key"] == KEY_B  # LiteLLM resolved os.environ/RIGKIT_KEY_RIG_B
     assert by_id["rig-b.chat-r1"]["model"] == "openai/chat" and by_id["rig-b.chat-r1"]["rig"] == "rig-b"
+    # Background health checks, as LiteLLM's own loader read them: on, at the inventory default, steering
+    # routing; each a 1-token completion.
+    assert seen["background_health_checks"] is True
+    assert seen["health_check_interval"] == GATEWAY_HEALTH_CHECK_INTERVAL_S
+    assert seen["health_check_routing"] is True
+    assert {(d["health_check_mode"], d["health_check_max_tokens"]) for d in seen["deployments"]} == {("completion", 1)}
     assert by_id["rig-a.chat-r0"]["timeout"] == 900  # a long prefill fits
     assert seen["num_retries"] == 3 and seen["cooldown_time"] == 20 and seen["allowed_fails"] == 1
     assert seen["fallbacks"] == [{"chat": ["coder"]}]
@@ -145,6 +153,32 @@ def test_unknown_fallback_and_bad_gateway_fields_are_refused(fleet):
     run = cli("gateway-config", str(fleet))
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert "gateway.num_retrys: unknown key" in run.stderr and "gateway.port: 80:" in run.stderr
+
+
+def test_health_checks_are_on_at_the_inventory_default_and_cost_one_token(fleet):
+    """The inventory leaves health_check_interval_s out: the declared default applies."""
+    config = yaml.safe_load(cli("gateway-config", str(fleet)).stdout)
+    assert config["general_settings"]["background_health_checks"] is True
+    assert config["general_settings"]["health_check_interval"] == GATEWAY_HEALTH_CHECK_INTERVAL_S == 30
+    assert config["general_settings"]["enable_health_check_routing"] is True
+    for deployment in config["model_list"]:
+        assert deployment["model_info"]["mode"] == "completion"  # /v1/completions: no chat template needed
+        assert deployment["model_info"]["health_check_max_tokens"] == 1
+        assert "health_check_model" not in deployment["model_info"]  # it asks the deployment's own model
+
+
+def test_health_check_interval_is_set_or_turned_off_and_bad_values_are_refused(fleet):
+    text = fleet.read_text()
+    fleet.write_text(text.replace('"cooldown_s": 20', '"cooldown_s": 20, "health_check_interval_s": 90'))
+    assert yaml.safe_load(cli("gateway-config", str(fleet)).stdout)["general_settings"]["health_check_interval"] == 90
+    fleet.write_text(text.replace('"cooldown_s": 20', '"cooldown_s": 20, "health_check_interval_s": 0'))
+    config = yaml.safe_load(cli("gateway-config", str(fleet)).stdout)
+    assert not {"background_health_checks", "health_check_interval", "enable_health_check_routing"} & set(config["general_settings"])
+    assert all("health_check_max_tokens" not in d["model_info"] for d in config["model_list"])
+    fleet.write_text(text.replace('"cooldown_s": 20', '"cooldown_s": 20, "health_check_interval_s": -5'))
+    run = cli("gateway-config", str(fleet))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "gateway.health_check_interval_s: -5:" in run.stderr and "greater than or equal to 0" in run.stderr
 
 
 def test_two_gateways_or_one_address_twice_are_refused(fleet):

@@ -29,6 +29,11 @@ DEFAULT_RESULTS_DIR = "results"  # verification results on the control machine
 # gateway reaches that rig's models when not at the rig's own address.
 GATEWAY_KEY = "gateway"
 GATEWAY_ADDRESS_KEY = "gateway_address"
+# The gateway's `health_check_interval_s` when its entry leaves it out: LiteLLM checks each replica with a
+# 1-token completion this often and routes around one that fails (docs/gateway.md, "Health checks").
+# 30 s: the cooldown after a failed request is 30 s too, so a dead replica nobody asked is found about as
+# fast as one a client hit; one tiny request per replica per 30 s costs a serving GPU nothing measurable.
+GATEWAY_HEALTH_CHECK_INTERVAL_S = 30
 
 
 class RigConfigError(PyinfraError):
@@ -141,7 +146,7 @@ def gateway_spec(host) -> GatewaySpec | None:
         raise RigConfigError(f"host {host.name}: {GATEWAY_KEY} must be a mapping (port, bind_address, "
                              f"master_key_file, ...), not {type(data).__name__}")
     try:
-        return GatewaySpec.model_validate(data)
+        return GatewaySpec.model_validate({"health_check_interval_s": GATEWAY_HEALTH_CHECK_INTERVAL_S, **data})
     except ValidationError as exc:
         allowed = ", ".join(GatewaySpec.model_fields)
         lines = []

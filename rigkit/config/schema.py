@@ -302,6 +302,10 @@ class GatewaySpec(_Strict):
     # Proxy processes: one handles every streamed chunk in Python and capped ~460 tok/s of one-token
     # chunks on a busy 2-core machine (bench/gateway_overhead.py). Cooldowns are per process (no Redis).
     workers: int = Field(default=1, ge=1, le=64)
+    # LiteLLM's background health checks: one 1-token completion per replica every this many seconds;
+    # 0 turns them off. None: not set here; an inventory's entry gets GATEWAY_HEALTH_CHECK_INTERVAL_S
+    # (rigkit/config/inventory.py, where inventory defaults are declared), a spec built in code none.
+    health_check_interval_s: int | None = Field(default=None, ge=0, le=3600)
 
     @field_validator("image")
     @classmethod

@@ -16,6 +16,11 @@ from rigkit.gateway.topology import GatewayPlan
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 NO_KEY = "no-key"  # vLLM without --api-key ignores it; the OpenAI client refuses an empty one
 DRAIN_CALLBACK = "rigkit_drain.handler"  # module file beside config.yaml, object in it
+# A health check is one completion of this many tokens (model_info.health_check_max_tokens; LiteLLM's
+# own default is 16). It goes to /v1/completions (mode: completion): a base model without a chat
+# template answers that endpoint, not /v1/chat/completions.
+HEALTH_CHECK_MAX_TOKENS = 1
+HEALTH_CHECK_MODE = "completion"
 
 
 def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
@@ -35,7 +40,8 @@ def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
                 "timeout": spec.request_timeout_s,
                 "stream_timeout": spec.request_timeout_s,
             },
-            "model_info": {"id": replica.deployment_id, "rigkit_rig": replica.rig, "rigkit_model": replica.model.name},
+            "model_info": {"id": replica.deployment_id, "rigkit_rig": replica.rig, "rigkit_model": replica.model.name,
+                           **_health_check_info(spec)},
         })
     fallbacks = {}
     for replica in plan.replicas:
@@ -56,8 +62,26 @@ def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
         "model_list": model_list,
         "router_settings": router,
         "litellm_settings": {"request_timeout": spec.request_timeout_s, **({"callbacks": [DRAIN_CALLBACK]} if drain else {})},
-        "general_settings": {"master_key": f"os.environ/{MASTER_KEY_ENV}"},
+        "general_settings": {"master_key": f"os.environ/{MASTER_KEY_ENV}", **_health_check_settings(spec)},
     }
+
+
+def _health_check_settings(spec) -> dict:
+    """LiteLLM's background health checks (general_settings, read by proxy_server.load_config), and
+    routing by their results: a replica whose last check failed gets no traffic until one passes;
+    if every replica of a model failed, LiteLLM routes to all of them (its own safety net)."""
+    if not spec.health_check_interval_s:
+        return {}
+    return {"background_health_checks": True, "health_check_interval": spec.health_check_interval_s,
+            "enable_health_check_routing": True}
+
+
+def _health_check_info(spec) -> dict:
+    """Per deployment: what a health check sends. It authenticates as requests do (the deployment's
+    api_key) and asks the deployment's own model; one token keeps it cheap."""
+    if not spec.health_check_interval_s:
+        return {}
+    return {"mode": HEALTH_CHECK_MODE, "health_check_max_tokens": HEALTH_CHECK_MAX_TOKENS}
 
 
 def render_config(plan: GatewayPlan, drain: bool = True) -> str:

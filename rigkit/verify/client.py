@@ -44,7 +44,8 @@ NONCE_WORDS = 6
 NO_DELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
-def _client(headers: dict, timeout_s: float, connections: int = 1) -> httpx.Client:
+def http_client(headers: dict, timeout_s: float, connections: int = 1) -> httpx.Client:
+    """The client every benchmark request goes through (also rigkit.verify.gateway's), with TCP_NODELAY."""
     transport = httpx.HTTPTransport(socket_options=NO_DELAY, limits=httpx.Limits(max_connections=connections))
     return httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
 
@@ -167,7 +168,7 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     before = after = None
-    with _client(headers, timeout_s) as client:
+    with http_client(headers, timeout_s) as client:
         version = _server_version(client, url)
         warm = stream_completion(client, url, model, make_prompt(32, rng), 32, 4, timeout_s)
         single = warm
@@ -187,7 +188,7 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
 def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng) -> list[StreamResult]:
     prompts = [make_prompt(prompt_tokens, rng) for _ in range(streams)]
     results: list[StreamResult] = [StreamResult(prompt_tokens, output_tokens, error="never ran")] * streams
-    with _client(headers, timeout_s, streams) as client:
+    with http_client(headers, timeout_s, streams) as client:
         def one(n):
             results[n] = stream_completion(client, url, model, prompts[n], prompt_tokens, output_tokens, timeout_s)
 

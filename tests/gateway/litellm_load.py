@@ -27,6 +27,8 @@ async def main(path: str) -> None:
             "stream_timeout": params.get("stream_timeout"),
             "id": d["model_info"]["id"],
             "rig": d["model_info"].get("rigkit_rig"),
+            "health_check_mode": d["model_info"].get("mode"),
+            "health_check_max_tokens": d["model_info"].get("health_check_max_tokens"),
         })
     print(json.dumps({
         "litellm_version": litellm.version if isinstance(getattr(litellm, "version", None), str) else None,
@@ -38,6 +40,10 @@ async def main(path: str) -> None:
         "fallbacks": router.fallbacks,
         "master_key_set": proxy_server.master_key is not None and proxy_server.master_key.startswith("sk-"),
         "callbacks": [type(c).__name__ for c in litellm.callbacks],
+        # What load_config set for the background health checks (module globals it assigns).
+        "background_health_checks": proxy_server.use_background_health_checks,
+        "health_check_interval": proxy_server.health_check_interval,
+        "health_check_routing": getattr(router, "enable_health_check_routing", None),
     }))
 
 

@@ -23,7 +23,8 @@ What it fakes, and the traps it reproduces:
   STANDIN_ERROR_AFTER_TOKENS (default 2) tokens, then [DONE], and no usage;
   `buffered` plays a buffering proxy: the server generates at its rates but every
   event of a stream arrives at once at the end; `empty_first` sends an empty text
-  chunk and a role-only delta as soon as the request arrives, before prefill.
+  chunk and a role-only delta as soon as the request arrives, before prefill; `no_usage`
+  ignores stream_options.include_usage (a server that never reports usage in a stream).
 - Stream endings: STANDIN_FINISH_REASON replaces the last chunk's finish_reason
   (`abort`, `error`, ...; `none` sends none at all); STANDIN_STOP_AFTER_TOKENS stops
   every generation after that many tokens with finish_reason "stop" (ignore_eos not honoured).
@@ -499,7 +500,7 @@ class Handler(BaseHTTPRequestHandler):
             "vllm:request_decode_time_seconds": done - (first or done),
             "vllm:time_to_first_token_seconds": (first or done) - arrived,
             "vllm:e2e_request_latency_seconds": done - arrived})
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage") and "no_usage" not in ENGINE.faults:
             self.write_event({"id": rid, "object": kind, "model": model, "choices": [], "usage": usage})
         self.finish_stream()
 
