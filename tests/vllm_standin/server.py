@@ -35,6 +35,10 @@ What it fakes, and the traps it reproduces:
 - Token fields (STANDIN_TOKEN_FIELD): `text` (default for completions), `content`
   (default for chat), `reasoning_content`, `reasoning`, or `tool_calls` (function
   arguments deltas): the field carrying the generated text, on either endpoint.
+- Shutdown: SIGTERM (`docker stop`, Compose recreating the container) ends the server at
+  once; vLLM's API server also shuts down on SIGTERM within seconds (the stand-in does not
+  wait for in-flight streams: it cuts them). Without a handler, PID 1 ignores SIGTERM and
+  every stop waited Docker's 10 s grace before SIGKILL.
 - Queueing: STANDIN_QUEUE_S seconds of waiting before prefill starts (a busy
   scheduler). /metrics has vLLM's per-request histograms (queue, prefill, decode time,
   TTFT, measured per request) unless STANDIN_HISTOGRAMS=0.
@@ -76,6 +80,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import socket
 import sys
 import threading
@@ -563,8 +568,14 @@ def sse_bytes(data: str) -> bytes:
     return (end.join(lines) + end + end).encode()
 
 
+def _shutdown(signum, frame):
+    print("INFO: Shutting down (SIGTERM)", flush=True)
+    os._exit(0)
+
+
 def main(argv=None):
     global ENGINE
+    signal.signal(signal.SIGTERM, _shutdown)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     fault = set(os.environ.get("STANDIN_FAULT", "").split(","))
     print(f"INFO vllm-standin: serving {args.model} on {args.host}:{args.port}", flush=True)
