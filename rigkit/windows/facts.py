@@ -55,19 +55,6 @@ class WindowsTextFile(FactBase):
         return _unless_absent(output)
 
 
-class WindowsFolderExists(FactBase):
-    """Whether a folder exists on the rig."""
-
-    def command(self, path: str) -> str:
-        return (
-            f"# rigkit: folder-exists {ps_quote(path)}\n"
-            f"if (Test-Path -LiteralPath {ps_quote(path)} -PathType Container) {{ 'present' }} else {{ {ps_quote(ABSENT)} }}"
-        )
-
-    def process(self, output) -> bool:
-        return _unless_absent(output) is not None
-
-
 class ScheduledTaskXml(FactBase):
     """A scheduled task in the root folder as Export-ScheduledTask writes it, or None."""
 
