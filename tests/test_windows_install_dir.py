@@ -276,3 +276,16 @@ def test_a_link_where_the_folder_should_be_is_refused_before_anything_is_put(rig
     assert f"{INSTALL_DIR} is a link (reparse point)" in run.output, run.output
     assert "Traceback" not in run.output
     assert on_rig(rig, "ls -A /C:/Users/someone/mine") == ""  # nothing was put through the link
+
+
+def test_the_offline_install_secures_the_folder_before_it_copies_anything():
+    """install.ps1 (the offline bundle) runs the same steps, before its first Copy-Item or
+    Register-ScheduledTask, after the elevation check. On its text; nothing runs it."""
+    from rigkit.windows.install_dir import secure_install_script
+
+    install = render_bundle(load_rig(WIN_RIG, TEST_CATALOG))["install.ps1"]
+    steps = secure_install_script().split("\n", 1)[1]
+    assert steps in install
+    at = install.index(steps)
+    assert install.index("IsInRole") < at < install.index("Copy-Item") < install.index("Register-ScheduledTask")
+    assert findings(install) == []

@@ -16,10 +16,10 @@ from pathlib import Path, PureWindowsPath
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
 from rigkit.serving.compose import render_compose, served_name
+from rigkit.windows.install_dir import INSTALL_DIR, secure_install_script
 from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
 from rigkit.windows.watchdog import TASK_WATCHDOG, watchdog_files
 
-INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
 POWER_SCRIPT = INSTALL_DIR / "gpu-power-policy.ps1"
 BOOTSTRAP_SCRIPT = INSTALL_DIR / "llm-bootstrap.ps1"
@@ -68,6 +68,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             script_path=str(BOOTSTRAP_SCRIPT), execution_time_limit=budget.task_duration()),
         "install.ps1": render(
             "windows/install.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
+            secure_install=secure_install_script().split("\n", 1)[1],
             task_names=list(TASKS), system_tasks=[TASK_WATCHDOG], key_file=key_file),
         "uninstall.ps1": render(
             "windows/uninstall.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),

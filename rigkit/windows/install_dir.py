@@ -27,15 +27,17 @@ where it leads.
 
 from __future__ import annotations
 
+from pathlib import PureWindowsPath
+
 from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 
 from rigkit.facts_once import read_once
 from rigkit.render import ps_quote
-from rigkit.windows.bundle import INSTALL_DIR
 from rigkit.windows.facts import ABSENT
 from rigkit.windows.private_file import ALLOWED_SIDS, ICACLS_FUNCTION, ADMINISTRATORS_SID
 
+INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")  # everything rigkit puts on a Windows rig
 # Every folder rigkit puts something in, relative to INSTALL_DIR (tests/test_windows_install_dir.py
 # checks each path rigkit uses is under one of them).
 SUBFOLDERS = ("secrets", "watchdog", "locks", "logs", "stacks", "tasks", "applied", "weights")
@@ -159,7 +161,8 @@ _ASSERT_INSTALL_DIR = (
 
 
 def secure_install_script() -> str:
-    """The module docstring's steps, for INSTALL_DIR."""
+    """The module docstring's steps, for INSTALL_DIR (also the offline bundle's install.ps1's first
+    step, without this marker line)."""
     root = str(INSTALL_DIR)
     grants = (f"*{sid}:(OI)(CI)F" for sid in ALLOWED_SIDS)
     subfolders = ", ".join(ps_quote(n) for n in SUBFOLDERS)
@@ -174,7 +177,7 @@ def secure_install_script() -> str:
         + _ASSERT_INSTALL_DIR
         + "if ((Test-Path -LiteralPath $root) -and (Test-Link (Get-Item -LiteralPath $root -Force))) {\n"
         "    throw ('{0} is a link (reparse point): it could lead anywhere. Remove the link itself "
-        "(not what it points to), then deploy again' -f $root)\n"
+        "(not what it points to), then try again' -f $root)\n"
         "}\n"
         "New-Item -ItemType Directory -Force -Path $root | Out-Null\n"
         # Owner first: a user's ACL may deny Administrators everything but what an owner always has.
@@ -186,7 +189,7 @@ def secure_install_script() -> str:
         + "$links = @(Get-Tree | Where-Object { Test-Link $_ } | ForEach-Object { $_.FullName })\n"
         "if ($links.Count -gt 0) {\n"
         "    throw ('links (reparse points) inside {0}: {1}. A link can lead out of the secured folder; remove "
-        "each link itself, then deploy again' -f $root, ($links -join ', '))\n"
+        "each link itself, then try again' -f $root, ($links -join ', '))\n"
         "}\n"
         # A user's explicit entries survive /inheritance:r; each other SID goes, everywhere below.
         "$others = @(Get-Tree | ForEach-Object { (Get-Acl -LiteralPath $_.FullName).GetAccessRules($true, $false, "
