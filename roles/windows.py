@@ -24,7 +24,9 @@ GPUs back to default limits with clocks reset, the tasks unregistered, the folde
 removed (nothing is done when nothing of rigkit's is there).
 
 Models with `weights.storage: volume` get their weights copied onto their volumes first, as on
-Linux (rigkit.windows.weights: the same copier, through Docker Desktop's Engine).
+Linux (rigkit.windows.weights: the same copier, through Docker Desktop's Engine); a model whose
+weights were copied again is marked (C:\\ProgramData\\rigkit\\recreate\\<model>.txt) and the bootstrap
+runs, recreating its stack on them (Linux's rollout does the same).
 
 Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
 within the driver's range, PSU budget; and the bootstrap's time fits (rigkit.windows.timing).
@@ -50,6 +52,7 @@ from rigkit.windows.bundle import (
     TASK_POWER,
     TASKS,
     installed_files,
+    recreate_marker,
     render_bundle,
     task_xml_path,
 )
@@ -116,9 +119,18 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
         name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
     )
+    # Weights copied again: the bootstrap recreates that model's stack (its container still serves
+    # the old weights; compose would leave it running), as Linux's rollout does.
+    copies = list(copied.values())
+    for model_name, copy in copied.items():
+        winops.file(name=f"Mark {model_name} to be recreated on its new weights", dest=recreate_marker(model_name),
+                    data=b"weights copied again\r\n", _if=copy.did_change)
+    inputs = winops.inputs_digest(bootstrap_inputs)
+    stale = bool(drift) or not winops.ran_on(TASK_BOOTSTRAP, inputs)
     bootstrap_run = winops.run_task(
-        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(bootstrap_inputs),
-        wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=bool(drift),
+        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=inputs,
+        wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=stale or bool(copies),
+        _if=lambda: stale or any(copy.did_change() for copy in copies),
     )
     return [*copied.values(), power_run, bootstrap_run]
 

@@ -24,6 +24,7 @@ import time
 import docker
 import pytest
 
+from rigkit.windows.bundle import TASK_BOOTSTRAP
 from rigkit.windows.facts import INSPECT_TIMEOUT_S
 from tests.conftest import DATA, copy_catalog, remove_test_stacks, run_deploy
 from tests.test_weights import make_checkpoint, sha256s
@@ -34,6 +35,7 @@ INVENTORY = "tests/data/windows-rig.py"
 VOLUME = "rigkit-weights-test-alpha"
 HELPER = "rigkit-weights-test-alpha-helper"
 SOURCE = r"C:\models\test-alpha"
+RUNS = "/var/lib/rigkit-winsim/runs.log"  # the simulated task runs, in order
 
 pytestmark = pytest.mark.simrig
 
@@ -104,6 +106,8 @@ def test_first_deploy_fills_the_volume_from_the_windows_folder_marker_last(rig, 
     marker = state[".rigkit/complete"][1]
     assert all(mtime <= marker for _, mtime in listing.values())  # the marker was written last
     assert state[".rigkit/manifest.json"][1] >= max(mtime for p, (_, mtime) in listing.items() if p in files)
+    # The copy marked the model to be recreated by the bootstrap's compose up.
+    assert (rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "test-alpha.txt").is_file()
     # The copier the Windows fact runs from is on the rig's C: drive.
     assert (rig.windows_drive / "ProgramData" / "rigkit" / "weights" / "rigkit-copy.py").is_file()
 
@@ -165,9 +169,15 @@ def test_an_interrupted_copy_leaves_no_marker_and_the_next_deploy_resumes(rig, c
     failed = env_run["run"]
     assert failed.returncode != 0, failed.output
     assert ".rigkit/complete" not in volume_listing(client)
+    marker = rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "test-alpha.txt"
+    marker.unlink(missing_ok=True)  # left by the first deploy's copy (the simulated task does not remove it)
+    runs_before = rig.exec(f"cat {RUNS}")[1].split()
 
     resumed = deploy(rig)
     assert resumed.returncode == 0, resumed.output
+    # The weights changed under the model: the bootstrap ran again (same files, no drift) to recreate it.
+    assert rig.exec(f"cat {RUNS}")[1].split() == [*runs_before, TASK_BOOTSTRAP]
+    assert marker.is_file()
     line = next(line for line in resumed.output.splitlines() if "test-alpha: copied" in line)
     copied, total = line.split("copied ", 1)[1].split(", ")[0].split(" of ")
     assert copied != total, line  # finished files were kept, not copied again

@@ -30,6 +30,9 @@ TASKS = (TASK_POWER, TASK_BOOTSTRAP, TASK_WATCHDOG)
 # The API key's env file (Compose reads it raw, as on Linux); SYSTEM and Administrators only
 # (rigkit.windows.private_file). Not in the bundle: a deploy puts it, install.ps1 requires it.
 API_KEY_FILE = INSTALL_DIR / "secrets" / "vllm-api-key.env"
+# recreate\<model>.txt: the deploy copied the model's weights again; the bootstrap's next `docker
+# compose up` recreates that stack (a running container still serves the old ones), then removes it.
+RECREATE_DIR = INSTALL_DIR / "recreate"
 # Held by LocalLLM-Bootstrap for its whole run (a rollout); the watchdog never restarts meanwhile.
 ROLLOUT_LOCK = INSTALL_DIR / "locks" / "rollout.lock"
 # Filled with the installing user by install.ps1 (the task runs as the logged-in user).
@@ -50,6 +53,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             "port": m.spec.port,
             "served_name": served_name(m),
             "ready_timeout_s": m.spec.ready_timeout_s,
+            "recreate_marker": recreate_marker(m.name),
         }
         for m in rig.models
     ]
@@ -79,6 +83,10 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
         files[f"scripts/stacks/{model.name}/compose.yml"] = render_compose(
             model, with_api_key=key_file is not None, env_file=str(API_KEY_FILE))
     return files
+
+
+def recreate_marker(model_name: str) -> str:
+    return str(RECREATE_DIR / f"{model_name}.txt")
 
 
 def file_bytes(relative: str, content: str) -> bytes:

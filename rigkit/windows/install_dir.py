@@ -40,7 +40,7 @@ from rigkit.windows.private_file import ALLOWED_SIDS, ICACLS_FUNCTION, ADMINISTR
 INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")  # everything rigkit puts on a Windows rig
 # Every folder rigkit puts something in, relative to INSTALL_DIR (tests/test_windows_install_dir.py
 # checks each path rigkit uses is under one of them).
-SUBFOLDERS = ("secrets", "watchdog", "locks", "logs", "stacks", "tasks", "applied", "weights")
+SUBFOLDERS = ("secrets", "watchdog", "locks", "logs", "stacks", "tasks", "applied", "weights", "recreate")
 ROOT = "."  # the install folder itself, in the fact's answer
 
 _ALLOWED = "@(" + ", ".join(ps_quote(s) for s in ALLOWED_SIDS) + ")"

@@ -71,13 +71,18 @@ def inputs_digest(files: dict[str, bytes]) -> str:
     return digest.hexdigest()
 
 
+def ran_on(task_name: str, inputs: str) -> bool:
+    """Whether the task's last successful run had these `inputs` (read from the rig while planning)."""
+    return read_once(WindowsTextFile, path=str(APPLIED_DIR / f"{task_name}.txt")) == inputs
+
+
 @operation()
 def run_task(task_name: str, inputs: str, wait_s: int, log_path: str, force: bool = False):
     """Start the task and wait, bounded, for it to finish; fail with its result and the tail of
     rigkit's log. Skipped when its last successful run had these `inputs` (`inputs_digest`),
-    unless `force` (the GPUs drifted)."""
+    unless `force` (the GPUs drifted, or a weights copy may run first: the caller's `_if` decides)."""
     applied = str(APPLIED_DIR / f"{task_name}.txt")
-    if not force and host.get_fact(WindowsTextFile, path=applied) == inputs:
+    if not force and ran_on(task_name, inputs):
         host.noop(f"{task_name} already ran on these files")
         return
     yield run_task_script(task_name, applied, inputs, wait_s, log_path)
