@@ -16,13 +16,17 @@ that user (Docker Desktop's context is per user).
 With the rig's `api_key_file`, the key's env file goes to C:\\ProgramData\\rigkit\\secrets, readable by
 SYSTEM and Administrators only (rigkit.windows.private_file), and the compose files reference it.
 The watchdog (rigkit.windows.watchdog) is a third task, LocalLLM-Watchdog, as SYSTEM.
+Before any of it, C:\\ProgramData\\rigkit itself is secured (rigkit.windows.install_dir): owned by
+Administrators, SYSTEM and Administrators only, whoever made it first.
 
 With `gpu_policy: remove` in the rig file it runs the bundle's uninstall.ps1 instead:
 GPUs back to default limits with clocks reset, the tasks unregistered, the folder
 removed (nothing is done when nothing of rigkit's is there).
 
 Models with `weights.storage: volume` get their weights copied onto their volumes first, as on
-Linux (rigkit.windows.weights: the same copier, through Docker Desktop's Engine).
+Linux (rigkit.windows.weights: the same copier, through Docker Desktop's Engine); a model whose
+weights were copied again is marked (C:\\ProgramData\\rigkit\\recreate\\<model>.txt) and the bootstrap
+runs, recreating its stack on them (Linux's rollout does the same).
 
 Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
 within the driver's range, PSU budget; and the bootstrap's time fits (rigkit.windows.timing).
@@ -48,14 +52,18 @@ from rigkit.windows.bundle import (
     TASK_POWER,
     TASKS,
     installed_files,
+    recreate_marker,
     render_bundle,
     task_xml_path,
 )
 from rigkit.windows.facts import WindowsNvidiaGpus
+from rigkit.windows.install_dir import secure_install_dir
 from rigkit.windows.private_file import private_file
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
 from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
 from rigkit.windows.weights import weights_onto_volumes
+
+SECURE_NAME = f"Secure {INSTALL_DIR}: owned by Administrators, SYSTEM and Administrators only"
 
 
 @deploy("Windows rig")
@@ -84,6 +92,8 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
     # What a bootstrap run depends on: the files it reads (not the watchdog's), and the key.
     watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
     bootstrap_inputs = {path: data for path, data in installed.items() if path not in watchdog_files}
+    # Before anything is put there: a user who made the folder first would own it (install_dir).
+    secure_install_dir(name=SECURE_NAME)
     if api_key is not None:
         key_data = api_key_env_file(api_key)
         private_file(name="Install the API key (SYSTEM and Administrators only)", dest=str(API_KEY_FILE),
@@ -109,9 +119,18 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
         name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
     )
+    # Weights copied again: the bootstrap recreates that model's stack (its container still serves
+    # the old weights; compose would leave it running), as Linux's rollout does.
+    copies = list(copied.values())
+    for model_name, copy in copied.items():
+        winops.file(name=f"Mark {model_name} to be recreated on its new weights", dest=recreate_marker(model_name),
+                    data=b"weights copied again\r\n", _if=copy.did_change)
+    inputs = winops.inputs_digest(bootstrap_inputs)
+    stale = bool(drift) or not winops.ran_on(TASK_BOOTSTRAP, inputs)
     bootstrap_run = winops.run_task(
-        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=winops.inputs_digest(bootstrap_inputs),
-        wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=bool(drift),
+        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=inputs,
+        wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=stale or bool(copies),
+        _if=lambda: stale or any(copy.did_change() for copy in copies),
     )
     return [*copied.values(), power_run, bootstrap_run]
 
@@ -123,6 +142,7 @@ def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:
     if winops.nothing_installed(tasks):
         host.noop("rigkit's GPU policy and tasks are not installed")
         return
+    secure_install_dir(name=SECURE_NAME)  # the reset script runs elevated: nobody else may swap it
     winops.file(name=f"Put {POWER_SCRIPT} for the reset", dest=str(POWER_SCRIPT), data=installed[str(POWER_SCRIPT)])
     winops.uninstall(
         name="Reset GPUs to default limits and clocks, unregister the tasks, remove C:\\ProgramData\\rigkit",

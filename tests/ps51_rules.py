@@ -52,6 +52,12 @@ RULES = {
         "than two children, $PSStyle/$IsWindows, -Encoding utf8NoBOM. 5.1 stops at parse time, so the "
         "whole script does not run."
     ),
+    "positional-binding": (
+        "A function defined in the script, called with more positional arguments than it declares "
+        "parameters: a simple function binds them in order and the rest land unseen in $args, so "
+        "`Invoke-Icacls 'C:\\x' '/grant:r' ...` runs icacls with the path alone, which only prints the "
+        "ACL and exits 0. Pass one array: `Invoke-Icacls @('C:\\x', '/grant:r', ...)`."
+    ),
 }
 
 
@@ -69,7 +75,8 @@ def findings(source: str) -> list[Finding]:
     """Every rule's findings in one script, in line order."""
     root = PARSER.parse(source.encode("utf-8")).root_node
     script = _Script(root)
-    found = _not_in_51(script) + _stderr_under_stop(script) + _encoding(script) + _literal_path(script)
+    found = (_not_in_51(script) + _stderr_under_stop(script) + _encoding(script) + _literal_path(script)
+             + _positional_binding(script))
     return sorted(set(found), key=lambda f: (f.line, f.rule, f.message))
 
 
@@ -298,6 +305,33 @@ def _literal_path(script: _Script) -> list[Finding]:
                 found.append(Finding("literal-path", _line(command.node),
                                      f"{command.name} {parameter} {shown[:50]}: a wildcard pattern; use -LiteralPath"))
     return found
+
+
+def _declared_parameters(script: _Script) -> dict[str, int]:
+    """{function name: how many parameters it declares}, for functions that declare any and never
+    read $args (a function that does takes extra arguments on purpose)."""
+    counts = {}
+    for node in script.nodes:
+        if node.type != "function_statement":
+            continue
+        name_node = next(c for c in node.children if c.type == "function_name")
+        own = [p for p in _walk(node) if p.type == "script_parameter"
+               and _ancestor(p, {"function_statement", "script_block_expression"}) == node]
+        reads_args = any(v.type == "variable" and _text(v).lower() == "$args" for v in _walk(node))
+        if own and not reads_args:
+            counts[_text(name_node).lower()] = len(own)
+    return counts
+
+
+def _positional_binding(script: _Script) -> list[Finding]:
+    declared = _declared_parameters(script)
+    return [
+        Finding("positional-binding", _line(command.node),
+                f"{command.name} gets {len(command.positional)} positional arguments but declares "
+                f"{declared[command.name]} parameter(s): the rest go to $args; pass one array")
+        for command in script.commands
+        if command.name in declared and len(command.positional) > declared[command.name]
+    ]
 
 
 _ENCODINGS_51 = {"unknown", "string", "unicode", "byte", "bigendianunicode", "utf8", "utf7", "utf32", "ascii",

@@ -70,6 +70,16 @@ PLANTED = [
     ("not-in-5.1", "$h = $json | ConvertFrom-Json -AsHashtable", "$h = $json | ConvertFrom-Json"),
     ("not-in-5.1", "Set-Content -LiteralPath $f -Value 'x' -Encoding utf8NoBOM",
      "Set-Content -LiteralPath $f -Value 'x' -Encoding UTF8"),
+    ("positional-binding",  # what rigkit's key upload sent until the install folder's owner was checked
+     "function Invoke-Icacls([string[]] $Arguments) { & icacls.exe @Arguments }\n"
+     "Invoke-Icacls 'C:\\x' '/inheritance:r' '/grant:r' '*S-1-5-18:F'",
+     "function Invoke-Icacls([string[]] $Arguments) { & icacls.exe @Arguments }\n"
+     "Invoke-Icacls @('C:\\x', '/inheritance:r', '/grant:r', '*S-1-5-18:F')"),
+    ("positional-binding",
+     "function Write-Log { param([string] $Message)\n Add-Content -LiteralPath $l -Value $Message -Encoding UTF8 }\n"
+     "Write-Log 'GPU' 0 'applied'",
+     "function Write-Log { param([string] $Message)\n Add-Content -LiteralPath $l -Value $Message -Encoding UTF8 }\n"
+     "Write-Log ('GPU {0} applied' -f 0)"),
 ]
 
 
@@ -145,7 +155,7 @@ def sent_scripts(rig) -> dict[str, str]:
     powershell.exe decodes it."""
     import base64
 
-    from rigkit.windows import facts
+    from rigkit.windows import facts, install_dir
     from rigkit.windows import operations as winops
     from rigkit.windows import private_file
     from rigkit.windows.bundle import (
@@ -160,7 +170,6 @@ def sent_scripts(rig) -> dict[str, str]:
     scripts = {
         "file-sha256": facts.WindowsFileSha256().command(path=path),
         "read-text": facts.WindowsTextFile().command(path=path),
-        "folder-exists": facts.WindowsFolderExists().command(path=path),
         "export-task": facts.ScheduledTaskXml().command(task_name=HOSTILE),
         "nvidia-smi": facts.WindowsNvidiaGpus().command(),
         "weights-check": facts.WindowsWeightsVolumeState().command(
@@ -168,6 +177,8 @@ def sent_scripts(rig) -> dict[str, str]:
         "register-task": winops.register_task_script(HOSTILE, path),
         "register-task as SYSTEM": winops.register_task_script(HOSTILE, path, as_connecting_user=False),
         "private-file-state": private_file.WindowsPrivateFile().command(path=path),
+        "install-dir-state": install_dir.WindowsInstallDir().command(),
+        "secure-install-dir": install_dir.secure_install_script(),
         "secure-folder": private_file.secure_folder_script(path),
         "place-private-file": private_file.place_script(private_file.temporary_name(path), path),
         "protect-file": private_file.protect_script(path),
@@ -195,4 +206,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 10 * 20
+    assert checked == 10 * 21

@@ -271,3 +271,17 @@ def test_rigkit_check_shows_the_bootstrap_arithmetic_when_it_does_not_fit(capsys
     err = capsys.readouterr().err
     assert "Docker wait 180 s + ready_timeout_s 900 s (qwen3-27b-awq) + margin 180 s = 1260 s" in err
     assert main(["windows-bundle", str(WIN_RIG), "--out", "/nonexistent-never-written", "--catalog", str(CATALOG)]) == 1
+
+
+def test_a_model_marked_after_a_new_copy_is_recreated_by_the_bootstrap_and_the_mark_removed_after():
+    """The deploy marks a model whose weights it copied again (roles/windows.py); the bootstrap's
+    `compose up` gets --force-recreate for a marked model only, and removes the mark only after
+    that `up` succeeded (a failure stops the script first, leaving the mark for the next run)."""
+    script = bundle()["scripts/llm-bootstrap.ps1"]
+    assert ps_quote(str(INSTALL_DIR / "recreate" / "qwen3-27b-awq.txt")) in script
+    up = script.index("$up = Invoke-Docker $arguments")
+    assert script.index("$recreate = Test-Path -LiteralPath $stack.RecreateMarker -PathType Leaf") < up
+    assert script.index("if ($recreate) { $arguments += '--force-recreate' }") < up
+    failed = script.index("docker compose up failed", up)
+    assert failed < script.index("Remove-Item -LiteralPath $stack.RecreateMarker -Force", up)
+    assert script.count("--force-recreate") == 1

@@ -99,7 +99,7 @@ def test_every_script_sent_parses_as_powershell(rig):
     scripts = sent_scripts(rig)
     kinds = {line.split()[2] for s in scripts for line in s.splitlines() if line.startswith("# rigkit: ")}
     assert kinds == {"nvidia-smi", "file-sha256", "export-task", "register-task", "read-text", "run-task",
-                     "weights-check"}
+                     "weights-check", "install-dir-state", "secure-install-dir"}
     for script in scripts:
         assert parse_errors(script) == [], script
         assert findings(script) == [], "\n".join(map(str, findings(script))) + "\n" + script
@@ -167,6 +167,6 @@ def test_gpu_policy_remove_resets_the_gpus_unregisters_the_tasks_and_removes_the
     assert runs(rig)[before:] == ["uninstall"]
     scripts = sent_scripts(rig)
     kinds = {line.split()[2] for s in scripts for line in s.splitlines() if line.startswith("# rigkit: ")}
-    assert {"uninstall", "folder-exists"} <= kinds
+    assert {"uninstall", "install-dir-state"} <= kinds
     for script in scripts:
         assert findings(script) == [], "\n".join(map(str, findings(script))) + "\n" + script

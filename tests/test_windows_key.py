@@ -6,11 +6,13 @@ Windows role, facts and operations, the key file read on the control machine.
 
 Simulated: Windows. powershell.exe on the rig is tests/simrig/powershell.exe: it runs no PowerShell, so
 icacls, Get-Acl and Move-Item do not run; it records each `Invoke-Icacls` line a script carries (with
-the names then in the target's folder) and keeps the ACL that line would set, moves the uploaded
-temporary file as the script's Move-Item would, and reports a file's SHA-256 and that ACL to the
-fact. So these tests show what rigkit sends and in which order (the ACL before any content, the
-content only over SFTP, never in a script), its decisions (nothing re-sent when the digest and ACL
-match) and the compose files; not that Windows applies the ACL (see docs/windows.md).
+the names then in the target's folder) and keeps the owner and ACL that line would set, moves the
+uploaded temporary file as the script's Move-Item would, fails an `Assert-Private` as the script's
+would, and reports a file's SHA-256, owner and ACL to the fact. A file a user took over is simulated
+by writing its owner into the stand-in's state; icacls that does not apply /setowner by a switch in
+it. So these tests show what rigkit sends and in which order (owner and ACL before any content, the
+content only over SFTP, never in a script), its decisions (nothing re-sent when the digest, owner and
+ACL match) and the compose files; not that Windows applies the ACL (see docs/windows.md).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 
 import pytest
 
-from rigkit.windows.bundle import API_KEY_FILE, TASK_BOOTSTRAP
+from rigkit.windows.bundle import API_KEY_FILE, INSTALL_DIR, TASK_BOOTSTRAP
 from rigkit.windows.private_file import temporary_name
 from tests.conftest import DATA, REPO, TEST_CATALOG, copy_catalog, run_deploy
 from tests.ps51_rules import findings
@@ -35,6 +37,8 @@ STORE = "/var/lib/rigkit-winsim"
 KEY = "rk-7f3e9a1c \"q\" 'x' `y` $(whoami) #not-a-comment \\n"  # ASCII: an HTTP header carries no more
 SECRETS = str(API_KEY_FILE.parent)
 ON_RIG_KEY = "/" + str(API_KEY_FILE).replace("\\", "/")
+ADMINS, SYSTEM = "S-1-5-32-544", "S-1-5-18"
+USER = "S-1-5-21-1004336348-1177238915-682003330-1001"  # an ordinary local account
 
 pytestmark = pytest.mark.simrig
 
@@ -70,6 +74,18 @@ def icacls_calls(rig) -> list[dict]:
     return [json.loads(line) for line in rig.exec(f"cat {STORE}/icacls.log")[1].splitlines() if line.strip()]
 
 
+def seed_acl(rig, path: str, acl: dict) -> None:
+    """Write `path`'s owner and entries into the stand-in's state, as someone changing them would."""
+    acls = json.loads(rig.exec(f"cat {STORE}/acl.json")[1] or "{}")
+    acls[path.lower()] = acl
+    on_rig(rig, f"printf '%s' '{json.dumps(acls)}' > {STORE}/acl.json")
+
+
+def get_acl(rig, path: str) -> dict:
+    """What Get-Acl would report, as the stand-in models it."""
+    return json.loads(on_rig(rig, f"powershell.exe --standin-acl '{path}'"))[path]
+
+
 def sent_scripts(rig) -> dict[str, str]:
     names = on_rig(rig, "ls /var/log/rigkit-winsim").split()
     return {name: rig.exec(f"cat /var/log/rigkit-winsim/{name}")[1] for name in names}
@@ -99,17 +115,22 @@ def test_the_key_file_gets_its_acl_before_its_content_and_is_never_inlined(rig, 
     temporary = temporary_name(str(API_KEY_FILE))
     assert rig.exec(f"test -e '/{temporary.replace(chr(92), '/')}'")[0] != 0  # moved, not left behind
 
-    calls = icacls_calls(rig)
+    everything = icacls_calls(rig)
+    install = [c for c in everything if c["args"][0] == str(INSTALL_DIR)]  # tests/test_windows_install_dir.py
+    calls = [c for c in everything if c["args"][0] != str(INSTALL_DIR)]
+    assert install and max(c["script"] for c in install) < calls[0]["script"]  # the install folder first
     assert [c["args"] for c in calls] == [
+        [SECRETS, "/setowner", "*S-1-5-32-544"],
         [SECRETS, "/inheritance:r", "/grant:r", "*S-1-5-18:(OI)(CI)F", "*S-1-5-32-544:(OI)(CI)F"],
+        [temporary, "/setowner", "*S-1-5-32-544"],
         [temporary, "/inheritance:r", "/grant:r", "*S-1-5-18:F", "*S-1-5-32-544:F"],
+        [str(API_KEY_FILE), "/setowner", "*S-1-5-32-544"],
         [str(API_KEY_FILE), "/inheritance:r", "/grant:r", "*S-1-5-18:F", "*S-1-5-32-544:F"],
     ]
     # The folder was locked down while empty, in a script sent before the upload (scripts are numbered).
-    assert calls[0]["present"] == [] and calls[0]["script"] < calls[1]["script"]
-    assert calls[1]["present"] == [temporary.rsplit("\\", 1)[1]]
-    acl = json.loads(on_rig(rig, f"cat {STORE}/acl.json"))[str(API_KEY_FILE).lower()]
-    assert acl == {"protected": True, "sids": ["S-1-5-18", "S-1-5-32-544"]}
+    assert calls[1]["present"] == [] and calls[1]["script"] < calls[2]["script"]
+    assert calls[2]["present"] == [temporary.rsplit("\\", 1)[1]]
+    assert get_acl(rig, str(API_KEY_FILE)) == {"owner": ADMINS, "protected": True, "sids": [SYSTEM, ADMINS]}
 
     compose = on_rig(rig, "cat /C:/ProgramData/rigkit/stacks/test-alpha/compose.yml")
     assert 'env_file: [{"path": "C:\\\\ProgramData\\\\rigkit\\\\secrets\\\\vllm-api-key.env", "format": "raw"}]' in compose
@@ -128,7 +149,8 @@ def test_the_key_file_gets_its_acl_before_its_content_and_is_never_inlined(rig, 
     assert holders == [ON_RIG_KEY], holders
     assert marker not in run.output
     kinds = {line.split()[2] for s in sent_scripts(rig).values() for line in s.splitlines() if line.startswith("# rigkit: ")}
-    assert {"private-file-state", "secure-folder", "place-private-file"} <= kinds
+    assert {"private-file-state", "secure-folder", "place-private-file", "install-dir-state",
+            "secure-install-dir"} <= kinds
 
 
 def test_a_second_deploy_changes_nothing_and_sends_no_key(rig, tmp_path):
@@ -140,19 +162,44 @@ def test_a_second_deploy_changes_nothing_and_sends_no_key(rig, tmp_path):
     assert len(icacls_calls(rig)) == calls  # compared by the digest fact, not rewritten
 
 
-def test_an_acl_opened_behind_rigkits_back_is_closed_without_resending_the_key(rig, tmp_path):
+@pytest.mark.parametrize("opened", [
+    {"owner": ADMINS, "protected": True, "explicit": [SYSTEM, ADMINS, "S-1-5-32-545"]},  # icacls /grant Users:R
+    {"owner": ADMINS, "protected": False, "explicit": [SYSTEM, ADMINS]},  # icacls /inheritance:e
+    {"owner": USER, "protected": True, "explicit": [SYSTEM, ADMINS]},  # icacls /setowner <a user>
+], ids=["users-granted", "inheritance-on", "user-owner"])
+def test_an_acl_opened_behind_rigkits_back_is_closed_without_resending_the_key(rig, tmp_path, opened):
     rig_file = keyed_rig(tmp_path)
-    acls = json.loads(on_rig(rig, f"cat {STORE}/acl.json"))
-    acls[str(API_KEY_FILE).lower()] = {"protected": False, "sids": ["S-1-5-18", "S-1-5-32-544", "S-1-5-32-545"]}
-    on_rig(rig, f"printf '%s' '{json.dumps(acls)}' > {STORE}/acl.json")  # as icacls /grant Users:R would
+    seed_acl(rig, str(API_KEY_FILE), opened)
+    assert get_acl(rig, str(API_KEY_FILE)) != {"owner": ADMINS, "protected": True, "sids": [SYSTEM, ADMINS]}
     before = len(icacls_calls(rig))
     runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
     run = deploy(rig, rig_file)
     assert run.returncode == 0, run.output
-    assert [c["args"][0] for c in icacls_calls(rig)[before:]] == [str(API_KEY_FILE)]  # the file's ACL only
-    assert json.loads(on_rig(rig, f"cat {STORE}/acl.json"))[str(API_KEY_FILE).lower()]["protected"] is True
+    calls = [c["args"] for c in icacls_calls(rig)[before:]]
+    assert {args[0] for args in calls} == {str(API_KEY_FILE)}  # its owner and ACL only: no temporary file, no key sent
+    assert ([str(API_KEY_FILE), "/remove", "*S-1-5-32-545"] in calls) == ("S-1-5-32-545" in opened["explicit"])
+    assert get_acl(rig, str(API_KEY_FILE)) == {"owner": ADMINS, "protected": True, "sids": [SYSTEM, ADMINS]}
     assert rig.exec(f"cat {STORE}/runs.log")[1].split() == runs_before  # same key: the stacks are left alone
     assert deploy(rig, rig_file).changed_operations() == 0
+
+
+def test_assert_private_refuses_a_key_file_a_user_still_owns(rig, tmp_path):
+    """Simulated: icacls.exe that exits 0 without applying /setowner (as it does when given only a path):
+    the read-back, not icacls' exit code, is what stops the deploy before the stacks use the file."""
+    rig_file = keyed_rig(tmp_path)
+    seed_acl(rig, str(API_KEY_FILE), {"owner": USER, "protected": True, "explicit": [SYSTEM, ADMINS]})
+    on_rig(rig, f"touch {STORE}/icacls-ignores-setowner")
+    runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
+    try:
+        run = deploy(rig, rig_file)
+    finally:
+        on_rig(rig, f"rm {STORE}/icacls-ignores-setowner")
+    assert run.returncode != 0
+    assert f"{API_KEY_FILE}: owned by {USER}, who may change its ACL at will" in run.output, run.output
+    assert "Traceback" not in run.output
+    assert rig.exec(f"cat {STORE}/runs.log")[1].split() == runs_before  # nothing ran on a file a user owns
+    assert deploy(rig, rig_file).returncode == 0  # icacls working again: repaired
+    assert get_acl(rig, str(API_KEY_FILE))["owner"] == ADMINS
 
 
 def test_a_new_key_is_put_the_same_way_and_the_stacks_come_up_with_it(rig, tmp_path):
@@ -162,8 +209,9 @@ def test_a_new_key_is_put_the_same_way_and_the_stacks_come_up_with_it(rig, tmp_p
     run = deploy(rig, rig_file)
     assert run.returncode == 0, run.output
     assert on_rig(rig, f"cat '{ON_RIG_KEY}'") == "VLLM_API_KEY=rk-second-key\n"
-    assert [c["args"][0] for c in icacls_calls(rig)[before:]] == [SECRETS, temporary_name(str(API_KEY_FILE)),
-                                                                  str(API_KEY_FILE)]
+    assert [c["args"][0] for c in icacls_calls(rig)[before:]] == [SECRETS, SECRETS, temporary_name(str(API_KEY_FILE)),
+                                                                  temporary_name(str(API_KEY_FILE)),
+                                                                  str(API_KEY_FILE), str(API_KEY_FILE)]
     assert rig.exec(f"cat {STORE}/runs.log")[1].split()[len(runs_before):] == [TASK_BOOTSTRAP]
     assert "rk-second-key" not in run.output
 

@@ -7,7 +7,8 @@ dial-stdio`, run by the rig's sshd); real Docker volumes and helper containers; 
 container of the Windows fact.
 
 Simulated: Windows (tests/simrig/powershell.exe runs no PowerShell: for the weights fact it runs
-the script's two `docker.exe` lines) and Docker Desktop (tests/simrig/docker.exe, the host's
+the script's two `docker.exe` command lines, each killed at the script's deadline; a slow Docker
+Desktop is simulated by making docker.exe answer late) and Docker Desktop (tests/simrig/docker.exe, the host's
 Linux dockerd behind it): a Windows bind source `C:\\models\\test-alpha` is resolved to the host
 folder that is the rig's drive C:, as Docker Desktop resolves it to the Windows folder. The host
 engine refuses a `C:\\...` source, so a copy that succeeds went through that translation. The
@@ -23,6 +24,8 @@ import time
 import docker
 import pytest
 
+from rigkit.windows.bundle import TASK_BOOTSTRAP
+from rigkit.windows.facts import INSPECT_TIMEOUT_S
 from tests.conftest import DATA, copy_catalog, remove_test_stacks, run_deploy
 from tests.test_weights import make_checkpoint, sha256s
 from tests.vllm_standin.image import STABLE_TAG, ensure_standin_image
@@ -32,6 +35,7 @@ INVENTORY = "tests/data/windows-rig.py"
 VOLUME = "rigkit-weights-test-alpha"
 HELPER = "rigkit-weights-test-alpha-helper"
 SOURCE = r"C:\models\test-alpha"
+RUNS = "/var/lib/rigkit-winsim/runs.log"  # the simulated task runs, in order
 
 pytestmark = pytest.mark.simrig
 
@@ -102,6 +106,8 @@ def test_first_deploy_fills_the_volume_from_the_windows_folder_marker_last(rig, 
     marker = state[".rigkit/complete"][1]
     assert all(mtime <= marker for _, mtime in listing.values())  # the marker was written last
     assert state[".rigkit/manifest.json"][1] >= max(mtime for p, (_, mtime) in listing.items() if p in files)
+    # The copy marked the model to be recreated by the bootstrap's compose up.
+    assert (rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "test-alpha.txt").is_file()
     # The copier the Windows fact runs from is on the rig's C: drive.
     assert (rig.windows_drive / "ProgramData" / "rigkit" / "weights" / "rigkit-copy.py").is_file()
 
@@ -115,6 +121,25 @@ def test_second_deploy_changes_nothing_and_the_fact_read_only(rig, client):
     assert client.containers.list(all=True, filters={"label": "rigkit.weights-check"}) == []  # removed
     code, scripts = rig.exec("grep -l '^# rigkit: weights-check' /var/log/rigkit-winsim/*.ps1")
     assert code == 0 and scripts.split(), "the fact's PowerShell was sent"
+
+
+def test_a_docker_that_does_not_answer_is_waited_for_at_most_its_deadline_and_named(rig, client):
+    """docker.exe answering 45 s late: the fact's `volume inspect` is stopped at INSPECT_TIMEOUT_S, the
+    deploy says what it waited for, and the copy operation checks through its own helper instead."""
+    before = volume_listing(client)
+    rig.exec(f"mkdir -p /var/lib/rigkit-winsim && echo {INSPECT_TIMEOUT_S + 15} > /var/lib/rigkit-winsim/docker-exe-delay-s")
+    started = time.monotonic()
+    try:
+        run = deploy(rig)
+    finally:
+        rig.exec("rm -f /var/lib/rigkit-winsim/docker-exe-delay-s")
+    assert run.returncode == 0, run.output
+    assert (f"weights check of test-alpha: docker.exe volume inspect {VOLUME} did not answer within "
+            f"{INSPECT_TIMEOUT_S} s (is Docker Desktop running?); the copy checks again itself") in run.output
+    assert time.monotonic() - started >= INSPECT_TIMEOUT_S  # it did wait for the deadline, not less
+    assert "test-alpha: copied" not in run.output  # the helper found the volume complete
+    assert volume_listing(client) == before
+    assert deploy(rig).changed_operations() == 0
 
 
 def test_an_interrupted_copy_leaves_no_marker_and_the_next_deploy_resumes(rig, client):
@@ -144,9 +169,15 @@ def test_an_interrupted_copy_leaves_no_marker_and_the_next_deploy_resumes(rig, c
     failed = env_run["run"]
     assert failed.returncode != 0, failed.output
     assert ".rigkit/complete" not in volume_listing(client)
+    marker = rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "test-alpha.txt"
+    marker.unlink(missing_ok=True)  # left by the first deploy's copy (the simulated task does not remove it)
+    runs_before = rig.exec(f"cat {RUNS}")[1].split()
 
     resumed = deploy(rig)
     assert resumed.returncode == 0, resumed.output
+    # The weights changed under the model: the bootstrap ran again (same files, no drift) to recreate it.
+    assert rig.exec(f"cat {RUNS}")[1].split() == [*runs_before, TASK_BOOTSTRAP]
+    assert marker.is_file()
     line = next(line for line in resumed.output.splitlines() if "test-alpha: copied" in line)
     copied, total = line.split("copied ", 1)[1].split(", ")[0].split(" of ")
     assert copied != total, line  # finished files were kept, not copied again

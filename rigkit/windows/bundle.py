@@ -16,10 +16,10 @@ from pathlib import Path, PureWindowsPath
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
 from rigkit.serving.compose import render_compose, served_name
+from rigkit.windows.install_dir import INSTALL_DIR, secure_install_script
 from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
 from rigkit.windows.watchdog import TASK_WATCHDOG, watchdog_files
 
-INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
 POWER_SCRIPT = INSTALL_DIR / "gpu-power-policy.ps1"
 BOOTSTRAP_SCRIPT = INSTALL_DIR / "llm-bootstrap.ps1"
@@ -30,6 +30,9 @@ TASKS = (TASK_POWER, TASK_BOOTSTRAP, TASK_WATCHDOG)
 # The API key's env file (Compose reads it raw, as on Linux); SYSTEM and Administrators only
 # (rigkit.windows.private_file). Not in the bundle: a deploy puts it, install.ps1 requires it.
 API_KEY_FILE = INSTALL_DIR / "secrets" / "vllm-api-key.env"
+# recreate\<model>.txt: the deploy copied the model's weights again; the bootstrap's next `docker
+# compose up` recreates that stack (a running container still serves the old ones), then removes it.
+RECREATE_DIR = INSTALL_DIR / "recreate"
 # Held by LocalLLM-Bootstrap for its whole run (a rollout); the watchdog never restarts meanwhile.
 ROLLOUT_LOCK = INSTALL_DIR / "locks" / "rollout.lock"
 # Filled with the installing user by install.ps1 (the task runs as the logged-in user).
@@ -50,6 +53,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             "port": m.spec.port,
             "served_name": served_name(m),
             "ready_timeout_s": m.spec.ready_timeout_s,
+            "recreate_marker": recreate_marker(m.name),
         }
         for m in rig.models
     ]
@@ -68,6 +72,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             script_path=str(BOOTSTRAP_SCRIPT), execution_time_limit=budget.task_duration()),
         "install.ps1": render(
             "windows/install.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
+            secure_install=secure_install_script().split("\n", 1)[1],
             task_names=list(TASKS), system_tasks=[TASK_WATCHDOG], key_file=key_file),
         "uninstall.ps1": render(
             "windows/uninstall.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
@@ -78,6 +83,10 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
         files[f"scripts/stacks/{model.name}/compose.yml"] = render_compose(
             model, with_api_key=key_file is not None, env_file=str(API_KEY_FILE))
     return files
+
+
+def recreate_marker(model_name: str) -> str:
+    return str(RECREATE_DIR / f"{model_name}.txt")
 
 
 def file_bytes(relative: str, content: str) -> bytes:

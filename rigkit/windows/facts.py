@@ -9,6 +9,7 @@ pyinfra's check for it is POSIX shell.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import PureWindowsPath
 
 from pyinfra.api import FactBase
@@ -55,19 +56,6 @@ class WindowsTextFile(FactBase):
         return _unless_absent(output)
 
 
-class WindowsFolderExists(FactBase):
-    """Whether a folder exists on the rig."""
-
-    def command(self, path: str) -> str:
-        return (
-            f"# rigkit: folder-exists {ps_quote(path)}\n"
-            f"if (Test-Path -LiteralPath {ps_quote(path)} -PathType Container) {{ 'present' }} else {{ {ps_quote(ABSENT)} }}"
-        )
-
-    def process(self, output) -> bool:
-        return _unless_absent(output) is not None
-
-
 class ScheduledTaskXml(FactBase):
     """A scheduled task in the root folder as Export-ScheduledTask writes it, or None."""
 
@@ -112,8 +100,9 @@ class WindowsWeightsVolumeState(FactBase):
     volumes inside its VM, out of the shell's reach, so the check runs in a throwaway container:
     the copier (put on the rig by the Windows role), the source and the volume all mounted
     read-only, no network, no pull, removed when done. It reads metadata only, so planning (and
-    `--dry`) changes nothing. `unreachable` (the copier is not on the rig yet, or Docker did not
-    answer): the copy operation checks through its helper instead."""
+    `--dry`) changes nothing; each docker.exe call has a deadline (INSPECT_TIMEOUT_S,
+    CHECK_TIMEOUT_S). `unreachable` (the copier is not on the rig yet, or Docker did not answer,
+    with `why` where it did not answer in time): the copy operation checks through its helper instead."""
 
     def command(self, volume: str, source: str, image: str, copier: str) -> str:
         return weights_check_script(volume, source, image, copier)
@@ -128,6 +117,41 @@ class WindowsWeightsVolumeState(FactBase):
             return {"status": "unreachable", "why": " ".join(lines)[-300:]}
 
 
+# How long the weights check waits for docker.exe (Docker Desktop's engine may be starting or
+# wedged): `volume inspect` answers at once from a running engine; the check container stats the
+# source over 9P and reads the volume's manifest.
+INSPECT_TIMEOUT_S = 30
+CHECK_TIMEOUT_S = 180
+
+# docker.exe as a process with a deadline (a native call under & has none), stdout and stderr
+# together; `$CommandLine` is one Windows command line (Python's list2cmdline, the MS C runtime's
+# quoting), so no argument is split or joined by PowerShell.
+_INVOKE_DOCKER = (
+    "function Invoke-Docker([string] $CommandLine, [int] $TimeoutS) {\n"
+    "    $info = New-Object System.Diagnostics.ProcessStartInfo\n"
+    "    $info.FileName = 'docker.exe'\n"
+    "    $info.Arguments = $CommandLine\n"
+    "    $info.UseShellExecute = $false\n"
+    "    $info.RedirectStandardOutput = $true\n"
+    "    $info.RedirectStandardError = $true\n"
+    "    $info.CreateNoWindow = $true\n"
+    "    try { $process = [Diagnostics.Process]::Start($info) } "
+    "catch { return @{ ExitCode = -1; TimedOut = $false; Output = [string] $_ } }\n"
+    "    $out = $process.StandardOutput.ReadToEndAsync()\n"
+    "    $err = $process.StandardError.ReadToEndAsync()\n"
+    "    if (-not $process.WaitForExit($TimeoutS * 1000)) {\n"
+    "        try { $process.Kill() } catch { }\n"
+    "        return @{ ExitCode = -1; TimedOut = $true; Output = '' }\n"
+    "    }\n"
+    "    return @{ ExitCode = $process.ExitCode; TimedOut = $false; Output = $out.Result + $err.Result }\n"
+    "}\n"
+)
+
+
+def _unreachable(why: str | None = None) -> str:
+    return ps_quote(json.dumps({"status": "unreachable", **({"why": why} if why else {})}))
+
+
 def weights_check_script(volume: str, source: str, image: str, copier: str) -> str:
     root, inside = source_layout(source)
     copier_dir = str(PureWindowsPath(copier).parent)
@@ -135,21 +159,27 @@ def weights_check_script(volume: str, source: str, image: str, copier: str) -> s
     mounts = (f"type=bind,source={copier_dir},target=/rigkit,readonly",
               f"type=bind,source={root},target=/src,readonly",
               f"type=volume,source={volume},target=/dst,readonly")
+    inspect = ["volume", "inspect", "--format", "{{.Name}}", volume]
     run = ["run", "--rm", "--pull", "never", "--network", "none", "--label", "rigkit.weights-check=1",
            *(part for mount in mounts for part in ("--mount", mount)),
            "--entrypoint", "python3", image, script, "check", f"/src/{inside}", "/dst", "/src"]
-    missing, unreachable = '{"status": "missing"}', '{"status": "unreachable"}'
+    missing = ps_quote(json.dumps({"status": "missing"}))
+    inspect_late = _unreachable(f"docker.exe volume inspect {volume} did not answer within {INSPECT_TIMEOUT_S} s "
+                                "(is Docker Desktop running?)")
+    check_late = _unreachable(f"the weights check container for {volume} did not finish within {CHECK_TIMEOUT_S} s "
+                              "(docker.exe stopped; the container, label rigkit.weights-check=1, may still be running)")
     return (
         f"# rigkit: weights-check {ps_quote(volume)} {ps_quote(copier)}\n"
-        # Windows PowerShell turns a native program's stderr into errors; 'Stop' would throw.
-        "$ErrorActionPreference = 'Continue'\n"
-        f"$answer = & docker.exe 'volume' 'inspect' '--format' '{{{{.Name}}}}' {ps_quote(volume)} 2>&1 "
-        "| ForEach-Object { [string] $_ }\n"
-        "if ($LASTEXITCODE -ne 0) {\n"
-        f"    if (($answer -join ' ') -match 'no such volume') {{ {ps_quote(missing)} }} else {{ {ps_quote(unreachable)} }}\n"
+        + _INVOKE_DOCKER
+        + f"$answer = Invoke-Docker {ps_quote(subprocess.list2cmdline(inspect))} {INSPECT_TIMEOUT_S}\n"
+        f"if ($answer.TimedOut) {{ {inspect_late}; exit 0 }}\n"
+        "if ($answer.ExitCode -ne 0) {\n"
+        f"    if ($answer.Output -match 'no such volume') {{ {missing} }} else {{ {_unreachable()} }}\n"
         "    exit 0\n"
         "}\n"
-        f"if (-not (Test-Path -LiteralPath {ps_quote(copier)} -PathType Leaf)) {{ {ps_quote(unreachable)}; exit 0 }}\n"
-        f"& docker.exe {' '.join(ps_quote(a) for a in run)} 2>&1 | ForEach-Object {{ [string] $_ }}\n"
+        f"if (-not (Test-Path -LiteralPath {ps_quote(copier)} -PathType Leaf)) {{ {_unreachable()}; exit 0 }}\n"
+        f"$answer = Invoke-Docker {ps_quote(subprocess.list2cmdline(run))} {CHECK_TIMEOUT_S}\n"
+        f"if ($answer.TimedOut) {{ {check_late}; exit 0 }}\n"
+        "$answer.Output\n"
         "exit 0"
     )

@@ -24,12 +24,9 @@ from pyinfra.api import FileUploadCommand, operation
 
 from rigkit.render import ps_quote
 from rigkit.windows.bundle import INSTALL_DIR, same_task
-from rigkit.windows.facts import (
-    ScheduledTaskXml,
-    WindowsFileSha256,
-    WindowsFolderExists,
-    WindowsTextFile,
-)
+from rigkit.facts_once import read_once
+from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
+from rigkit.windows.install_dir import WindowsInstallDir
 
 APPLIED_DIR = INSTALL_DIR / "applied"  # <task>.txt: digest of the inputs of its last successful run
 TASK_START_S = 20  # a task that has not started by then will not (e.g. its user is not logged on)
@@ -74,13 +71,18 @@ def inputs_digest(files: dict[str, bytes]) -> str:
     return digest.hexdigest()
 
 
+def ran_on(task_name: str, inputs: str) -> bool:
+    """Whether the task's last successful run had these `inputs` (read from the rig while planning)."""
+    return read_once(WindowsTextFile, path=str(APPLIED_DIR / f"{task_name}.txt")) == inputs
+
+
 @operation()
 def run_task(task_name: str, inputs: str, wait_s: int, log_path: str, force: bool = False):
     """Start the task and wait, bounded, for it to finish; fail with its result and the tail of
     rigkit's log. Skipped when its last successful run had these `inputs` (`inputs_digest`),
-    unless `force` (the GPUs drifted)."""
+    unless `force` (the GPUs drifted, or a weights copy may run first: the caller's `_if` decides)."""
     applied = str(APPLIED_DIR / f"{task_name}.txt")
-    if not force and host.get_fact(WindowsTextFile, path=applied) == inputs:
+    if not force and ran_on(task_name, inputs):
         host.noop(f"{task_name} already ran on these files")
         return
     yield run_task_script(task_name, applied, inputs, wait_s, log_path)
@@ -115,7 +117,8 @@ def run_task_script(task_name: str, applied: str, inputs: str, wait_s: int, log_
 def nothing_installed(task_names: list[str]) -> bool:
     """No task in `task_names` is registered and INSTALL_DIR is gone (read from the rig)."""
     registered = [t for t in task_names if host.get_fact(ScheduledTaskXml, task_name=t) is not None]
-    return not registered and not host.get_fact(WindowsFolderExists, path=str(INSTALL_DIR))
+    # The same fact secure_install_dir reads next: asked once.
+    return not registered and read_once(WindowsInstallDir) is None
 
 
 @operation()

@@ -2,12 +2,14 @@
 rigkit/private_file.py, and the fact it compares with.
 
 The file lives in a folder whose ACL grants only SYSTEM and Administrators, without inherited
-entries (C:\\ProgramData grants Users read, and a new folder inherits that). The ACL is set with
-icacls by SID (`*S-1-5-18`, `*S-1-5-32-544`), which works in any display language, and read back
-through .NET before anything is written. The content then travels over SFTP to a temporary name
+entries (C:\\ProgramData grants Users read, and a new folder inherits that), owned by Administrators
+(an owner may always rewrite the ACL; rigkit.windows.install_dir secures the whole install folder
+first). Owner and ACL are set with icacls by SID (`*S-1-5-18`, `*S-1-5-32-544`), which works in any
+display language, and read back through .NET before anything is written. The content then travels over SFTP to a temporary name
 inside that folder (so it is never readable by anyone else, not even for a moment), gets the same
 ACL explicitly, and is moved over the destination. It is never put in a script or on a command line,
-and compared by SHA-256 only (`WindowsPrivateFile` reads the digest and the ACL, never the content).
+and compared by SHA-256 only (`WindowsPrivateFile` reads the digest, the owner and the ACL, never the
+content).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ ALLOWED_SIDS = (SYSTEM_SID, ADMINISTRATORS_SID)
 
 # icacls as a native program: under the connector's 'Stop', stderr must not be redirected into
 # errors (Windows PowerShell 5.1); 'Continue' is local to the function, the exit code decides.
-_ICACLS = (
+# Called with ONE array (`Invoke-Icacls @('a', 'b')`): a simple function binds only the first of
+# several positional arguments to $Arguments, the rest land unseen in $args.
+ICACLS_FUNCTION = (
     "function Invoke-Icacls([string[]] $Arguments) {\n"
     "    $ErrorActionPreference = 'Continue'\n"
     "    $out = & icacls.exe @Arguments 2>&1 | ForEach-Object { [string] $_ }\n"
@@ -36,18 +40,37 @@ _ICACLS = (
     "$LASTEXITCODE, ($out -join ' ')) }\n"
     "}\n"
 )
-# Reads the ACL back: protected (no inherited entries) and only the allowed SIDs, else it throws.
+# icacls /grant:r replaces the entries of the SIDs it names only: anyone else's explicit entry (an
+# `icacls /grant Users:R` behind rigkit's back) is removed by SID.
+_REMOVE_OTHERS = (
+    "function Remove-Others([string] $Path) {\n"
+    f"    $allowed = @({', '.join(ps_quote(s) for s in ALLOWED_SIDS)})\n"
+    "    $others = @((Get-Acl -LiteralPath $Path).GetAccessRules($true, $false, [Security.Principal.SecurityIdentifier]) | "
+    "ForEach-Object { $_.IdentityReference.Value } | Where-Object { $allowed -notcontains $_ } | Sort-Object -Unique)\n"
+    "    foreach ($sid in $others) { Invoke-Icacls @($Path, '/remove', ('*' + $sid)) }\n"
+    "}\n"
+)
+# Reads the ACL back: owned by SYSTEM or Administrators (an owner may always rewrite the ACL),
+# protected (no inherited entries) and only the allowed SIDs, else it throws.
 _ASSERT_PRIVATE = (
     "function Assert-Private([string] $Path) {\n"
+    f"    $allowed = @({', '.join(ps_quote(s) for s in ALLOWED_SIDS)})\n"
     "    $acl = Get-Acl -LiteralPath $Path\n"
-    "    $sids = @($acl.Access | ForEach-Object { $_.IdentityReference.Translate([Security.Principal.SecurityIdentifier]).Value })\n"
-    f"    $others = @($sids | Where-Object {{ @({', '.join(ps_quote(s) for s in ALLOWED_SIDS)}) -notcontains $_ }})\n"
+    "    $owner = $acl.GetOwner([Security.Principal.SecurityIdentifier]).Value\n"
+    "    $sids = @($acl.GetAccessRules($true, $true, [Security.Principal.SecurityIdentifier]) | "
+    "ForEach-Object { $_.IdentityReference.Value })\n"
+    "    $others = @($sids | Where-Object { $allowed -notcontains $_ })\n"
+    "    if ($allowed -notcontains $owner) {\n"
+    "        throw ('{0}: owned by {1}, who may change its ACL at will; only SYSTEM or Administrators may own it' -f "
+    "$Path, $owner)\n"
+    "    }\n"
     "    if (-not $acl.AreAccessRulesProtected -or $others.Count -gt 0) {\n"
     "        throw ('{0}: its ACL still grants {1} (inherited: {2}); only SYSTEM and Administrators may read it' -f "
     "$Path, ($others -join ', '), (-not $acl.AreAccessRulesProtected))\n"
     "    }\n"
     "}\n"
 )
+_FUNCTIONS = ICACLS_FUNCTION + _REMOVE_OTHERS + _ASSERT_PRIVATE
 
 
 def icacls_arguments(path: str, folder: bool) -> list[str]:
@@ -57,8 +80,16 @@ def icacls_arguments(path: str, folder: bool) -> list[str]:
     return [path, "/inheritance:r", "/grant:r", *(f"*{sid}:{inherit}F" for sid in ALLOWED_SIDS)]
 
 
-def _icacls_line(path: str, folder: bool) -> str:
-    return "Invoke-Icacls " + " ".join(ps_quote(a) for a in icacls_arguments(path, folder)) + "\n"
+def owner_arguments(path: str) -> list[str]:
+    """Administrators take ownership (before the ACL is rewritten: an owner may always rewrite it)."""
+    return [path, "/setowner", f"*{ADMINISTRATORS_SID}"]
+
+
+def _icacls_lines(path: str, folder: bool) -> str:
+    """Owner, then the two grants, then nobody else."""
+    return "".join("Invoke-Icacls @(" + ", ".join(ps_quote(a) for a in arguments) + ")\n"
+                   for arguments in (owner_arguments(path), icacls_arguments(path, folder))
+                   ) + f"Remove-Others {ps_quote(path)}\n"
 
 
 def temporary_name(dest: str) -> str:
@@ -70,9 +101,9 @@ def secure_folder_script(folder: str) -> str:
     """The folder made (if needed) and given its ACL, read back; run before any content is sent."""
     return (
         f"# rigkit: secure-folder {ps_quote(folder)}\n"
-        + _ICACLS + _ASSERT_PRIVATE
+        + _FUNCTIONS
         + f"New-Item -ItemType Directory -Force -Path {ps_quote(folder)} | Out-Null\n"
-        + _icacls_line(folder, folder=True)
+        + _icacls_lines(folder, folder=True)
         + f"Assert-Private {ps_quote(folder)}\n"
     )
 
@@ -81,10 +112,10 @@ def place_script(temporary: str, dest: str) -> str:
     """The uploaded temporary file: its own ACL, moved over `dest`, and `dest`'s ACL read back."""
     return (
         f"# rigkit: place-private-file {ps_quote(temporary)} {ps_quote(dest)}\n"
-        + _ICACLS + _ASSERT_PRIVATE
-        + _icacls_line(temporary, folder=False)
+        + _FUNCTIONS
+        + _icacls_lines(temporary, folder=False)
         + f"Move-Item -LiteralPath {ps_quote(temporary)} -Destination {ps_quote(dest)} -Force\n"
-        + _icacls_line(dest, folder=False)
+        + _icacls_lines(dest, folder=False)
         + f"Assert-Private {ps_quote(dest)}\n"
     )
 
@@ -93,15 +124,16 @@ def protect_script(dest: str) -> str:
     """Only the ACL of a file whose content is already right."""
     return (
         f"# rigkit: protect-file {ps_quote(dest)}\n"
-        + _ICACLS + _ASSERT_PRIVATE
-        + _icacls_line(dest, folder=False)
+        + _FUNCTIONS
+        + _icacls_lines(dest, folder=False)
         + f"Assert-Private {ps_quote(dest)}\n"
     )
 
 
 class WindowsPrivateFile(FactBase):
-    """{"sha256": lower-case hex, "private": bool} of a file on the rig, or None where there is none.
-    private: its ACL has no inherited entries and grants only SYSTEM and Administrators."""
+    """{"sha256": lower-case hex, "private": bool, "owner": SID} of a file on the rig, or None where
+    there is none. private: owned by SYSTEM or Administrators, and its ACL has no inherited entries
+    and grants only those two."""
 
     def command(self, path: str) -> str:
         name = ps_quote(path)
@@ -110,9 +142,10 @@ class WindowsPrivateFile(FactBase):
             f"if (-not (Test-Path -LiteralPath {name} -PathType Leaf)) {{ {ps_quote(ABSENT)}; exit 0 }}\n"
             f"'sha256={{0}}' -f (Get-FileHash -Algorithm SHA256 -LiteralPath {name}).Hash\n"
             f"$acl = Get-Acl -LiteralPath {name}\n"
+            "'owner={0}' -f $acl.GetOwner([Security.Principal.SecurityIdentifier]).Value\n"
             "'protected={0}' -f $acl.AreAccessRulesProtected\n"
-            "'sids={0}' -f ((@($acl.Access | ForEach-Object { "
-            "$_.IdentityReference.Translate([Security.Principal.SecurityIdentifier]).Value }) | Sort-Object -Unique) -join ',')"
+            "'sids={0}' -f ((@($acl.GetAccessRules($true, $true, [Security.Principal.SecurityIdentifier]) | "
+            "ForEach-Object { $_.IdentityReference.Value }) | Sort-Object -Unique) -join ',')"
         )
 
     def process(self, output) -> dict | None:
@@ -121,9 +154,12 @@ class WindowsPrivateFile(FactBase):
             return None
         values = dict(line.split("=", 1) for line in lines if "=" in line)
         sids = {s for s in values.get("sids", "").split(",") if s}
+        owner = values.get("owner", "")
         return {
             "sha256": values.get("sha256", "").lower(),
-            "private": values.get("protected", "").lower() == "true" and sids == set(ALLOWED_SIDS),
+            "owner": owner,
+            "private": owner in ALLOWED_SIDS and values.get("protected", "").lower() == "true"
+            and sids == set(ALLOWED_SIDS),
         }
 
 

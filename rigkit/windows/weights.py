@@ -10,7 +10,7 @@ the copier this puts under C:\\ProgramData\\rigkit\\weights.
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, logger
 
 from rigkit.config.schema import RigConfig
 from rigkit.render import template_text
@@ -35,4 +35,7 @@ def weights_onto_volumes(rig: RigConfig, verify: bool = False) -> dict:
                                         source=model.spec.weights.source, image=helper_image(model),
                                         copier=str(COPIER))
               for model in on_volumes}
+    for name, state in states.items():
+        if state.get("why"):  # Docker did not answer in time, or not with the copier's JSON
+            logger.warning(f"{host.print_prefix}weights check of {name}: {state['why']}; the copy checks again itself")
     return copy_operations(on_volumes, states, verify)
