@@ -105,10 +105,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = parse_options(args)
         host = _host(args.inventory, args.rig)
-        try:
-            rig = rig_config(host)
-        except RigConfigError as exc:
-            raise TuneInputError(str(exc)) from None
+        rig = rig_config(host)
         if rig.spec.os != "linux":
             raise TuneInputError(f"rig {args.rig} ({rig.file}) is a {rig.spec.os} rig; `rigkit tune` drives Linux rigs")
         model = next((m for m in rig.models if m.name == args.model), None)
@@ -117,10 +114,7 @@ def main(args: argparse.Namespace) -> int:
                                  f"{', '.join(m.name for m in rig.models) or 'no models'}")
         target = ssh_target(host)
         results_dir = run_options(host).results_dir
-    except RigConfigError as exc:
-        print(f"rigkit tune: {exc}", file=sys.stderr)
-        return 2
-    except TuneInputError as exc:
+    except (TuneInputError, RigConfigError) as exc:  # a bad option, rig file or inventory value: one line
         print(f"rigkit tune: {exc}", file=sys.stderr)
         return 2
     from rigkit.tune.session import run_session
