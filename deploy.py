@@ -21,23 +21,28 @@ Windows rigs (`@winssh/HOST`): the same GPU checks, the same weights copy onto v
 and run now (roles/windows.py).
 """
 
-from pyinfra import host, inventory
-
-from rigkit.config.inventory import gateway_plan, rig_config, run_options, validate_inventory
 from rigkit.pyinfra_fastpaths import use_fast_paths
-from rigkit.ssh import tcp_nodelay
-from roles.base import base
-from roles.gateway import gateway
-from roles.gateway_verify import gateway_verify
-from roles.gpu_policy import gpu_policy
-from roles.gpu_report import gpu_report
-from roles.preflight import preflight
-from roles.serving import serving
-from roles.verify import verify
-from roles.weights import weights
-from roles.windows import windows
 
-use_fast_paths()  # pyinfra's planning without its per-operation stack reads (rigkit/pyinfra_fastpaths.py)
+# pyinfra's planning without its per-operation stack reads (rigkit/pyinfra_fastpaths.py); before
+# the roles' imports, whose fact classes ask for the same type hints as each operation.
+use_fast_paths()
+
+from pyinfra import host, inventory  # noqa: E402
+
+from rigkit.config.inventory import gateway_plan, rig_config, run_options, validate_inventory  # noqa: E402
+from rigkit.facts_once import read_ahead  # noqa: E402
+from rigkit.ssh import tcp_nodelay  # noqa: E402
+from roles.base import base  # noqa: E402
+from roles.gateway import gateway  # noqa: E402
+from roles.gateway_verify import gateway_verify  # noqa: E402
+from roles.gpu_policy import gpu_policy, gpu_policy_reads  # noqa: E402
+from roles.gpu_report import gpu_report, gpu_report_reads  # noqa: E402
+from roles.preflight import preflight, preflight_reads  # noqa: E402
+from roles.serving import serving, serving_reads  # noqa: E402
+from roles.verify import verify, verify_reads  # noqa: E402
+from roles.weights import weights  # noqa: E402
+from roles.windows import windows  # noqa: E402
+
 rigs = validate_inventory(inventory)
 fleet_gateway = gateway_plan(inventory, rigs)  # checked on every rig: a bad gateway entry stops them all
 tcp_nodelay(host)  # ~45 ms less per round trip (rigkit/ssh.py)
@@ -45,6 +50,12 @@ rig = rig_config(host)
 options = run_options(host)
 
 if rig.spec.os == "linux":
+    # Every question the roles below ask while planning, known from the rig file alone, asked
+    # now and at once; each role gets its answers from memory (rigkit/facts_once.py). They only
+    # read: nothing changes before the preflight has passed. (tests/test_serving.py checks that
+    # a converged deploy asks nothing else.)
+    read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *serving_reads(rig),
+                *([] if options.verify_never else verify_reads(rig))])
     driver = preflight(rig)
     base_changes = base(rig, driver)
     gpus = gpu_report(rig)

@@ -1,7 +1,7 @@
 """The `rigkit` command.
 
     rigkit check RIG_FILE [RIG_FILE ...] [--catalog DIR]   validate rig files offline
-    rigkit deploy INVENTORY [--limit RIG] [--verify-weights] [--no-verify]   pyinfra -y INVENTORY deploy.py
+    rigkit deploy INVENTORY [--limit RIG] [--verify-weights] [--no-verify] [--dry]   pyinfra -y INVENTORY deploy.py
     rigkit status INVENTORY [--limit RIG] [--json FILE]   read every rig's state (changes nothing), report drift
     rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
     rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
@@ -20,15 +20,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rigkit.config.errors import ConfigError
-from rigkit.config.inventory import DEFAULT_CATALOG_DIR
-from rigkit.config.loader import load_rig
+from rigkit.config.defaults import DEFAULT_CATALOG_DIR
+
+# pyinfra's command line, with rigkit's shorter start (rigkit/pyinfra_start.py). The rig file
+# schema and everything else heavy is imported by the command that needs it, not here.
+PYINFRA = [sys.executable, "-m", "rigkit.pyinfra_start"]
 
 
 def check(args: argparse.Namespace) -> int:
     """Everything that can be known without reaching the rig: the files, the PSU budget at the
     reference boards' defaults, the API key file, and the preflight's offline part (each GPU
     model's architecture in each image; the driver minimum against base.driver_version)."""
+    from rigkit.config.errors import ConfigError
+    from rigkit.config.loader import load_rig
     from rigkit.gpu.policy import reference_budget_problems
     from rigkit.preflight.checks import offline_findings
     from rigkit.serving.api_key import SecretFileError, read_api_key
@@ -65,6 +69,7 @@ def _check_windows(rig) -> None:
     """A Windows rig's bootstrap must fit its task's time limit: raise or print why not."""
     if rig.spec.os != "windows":
         return
+    from rigkit.config.errors import ConfigError
     from rigkit.windows.timing import timing_findings
 
     errors, warnings = timing_findings(rig)
@@ -148,7 +153,7 @@ def rollout(args: argparse.Namespace) -> int:
                       f"{name}); rigs not started: {', '.join(names[position - 1:])}", file=sys.stderr)
                 return 1
             drained = code == 0
-        command = [sys.executable, "-m", "pyinfra", "-y", "--limit", name, args.inventory, args.deploy]
+        command = [*PYINFRA, "-y", "--limit", name, args.inventory, args.deploy]
         if subprocess.run(command).returncode != 0:
             untouched = ", ".join(names[position:]) or "none"
             out = f"; {name} stays out of the gateway" if drained else ""
@@ -174,7 +179,7 @@ def _gateway(inventory: str, plan, *action: str) -> int:
     helper = " ".join(shlex.quote(part) for part in (HELPER_PATH, *action))
     command = (f"if [ -x {HELPER_PATH} ]; then {helper}; else echo 'rigkit-gateway: not installed yet; "
                f"nothing to drain'; exit {NOT_INSTALLED}; fi")
-    run = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "--limit", plan.host, inventory, "exec", "--",
+    run = subprocess.run([*PYINFRA, "-y", "--limit", plan.host, inventory, "exec", "--",
                           command], capture_output=True, text=True)
     said = [line.split("rigkit-gateway:", 1)[1].strip() for line in (run.stdout + run.stderr).splitlines()
             if "rigkit-gateway:" in line]
@@ -243,21 +248,41 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def deploy(args: argparse.Namespace) -> int:
-    command = [sys.executable, "-m", "pyinfra", "-y"]
+    command = ["-y"]
     if args.verify_weights:
         command += ["--data", "rigkit_weights_verify=1"]
     if args.no_verify:
         command += ["--data", "rigkit_verify=never"]
     if args.limit:
         command += ["--limit", args.limit]
-    return subprocess.run(command + [args.inventory, "deploy.py"]).returncode
+    if args.dry:
+        command += ["--dry"]
+    return _pyinfra_here(command + [args.inventory, "deploy.py"], "deploy")
 
 
 def verify(args: argparse.Namespace) -> int:
-    command = [sys.executable, "-m", "pyinfra", "-y", "--data", "rigkit_verify=always"]
+    command = ["-y", "--data", "rigkit_verify=always"]
     if args.limit:
         command += ["--limit", args.limit]
-    return subprocess.run(command + [args.inventory, "verify.py"]).returncode
+    return _pyinfra_here(command + [args.inventory, "verify.py"], "verify")
+
+
+def _pyinfra_here(argv: list[str], command: str) -> int:
+    """pyinfra's command line in this process (a second Python start is ~0.1 s of a ~1.5 s
+    converged deploy); it ends this command, so it is the last thing `rigkit` does."""
+    from rigkit.pyinfra_start import main as pyinfra_main
+
+    inventory = argv[-2]
+    if inventory.endswith(".py") and not Path(inventory).is_file():
+        # pyinfra would take the name for a host, find none, and report success on zero rigs.
+        print(f"rigkit {command}: {inventory}: no such inventory file", file=sys.stderr)
+        return 2
+
+    try:
+        pyinfra_main(argv)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0
 
 
 def status(args: argparse.Namespace) -> int:
@@ -277,7 +302,7 @@ def status(args: argparse.Namespace) -> int:
         return 2
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as folder:
-        command = [sys.executable, "-m", "pyinfra", "-y", "--data", f"rigkit_status_dir={folder}",
+        command = [*PYINFRA, "-y", "--data", f"rigkit_status_dir={folder}",
                    "--data", f"rigkit_status_inventory={args.inventory}"]
         if args.limit:
             command += ["--limit", args.limit]
@@ -311,6 +336,8 @@ def _why(output: str, name: str) -> str:
 
 
 def windows_bundle(args: argparse.Namespace) -> int:
+    from rigkit.config.errors import ConfigError
+    from rigkit.config.loader import load_rig
     from rigkit.windows.bundle import write_bundle
 
     try:
@@ -357,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     deploy_parser.add_argument("--limit", help="only this rig (inventory name or glob)")
     deploy_parser.add_argument("--no-verify", action="store_true",
                                help="skip the benchmark and GPU checks after a deploy that changed the rig")
+    deploy_parser.add_argument("--dry", action="store_true",
+                               help="only read: show what would change, change nothing on any rig")
     deploy_parser.set_defaults(func=deploy)
     rollout_parser = commands.add_parser("rollout", help="deploy one rig at a time, stop at the first failure")
     rollout_parser.add_argument("inventory")

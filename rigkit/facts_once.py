@@ -1,4 +1,4 @@
-"""Read a fact once per host and deploy run.
+"""Read a fact once per host and deploy run, and read ahead: all of a rig's questions at once.
 
 pyinfra 3 keeps no fact cache: every `host.get_fact` is a command and a round trip. While a
 deploy file is loaded (pyinfra's planning phase, before anything changes on the rig), several
@@ -7,23 +7,70 @@ the role's whole batch, and preflight and the weights role both ask for each vol
 so the demo rig's converged deploy sent 15 FileStates commands for 4 distinct batches. Within
 planning the answers cannot differ, so `read_once` answers repeats from memory.
 
-Use it only where a fact is read while planning; a callback that runs during execution, after
+The roles' questions also do not depend on each other's answers: each role knows from the rig
+file alone what it will ask (its `<role>_reads(rig)`, beside its code). `read_ahead` starts
+them all at once, each on its own channel of the rig's one SSH connection, so a rig answers in
+the time of its slowest question rather than the sum of all of them (the demo rig: ten
+commands, 0.43 s one after another, 0.26 s at once). `read_once` then waits for the answer it
+needs; a question that failed raises there, where the role asks it, as it would have without
+reading ahead.
+
+Use both only where a fact is read while planning; a callback that runs during execution, after
 operations may have changed the rig, must call `host.get_fact` itself.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
+import gevent
 from pyinfra import host
 from pyinfra.api import FactBase
+from pyinfra.context import ctx_host, ctx_state
 
-# {(id of the run's State, host name, fact class, sorted kwargs): answer}
+Read = tuple[type[FactBase], dict[str, Any]]  # a question: the fact and its arguments
+
+# {(id of the run's State, host name, fact class, sorted kwargs): answer, or the greenlet asking}
 _answers: dict[tuple, Any] = {}
 
 
+class _Failed:
+    """A read-ahead that raised: kept to raise where the question is asked (a greenlet that
+    raised would also print its traceback to the user)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _key(fact: type[FactBase], kwargs: dict[str, Any]) -> tuple:
+    return (id(host.state), host.name, fact, tuple(sorted(kwargs.items())))
+
+
 def read_once(fact: type[FactBase], **kwargs: Any) -> Any:
-    key = (id(host.state), host.name, fact, tuple(sorted(kwargs.items())))
+    key = _key(fact, kwargs)
     if key not in _answers:
         _answers[key] = host.get_fact(fact, **kwargs)
-    return _answers[key]
+    answer = _answers[key]
+    if isinstance(answer, gevent.Greenlet):
+        answer = _answers[key] = answer.get()
+    if isinstance(answer, _Failed):
+        del _answers[key]  # asked again, it is read again
+        raise answer.error
+    return answer
+
+
+def read_ahead(reads: Iterable[Read]) -> None:
+    """Start reading each fact now, concurrently; `read_once` with the same arguments waits for it."""
+    this_host = host._get_module()  # the greenlets below start without pyinfra's context
+
+    def ask(fact: type[FactBase], kwargs: dict[str, Any]) -> Any:
+        try:
+            with ctx_state.use(this_host.state), ctx_host.use(this_host):
+                return this_host.get_fact(fact, **kwargs)
+        except Exception as error:  # noqa: BLE001 -- raised again by read_once, where it is asked
+            return _Failed(error)
+
+    for fact, kwargs in reads:
+        key = _key(fact, kwargs)
+        if key not in _answers:
+            _answers[key] = gevent.spawn(ask, fact, kwargs)

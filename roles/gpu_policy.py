@@ -22,11 +22,13 @@ from pyinfra.operations import files, server, systemd
 
 from rigkit.config.schema import RigConfig
 from rigkit import units
-from rigkit.files import put
+from rigkit.facts_once import Read
+from rigkit.files import FileStates, put
 from rigkit.gpu.gate import check_policy
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.gpu.policy import power_drift
 from rigkit.render import render, template_text
+from rigkit.units import UnitStates
 
 # Defaults: where things go on the rig, and how long the unit waits for GPUs at boot.
 UNIT = "rigkit-gpu-policy.service"
@@ -36,6 +38,14 @@ POLICY_PATH = "/etc/rigkit/gpu-policy.conf"
 OFFSETS_TOOL_PATH = "/usr/local/sbin/rigkit-gpu-offsets"  # NVML clock offsets (clock_offsets_mhz)
 NVML_COPY_PATH = "/usr/local/lib/rigkit/gpu-policy/pynvml.py"  # for rigs without nvidia-ml-py
 WAIT_FOR_GPUS_S = 120
+FILES = (SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, POLICY_PATH, UNIT_PATH)  # read in one command
+
+
+def gpu_policy_reads(rig: RigConfig) -> list[Read]:
+    """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
+    if rig.spec.gpu_policy == "remove":
+        return []
+    return [(FileStates, {"paths": FILES}), (UnitStates, {"units": (UNIT,)})]
 
 
 @deploy("GPU policy")
@@ -46,7 +56,7 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
         return _remove()
     check_policy(rig, report)
 
-    paths = (SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, POLICY_PATH, UNIT_PATH)  # read in one command
+    paths = FILES
     script = put(
         name="Install the GPU policy script",
         data=template_text("gpu_policy/rigkit-gpu-policy.sh"), dest=SCRIPT_PATH, mode="755", batch=paths,

@@ -7,10 +7,10 @@ Defaults: none; it reads only the validated RigConfig.
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
 
 from rigkit.config.schema import RigConfig
+from rigkit.facts_once import Read, read_once
 from rigkit.gpu.facts import NvidiaGpus
 from rigkit.gpu.gate import accept_gpus
 from rigkit.gpu.nvsmi import GpuReport
@@ -18,4 +18,9 @@ from rigkit.gpu.nvsmi import GpuReport
 
 @deploy("Report GPUs")
 def gpu_report(rig: RigConfig) -> GpuReport:
-    return accept_gpus(rig, host.get_fact(NvidiaGpus))
+    return accept_gpus(rig, read_once(NvidiaGpus))
+
+
+def gpu_report_reads(rig: RigConfig) -> list[Read]:
+    """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
+    return [(NvidiaGpus, {})]

@@ -26,7 +26,8 @@ from pyinfra.operations import files, server, systemd
 
 from rigkit.config.schema import RigConfig
 from rigkit import units
-from rigkit.files import put
+from rigkit.facts_once import Read, read_once
+from rigkit.files import FileStates, put
 from rigkit.private_file import private_file
 from rigkit.render import template_text
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
@@ -37,6 +38,7 @@ from rigkit.serving.compose import (
     stack_settings,
 )
 from rigkit.serving.facts import RigkitStacks
+from rigkit.units import UnitStates
 from rigkit.serving.watchdog import (
     CONFIG_PATH,
     SERVICE,
@@ -51,6 +53,24 @@ from rigkit.serving.watchdog import (
 
 # Defaults: where the helper lives on the rig.
 HELPER_PATH = "/usr/local/sbin/rigkit-stack"
+WATCHDOG_FILES = (WATCHDOG_PATH, CONFIG_PATH, f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}")  # read in one command
+
+
+def _stack_files(rig: RigConfig) -> dict[str, tuple[str, str]]:
+    """{model: (its wanted compose file, its readiness settings)} on the rig."""
+    return {m.name: (f"{STACKS_DIR}/{m.name}/compose.next.yml", f"{STACKS_DIR}/{m.name}/stack.next.json")
+            for m in rig.models}
+
+
+def _role_files(rig: RigConfig) -> tuple[str, ...]:
+    return (HELPER_PATH, *(p for pair in _stack_files(rig).values() for p in pair))  # read in one command
+
+
+def serving_reads(rig: RigConfig) -> list[Read]:
+    """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
+    key_file = [(FileStates, {"paths": (SECRETS_ENV_FILE,)})] if rig.spec.api_key_file else []  # private_file's
+    return [(RigkitStacks, {"stacks_dir": STACKS_DIR}), (FileStates, {"paths": _role_files(rig)}), *key_file,
+            (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (TIMER,)})]
 
 
 @deploy("Serving")
@@ -65,12 +85,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
     except SecretFileError as exc:
         raise DeployError(str(exc)) from None
     with_key = api_key is not None
-    stacks = host.get_fact(RigkitStacks, stacks_dir=STACKS_DIR) or {}
+    stacks = read_once(RigkitStacks, stacks_dir=STACKS_DIR) or {}
     changes = []
 
-    wanted_files = {m.name: (f"{STACKS_DIR}/{m.name}/compose.next.yml", f"{STACKS_DIR}/{m.name}/stack.next.json")
-                    for m in rig.models}
-    paths = (HELPER_PATH, *(p for pair in wanted_files.values() for p in pair))  # read in one command
+    wanted_files = _stack_files(rig)
+    paths = _role_files(rig)
     put(name="Install the stack helper", data=template_text("serving/rigkit-stack"), dest=HELPER_PATH, mode="755",
         batch=paths)
     key = None
@@ -115,7 +134,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
 
 def _watchdog(rig: RigConfig, with_key: bool) -> None:
     """The watchdog's script, settings and timer; the timer is stopped when no model is watched."""
-    paths = (WATCHDOG_PATH, CONFIG_PATH, f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}")  # read in one command
+    paths = WATCHDOG_FILES
     put(name="Install the watchdog", data=template_text("serving/rigkit-watchdog"), dest=WATCHDOG_PATH, mode="755",
         batch=paths)
     put(name="Watchdog settings", data=watchdog_config(rig, with_key), dest=CONFIG_PATH, mode="644", batch=paths)

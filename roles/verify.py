@@ -29,7 +29,8 @@ from pyinfra.operations import python
 
 import rigkit.verify.telemetry
 from rigkit.config.schema import ModelConfig, RigConfig
-from rigkit.files import put
+from rigkit.facts_once import Read
+from rigkit.files import FileStates, put
 from rigkit.serving.api_key import read_api_key
 from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
@@ -51,7 +52,13 @@ SAMPLER_START_S = 20
 SAMPLER_MAX_S = 900  # a sampler left behind stops itself
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
 RUN_DIR = "/run/rigkit"  # the sampler's output, root-only
+TELEMETRY_FILES = (SAMPLER, SHIPPED_NVML)  # read in one command
 SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}
+
+
+def verify_reads(rig: RigConfig) -> list[Read]:
+    """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
+    return [(FileStates, {"paths": TELEMETRY_FILES})] if rig.models and rig.spec.os == "linux" else []
 
 
 @deploy("Verify")
@@ -61,7 +68,7 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) ->
         return
     installed = []
     if rig.spec.os == "linux":  # on Windows the sampler's container gets them through the Engine API
-        paths = (SAMPLER, SHIPPED_NVML)  # read in one command
+        paths = TELEMETRY_FILES
         installed = [
             put(name="Install the telemetry sampler", data=Path(rigkit.verify.telemetry.__file__).read_bytes(),
                 dest=SAMPLER, mode="755", batch=paths),

@@ -112,7 +112,8 @@ def copy_catalog(tmp_path: Path, **changes: list[tuple[str, str]]) -> Path:
 
 def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG,
                entry: str = "deploy.py", inventory: str = "inventory/sim.py", verify: bool = True) -> DeployRun:
-    """The real pyinfra CLI against `rig`. `verify=False` skips the verification a changing deploy ends
+    """The real pyinfra CLI against `rig`, started the way `rigkit deploy` starts it
+    (rigkit/pyinfra_start.py; tests/test_deploy_safety.py runs plain `pyinfra`). `verify=False` skips the verification a changing deploy ends
     with (`rigkit deploy --no-verify`), for tests about other roles: it saves a benchmark per deploy."""
     extra = extra if verify else ("--data", "rigkit_verify=never", *extra)
     env = dict(
@@ -120,7 +121,7 @@ def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, cata
         RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS),
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "-y", *extra, inventory, entry],
+        [sys.executable, "-m", "rigkit.pyinfra_start", "-y", *extra, inventory, entry],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     return DeployRun(proc.returncode, proc.stdout + proc.stderr)

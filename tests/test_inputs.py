@@ -156,3 +156,10 @@ def test_docker_api_forward_is_a_socket_only_its_user_can_open():
         assert stat.S_ISSOCK(os.stat(path).st_mode)
     assert not os.path.exists(path)
 
+
+
+def test_deploy_refuses_an_inventory_file_that_is_not_there(capsys):
+    """pyinfra would take the missing file's name for a host name and report success on zero rigs."""
+    assert main(["deploy", "inventory/no-such-rigs.py"]) == 2
+    assert "rigkit deploy: inventory/no-such-rigs.py: no such inventory file" in capsys.readouterr().err
+    assert main(["verify", "inventory/no-such-rigs.py"]) == 2

@@ -14,7 +14,12 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import SERVING_RIG, copy_catalog
+from rigkit.config.loader import load_rig
+from roles.gpu_policy import gpu_policy_reads
+from roles.gpu_report import gpu_report_reads
+from roles.preflight import preflight_reads
+from roles.serving import serving_reads
+from tests.conftest import SERVING_RIG, TEST_CATALOG, copy_catalog
 from tests.conftest import run_deploy as deploy_and_verify
 
 pytestmark = pytest.mark.simrig
@@ -62,10 +67,19 @@ def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
     assert info["args"]["model"] == "/models/test-alpha"
     before = {name: started(name) for name in PORTS}
 
-    second = run_deploy(rig, SERVING_RIG)
+    second = run_deploy(rig, SERVING_RIG, "-v")  # -v: pyinfra names each fact it reads from the rig
     assert second.returncode == 0, second.output
     assert second.changed_operations() == 0, second.output
     assert {name: started(name) for name in PORTS} == before
+    # Every question was read ahead, all at once, and none twice: what deploy.py asks up front
+    # (the same reads, verification off) is all the roles asked; a role asking anything else
+    # would cost a round trip of its own.
+    loaded = [line.split("Loaded fact ", 1)[1].split()[0] for line in second.output.splitlines()
+              if "Loaded fact " in line]
+    serving_rig = load_rig(SERVING_RIG, TEST_CATALOG)
+    wanted = [read for reads in (preflight_reads, gpu_report_reads, gpu_policy_reads, serving_reads)
+              for read in reads(serving_rig)]
+    assert sorted(loaded) == sorted(f"{fact.__module__}.{fact.__name__}" for fact, _ in wanted), second.output
 
 
 def test_changing_one_model_restarts_only_that_stack(rig, tmp_path):

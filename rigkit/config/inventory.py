@@ -22,8 +22,7 @@ from rigkit.config.loader import load_rig
 from rigkit.config.schema import GatewaySpec, RigConfig
 
 # Defaults for every rig (group_data/all.py shows them; a host's own data overrides them).
-DEFAULT_CATALOG_DIR = "inventory/models"  # one YAML file per served model
-DEFAULT_RESULTS_DIR = "results"  # verification results on the control machine
+from rigkit.config.defaults import DEFAULT_CATALOG_DIR, DEFAULT_RESULTS_DIR  # noqa: E402,F401 (re-exported)
 # The gateway (docs/gateway.md): the one host with `gateway` data runs it; its fields and their defaults
 # are GatewaySpec's (rigkit/config/schema.py). `gateway_address` (any host, default: none) is where the
 # gateway reaches that rig's models when not at the rig's own address.

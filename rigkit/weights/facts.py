@@ -18,7 +18,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigkit.config.schema import RigConfig
-from rigkit.facts_once import read_once
+from rigkit.facts_once import Read, read_once
 from rigkit.render import template_text
 from rigkit.serving.compose import volume_name
 from rigkit.weights.layout import source_layout
@@ -69,13 +69,21 @@ def _parse(lines: list[str]) -> dict:
         return {"status": "error", "error": "unreadable answer from the rig: " + " ".join(lines)[-300:]}
 
 
+def volume_states_reads(rig: RigConfig) -> list[Read]:
+    """The one question volume_states asks (none when no model keeps its weights on a volume)."""
+    on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
+    if not on_volumes:
+        return []
+    return [(WeightsVolumeStates, {"pairs": tuple((volume_name(m), m.spec.weights.source) for m in on_volumes)})]
+
+
 def volume_states(rig: RigConfig) -> dict[str, dict]:
     """{model name: its weights volume's state} for the rig's models kept on volumes; read once
     per deploy run (preflight, the weights role and status ask the same question)."""
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     if not on_volumes:
         return {}  # nothing to ask: no command at all
-    states = read_once(WeightsVolumeStates,
-                       pairs=tuple((volume_name(m), m.spec.weights.source) for m in on_volumes))
+    [(fact, kwargs)] = volume_states_reads(rig)
+    states = read_once(fact, **kwargs)
     missing = {"status": "error", "error": "the rig gave no answer for this volume"}
     return {m.name: states.get(volume_name(m), missing) for m in on_volumes}

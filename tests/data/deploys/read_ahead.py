@@ -1,0 +1,41 @@
+"""A pyinfra deploy file for tests/test_facts_once.py: read_ahead and read_once on @local.
+
+Two facts meet only when they are asked at the same time: each touches its own file, then
+waits (at most 10 s) for the other's. A third fails (its answer cannot be read); it must raise where it is asked.
+"""
+
+import os
+import shlex
+
+from pyinfra import logger
+from pyinfra.api import FactBase
+
+from rigkit.facts_once import read_ahead, read_once
+
+MEET_DIR = shlex.quote(os.environ["RIGKIT_TEST_MEET_DIR"])
+
+
+class Meets(FactBase):
+    def command(self, me: str, other: str) -> str:
+        return (f"touch {MEET_DIR}/{me}; for i in $(seq 200); do [ -f {MEET_DIR}/{other} ] && break; sleep 0.05; "
+                f"done; [ -f {MEET_DIR}/{other} ] && echo met || echo alone")
+
+    def process(self, output) -> str:
+        return list(output)[0]
+
+
+class Fails(FactBase):
+    def command(self) -> str:
+        return "echo not-a-number"
+
+    def process(self, output) -> int:
+        return int(list(output)[0])  # raises ValueError
+
+
+read_ahead([(Meets, {"me": "a", "other": "b"}), (Meets, {"me": "b", "other": "a"}), (Fails, {})])
+logger.info(f"rigkit-test: a {read_once(Meets, me='a', other='b')}, b {read_once(Meets, me='b', other='a')}")
+try:
+    read_once(Fails)
+    logger.info("rigkit-test: Fails did not raise")
+except Exception as error:  # noqa: BLE001
+    logger.info(f"rigkit-test: Fails raised where asked: {type(error).__name__}")

@@ -1,0 +1,74 @@
+"""rigkit/pyinfra_start.py: pyinfra's command line with a shorter start, otherwise the same.
+
+Nothing is simulated: each check runs a fresh Python process, as `rigkit deploy` does, with the
+installed pyinfra, gevent and paramiko.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+COUNT_SCANS = """
+import importlib.metadata as metadata, sys
+calls = []
+original = metadata.entry_points
+def counting(**params):
+    calls.append(tuple(sorted(params.items())))
+    return original(**params)
+metadata.entry_points = counting
+if sys.argv[1] == "rigkit":
+    from rigkit.pyinfra_start import import_on_first_use, read_entry_points_once
+    read_entry_points_once()
+    import_on_first_use("invoke")
+import pyinfra_cli.main  # gevent's patch_all(), as pyinfra's CLI runs it
+from pyinfra.api.connectors import get_all_connectors
+connectors = sorted(get_all_connectors())
+print(len(calls), len(set(calls)), "winssh" in connectors, type(sys.modules["invoke"]).__name__)
+"""
+
+
+def _python(code: str, *args: str) -> str:
+    run = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout.split()
+
+
+def test_each_entry_point_group_is_scanned_once_and_invoke_waits():
+    scans, groups, has_winssh, invoke = _python(COUNT_SCANS, "plain")
+    assert int(scans) > int(groups)  # pyinfra's own start scans some groups again and again
+    assert has_winssh == "True" and invoke == "module"
+    scans, groups, has_winssh, invoke = _python(COUNT_SCANS, "rigkit")
+    assert scans == groups  # each group read once
+    assert has_winssh == "True"  # rigkit's connector is still found through its entry point
+    assert invoke == "_LoadedOnFirstUse"
+
+
+def test_ssh_config_match_exec_still_runs_its_command():
+    """paramiko needs invoke for one thing: `Match exec` in an OpenSSH config file."""
+    code = """
+import sys
+from rigkit.pyinfra_start import import_on_first_use
+import_on_first_use("invoke")
+import paramiko
+config = paramiko.SSHConfig.from_text('Match exec "test 1 = 1"\\n  User yes-matched\\nMatch exec "false"\\n  Port 2299\\n')
+found = config.lookup("rig")
+print(found.get("user"), found.get("port", "none"), hasattr(sys.modules["invoke"], "run"))
+"""
+    assert _python(code) == ["yes-matched", "none", "True"]
+
+
+def test_same_answers_and_exit_codes_as_pyinfra():
+    def run(module: str, *args: str) -> tuple[int, str]:
+        done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        return done.returncode, done.stdout + done.stderr
+
+    assert run("rigkit.pyinfra_start", "--version") == run("pyinfra", "--version")
+    ours, theirs = run("rigkit.pyinfra_start", "--no-such-option"), run("pyinfra", "--no-such-option")
+    assert ours[0] == theirs[0] == 2
+    # The same error; click's usage line names the module it was started as.
+    assert ours[1].splitlines()[-1] == theirs[1].splitlines()[-1] == "Error: No such option '--no-such-option'."
