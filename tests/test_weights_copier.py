@@ -171,3 +171,11 @@ def test_the_volume_fact_finds_each_volume_by_its_exact_name(tmp_path):
     states = WeightsVolumeStates().process(out.stdout.splitlines())
     assert states["1e2"]["complete"] is False and states["100"]["complete"] is True  # each read its own volume
     assert states["absent"] == {"status": "missing"}
+
+
+def test_check_each_refuses_an_incomplete_argument_list():
+    """check-each takes NAME SRC DST ROOT per volume; anything else is a usage error, not a guess."""
+    proc = subprocess.run([sys.executable, str(COPIER), "check-each", "vol", "/src", "/dst"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["error"].startswith("usage: check-each NAME SRC DST ROOT")

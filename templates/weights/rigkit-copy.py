@@ -2,6 +2,7 @@
 only) on the rig itself as the deploy's read-only fact.
 
     python3 -c "<this file>" check|copy|verify [SRC DST [ROOT]]
+    python3 -c "<this file>" check-each NAME SRC DST ROOT [NAME SRC DST ROOT ...]
 
 SRC is the model folder (default /src; mounted read-only: the source is never written);
 DST the Docker volume (default /dst); ROOT the folder symlinks may point into (default
@@ -328,6 +329,8 @@ def verify():
 
 def main(argv):
     global SRC, DST, ROOT
+    if len(argv) >= 2 and argv[1] == "check-each":
+        return check_each(argv)
     actions = {"check": check, "copy": copy, "verify": verify}
     if len(argv) < 2 or argv[1] not in actions or len(argv) > 5:
         report(status="error", error=f"usage: check|copy|verify [SRC DST [ROOT]], not {argv[1:]!r}")
@@ -345,6 +348,20 @@ def main(argv):
             return 3
         report(status="error", error=f"{exc.strerror}: {exc.filename}")
         return 2
+
+
+def check_each(argv):
+    """check for several volumes in one python3 start (the deploy's fact asks for all of a rig's
+    volumes at once): "volume NAME" before each one's report."""
+    rest = argv[2:]
+    if not rest or len(rest) % 4:
+        report(status="error", error=f"usage: check-each NAME SRC DST ROOT [NAME SRC DST ROOT ...], not {rest!r}")
+        return 2
+    for i in range(0, len(rest), 4):
+        name, src, dst, root = rest[i:i + 4]
+        print(f"volume {name}", flush=True)
+        main([argv[0], "check", src, dst, root])
+    return 0
 
 
 if __name__ == "__main__":
