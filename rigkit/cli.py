@@ -248,15 +248,15 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def deploy(args: argparse.Namespace) -> int:
-    command = ["-y"]
+    # `-y` skips pyinfra's confirmation prompt, and with it the change detection that `--dry`
+    # is for; a dry run exits before the prompt.
+    command = ["--dry"] if args.dry else ["-y"]
     if args.verify_weights:
         command += ["--data", "rigkit_weights_verify=1"]
     if args.no_verify:
         command += ["--data", "rigkit_verify=never"]
     if args.limit:
         command += ["--limit", args.limit]
-    if args.dry:
-        command += ["--dry"]
     return _pyinfra_here(command + [args.inventory, "deploy.py"], "deploy")
 
 
@@ -268,8 +268,8 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def _pyinfra_here(argv: list[str], command: str) -> int:
-    """pyinfra's command line in this process (a second Python start is ~0.1 s of a ~1.5 s
-    converged deploy); it ends this command, so it is the last thing `rigkit` does."""
+    """pyinfra's command line, in this process when it can be (a second Python start is ~0.1 s
+    of a ~1.5 s converged deploy); it ends this command, so it is the last thing `rigkit` does."""
     from rigkit.pyinfra_start import main as pyinfra_main
 
     inventory = argv[-2]
@@ -277,7 +277,11 @@ def _pyinfra_here(argv: list[str], command: str) -> int:
         # pyinfra would take the name for a host, find none, and report success on zero rigs.
         print(f"rigkit {command}: {inventory}: no such inventory file", file=sys.stderr)
         return 2
-
+    here = Path("rigkit")
+    if here.is_dir() and here.resolve() != Path(__file__).resolve().parent:
+        # This folder has its own rigkit (another checkout): deploy.py and roles/ come from here,
+        # so rigkit must too. `python -m` puts this folder first on the import path.
+        return subprocess.run([*PYINFRA, *argv]).returncode
     try:
         pyinfra_main(argv)
     except SystemExit as done:

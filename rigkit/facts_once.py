@@ -9,11 +9,11 @@ planning the answers cannot differ, so `read_once` answers repeats from memory.
 
 The roles' questions also do not depend on each other's answers: each role knows from the rig
 file alone what it will ask (its `<role>_reads(rig)`, beside its code). `read_ahead` starts
-them all at once, each on its own channel of the rig's one SSH connection, so a rig answers in
-the time of its slowest question rather than the sum of all of them (the demo rig: ten
-commands, 0.43 s one after another, 0.26 s at once). `read_once` then waits for the answer it
-needs; a question that failed raises there, where the role asks it, as it would have without
-reading ahead.
+them all at once, at most READ_AHEAD_CHANNELS at a time, each on its own channel of the rig's
+one SSH connection, so a rig answers in about the time of its slowest questions rather than
+the sum of all of them (the demo rig: ten commands, 0.43 s one after another). `read_once`
+then waits for the answer it needs; a question that failed raises there, where the role asks
+it, as it would have without reading ahead.
 
 Use both only where a fact is read while planning; a callback that runs during execution, after
 operations may have changed the rig, must call `host.get_fact` itself.
@@ -24,11 +24,18 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import gevent
+from gevent.lock import Semaphore
 from pyinfra import host
 from pyinfra.api import FactBase
 from pyinfra.context import ctx_host, ctx_state
 
 Read = tuple[type[FactBase], dict[str, Any]]  # a question: the fact and its arguments
+
+# sshd refuses a connection's sessions past its MaxSessions: 10 by default, 4 in some hardened
+# configs. Three read-ahead commands at once, plus the one pyinfra itself may be running, stay
+# within 4. (A refused session is an SSH error that fails the rig.)
+READ_AHEAD_CHANNELS = 3
+_channels: dict[tuple, Semaphore] = {}  # per (run, host)
 
 # {(id of the run's State, host name, fact class, sorted kwargs): answer, or the greenlet asking}
 _answers: dict[tuple, Any] = {}
@@ -62,10 +69,11 @@ def read_once(fact: type[FactBase], **kwargs: Any) -> Any:
 def read_ahead(reads: Iterable[Read]) -> None:
     """Start reading each fact now, concurrently; `read_once` with the same arguments waits for it."""
     this_host = host._get_module()  # the greenlets below start without pyinfra's context
+    channels = _channels.setdefault((id(this_host.state), this_host.name), Semaphore(READ_AHEAD_CHANNELS))
 
     def ask(fact: type[FactBase], kwargs: dict[str, Any]) -> Any:
         try:
-            with ctx_state.use(this_host.state), ctx_host.use(this_host):
+            with channels, ctx_state.use(this_host.state), ctx_host.use(this_host):
                 return this_host.get_fact(fact, **kwargs)
         except Exception as error:  # noqa: BLE001 -- raised again by read_once, where it is asked
             return _Failed(error)

@@ -13,14 +13,16 @@ cannot change while one command runs (docs/performance.md, measured there):
   `Match exec` block in an OpenSSH config file. Here `import invoke` gives a stand-in that
   loads the real module the first time anything reads from it, so `Match exec` still works.
 
-Everything else is pyinfra's own CLI, unchanged: the same arguments, output and exit codes.
-Run `pyinfra` directly and the deploy is the same, only slower to start.
+Everything else is pyinfra's own CLI, unchanged: the same arguments and output, and its exit
+codes but one: a run interrupted by Ctrl-C exits 130 (pyinfra's own handler exits 0). Run
+`pyinfra` directly and the deploy is the same, only slower to start.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import signal
 import sys
 import types
 from typing import Any
@@ -62,13 +64,49 @@ def import_on_first_use(name: str) -> None:
     sys.modules[name] = _LoadedOnFirstUse(name)
 
 
+INTERRUPTED_EXIT = 130  # as a shell reports a command ended by Ctrl-C
+
+
 def main(argv: list[str] | None = None) -> None:
     read_entry_points_once()
     import_on_first_use("invoke")
     from pyinfra_cli.main import main as pyinfra_main  # gevent's patch_all() runs here, as in `pyinfra`
 
+    # paramiko (imported above) keeps its stand-in; anything else importing invoke gets the real one.
+    if isinstance(sys.modules.get("invoke"), _LoadedOnFirstUse):
+        del sys.modules["invoke"]
     sys.argv = ["pyinfra", *(sys.argv[1:] if argv is None else argv)]
-    pyinfra_main()
+    interrupted = _noting_interrupts()
+    try:
+        pyinfra_main()
+    except SystemExit as done:
+        # pyinfra's Ctrl-C handler exits 0: `rigkit deploy && next-step` would go on after an
+        # interrupted deploy. An interrupted run exits 130.
+        if interrupted and not done.code:
+            raise SystemExit(INTERRUPTED_EXIT) from None
+        raise
+    finally:
+        signal.signal = _original_signal
+
+
+_original_signal = signal.signal
+
+
+def _noting_interrupts() -> list[bool]:
+    """Wrap the SIGINT handler pyinfra installs so that its running is noted in the list returned."""
+    noted: list[bool] = []
+
+    def install(signum, handler):
+        if signum == signal.SIGINT and callable(handler):
+            pyinfra_handler = handler
+
+            def handler(received, frame):
+                noted.append(True)
+                return pyinfra_handler(received, frame)
+        return _original_signal(signum, handler)
+
+    signal.signal = install
+    return noted
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ TEST_RIG_PORT = 2223  # the demo rig uses 2222; tests never touch it
 
 @pytest.fixture(scope="session")
 def simrig():
-    """One simulated rig for the session (tests that need it pristine call .start() again)."""
-    rig = SimRig(name="rigkit-test", ssh_port=TEST_RIG_PORT)
+    """One simulated rig for the session (tests that need it pristine call .start() again). Its sshd
+    allows 4 sessions per connection, as hardened configs do (OpenSSH's default is 10): what rigkit
+    runs at once over one connection (rigkit.facts_once.read_ahead) must stay within it."""
+    rig = SimRig(name="rigkit-test", ssh_port=TEST_RIG_PORT, max_sessions=4)
     rig.start(log=lambda m: print(m, file=sys.stderr))
     yield rig
     rig.remove()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rigkit.facts_once import READ_AHEAD_CHANNELS
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -26,3 +28,7 @@ def test_facts_read_ahead_are_asked_at_once_and_a_failure_raises_where_asked(tmp
     assert "rigkit-test: a met, b met" in output
     assert "rigkit-test: Fails raised where asked: ValueError" in output
     assert "Traceback" not in output and "Greenlet" not in output  # the greenlet itself did not fail
+    # Twelve read ahead at once run at most READ_AHEAD_CHANNELS at a time: sshd refuses sessions past
+    # its MaxSessions (4 in hardened configs).
+    most = int(output.split("rigkit-test: most at once ", 1)[1].split()[0])
+    assert 1 <= most <= READ_AHEAD_CHANNELS

@@ -163,3 +163,14 @@ def test_deploy_refuses_an_inventory_file_that_is_not_there(capsys):
     assert main(["deploy", "inventory/no-such-rigs.py"]) == 2
     assert "rigkit deploy: inventory/no-such-rigs.py: no such inventory file" in capsys.readouterr().err
     assert main(["verify", "inventory/no-such-rigs.py"]) == 2
+
+
+def test_deploy_dry_keeps_pyinfra_s_change_detection(monkeypatch):
+    """`-y` skips pyinfra's prompt and, with it, the change table a dry run is for."""
+    import rigkit.cli
+
+    asked = []
+    monkeypatch.setattr(rigkit.cli, "_pyinfra_here", lambda argv, command: asked.append(argv) or 0)
+    assert main(["deploy", "--dry", "inventory/sim.py"]) == 0
+    assert main(["deploy", "inventory/sim.py"]) == 0
+    assert asked == [["--dry", "inventory/sim.py", "deploy.py"], ["-y", "inventory/sim.py", "deploy.py"]]

@@ -72,3 +72,23 @@ def test_same_answers_and_exit_codes_as_pyinfra():
     assert ours[0] == theirs[0] == 2
     # The same error; click's usage line names the module it was started as.
     assert ours[1].splitlines()[-1] == theirs[1].splitlines()[-1] == "Error: No such option '--no-such-option'."
+
+
+def test_a_run_interrupted_by_ctrl_c_exits_130_not_0():
+    """pyinfra's own Ctrl-C handler exits 0, so `rigkit deploy && next` would go on. Real pyinfra on
+    @local (a local shell, no rig), SIGINT sent once its operation runs."""
+    import signal
+    import time
+
+    run = subprocess.Popen([sys.executable, "-m", "rigkit.pyinfra_start", "-y", "@local", "tests/data/deploys/sleep.py"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    deadline = time.monotonic() + 60
+    for line in run.stdout:  # until the operation has started (bounded: the deploy ends by itself)
+        said.append(line)
+        if "Starting operation: rigkit-test: sleep" in line or time.monotonic() > deadline:
+            break
+    run.send_signal(signal.SIGINT)
+    rest, _ = run.communicate(timeout=60)
+    assert "Starting operation: rigkit-test: sleep" in "".join(said), "".join(said) + rest
+    assert run.returncode == 130, "".join(said) + rest

@@ -179,3 +179,21 @@ def test_check_each_refuses_an_incomplete_argument_list():
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert json.loads(proc.stdout.strip().splitlines()[-1])["error"].startswith("usage: check-each NAME SRC DST ROOT")
+
+
+def test_check_each_answers_for_every_volume_when_one_fails_unexpectedly(tmp_path):
+    """A manifest that parses but lacks its fields is that volume's error; the next volume is still checked."""
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "w.bin").write_bytes(b"w")
+    odd, fine = tmp_path / "odd", tmp_path / "fine"
+    for volume in (odd, fine):
+        (volume / ".rigkit").mkdir(parents=True)
+    (odd / ".rigkit" / "complete").write_text("")
+    (odd / ".rigkit" / "manifest.json").write_text('{"files": [{"path": "w.bin"}]}')
+    proc = subprocess.run([sys.executable, str(COPIER), "check-each", "odd", str(source), str(odd), str(source),
+                           "fine", str(source), str(fine), str(source)], capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines[0] == "volume odd" and lines[2] == "volume fine", proc.stdout
+    assert json.loads(lines[1]) == {"status": "error", "error": "KeyError: 'size'"}
+    assert json.loads(lines[3])["status"] == "needed"

@@ -360,7 +360,10 @@ def check_each(argv):
     for i in range(0, len(rest), 4):
         name, src, dst, root = rest[i:i + 4]
         print(f"volume {name}", flush=True)
-        main([argv[0], "check", src, dst, root])
+        try:
+            main([argv[0], "check", src, dst, root])
+        except Exception as exc:  # one volume's surprise (a manifest missing a key) is its own answer
+            report(status="error", error=f"{type(exc).__name__}: {exc}")
     return 0
 
 

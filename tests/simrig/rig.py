@@ -68,6 +68,8 @@ class SimRig:
     # (the vLLM stand-in, a sibling container on the host's engine) can read the simulated GPUs'
     # settings and gpus.json. Emptied of settings at start and reboot, as the tmpfs would be.
     shared_gpu_dir: Path | None = None
+    # sshd's MaxSessions (sessions at once on one connection); None: OpenSSH's default, 10.
+    max_sessions: int | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -108,7 +110,7 @@ class SimRig:
         self.write_gpu_config()
         (self.state_dir / "sshd.conf").write_text(
             f"Port {self.ssh_port}\nListenAddress 127.0.0.1\nPermitRootLogin prohibit-password\n"
-            "PasswordAuthentication no\n"
+            "PasswordAuthentication no\n" + (f"MaxSessions {self.max_sessions}\n" if self.max_sessions else "")
         )
         authorized = self.state_dir / "authorized_keys"
         authorized.write_text(Path(f"{self.ssh_key}.pub").read_text())

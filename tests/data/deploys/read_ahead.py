@@ -1,7 +1,8 @@
 """A pyinfra deploy file for tests/test_facts_once.py: read_ahead and read_once on @local.
 
 Two facts meet only when they are asked at the same time: each touches its own file, then
-waits (at most 10 s) for the other's. A third fails (its answer cannot be read); it must raise where it is asked.
+waits (at most 10 s) for the other's. A third fails (its answer cannot be read); it must raise where it is asked. Twelve more
+count how many of them run at once: never more than READ_AHEAD_CHANNELS.
 """
 
 import os
@@ -32,6 +33,17 @@ class Fails(FactBase):
         return int(list(output)[0])  # raises ValueError
 
 
+class Crowd(FactBase):
+    """How many Crowd commands run at the moment this one has run for 0.3 s (itself included)."""
+
+    def command(self, n: int) -> str:
+        return (f"mkdir -p {MEET_DIR}/crowd; touch {MEET_DIR}/crowd/{n}; sleep 0.3; "
+                f"ls {MEET_DIR}/crowd | wc -l; rm {MEET_DIR}/crowd/{n}")
+
+    def process(self, output) -> int:
+        return int(list(output)[0])
+
+
 read_ahead([(Meets, {"me": "a", "other": "b"}), (Meets, {"me": "b", "other": "a"}), (Fails, {})])
 logger.info(f"rigkit-test: a {read_once(Meets, me='a', other='b')}, b {read_once(Meets, me='b', other='a')}")
 try:
@@ -39,3 +51,5 @@ try:
     logger.info("rigkit-test: Fails did not raise")
 except Exception as error:  # noqa: BLE001
     logger.info(f"rigkit-test: Fails raised where asked: {type(error).__name__}")
+read_ahead([(Crowd, {"n": n}) for n in range(12)])
+logger.info(f"rigkit-test: most at once {max(read_once(Crowd, n=n) for n in range(12))}")
