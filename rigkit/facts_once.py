@@ -9,7 +9,7 @@ planning the answers cannot differ, so `read_once` answers repeats from memory.
 
 The roles' questions also do not depend on each other's answers: each role knows from the rig
 file alone what it will ask (its `<role>_reads(rig)`, beside its code). `read_ahead` starts
-them all at once, at most READ_AHEAD_CHANNELS at a time, each on its own channel of the rig's
+them all at once, at most READ_AHEAD_CHANNELS (2) at a time, each on its own channel of the rig's
 one SSH connection, so a rig answers in about the time of its slowest questions rather than
 the sum of all of them (the demo rig: ten commands, 0.43 s one after another). `read_once`
 then waits for the answer it needs; a question that failed raises there, where the role asks
@@ -32,9 +32,11 @@ from pyinfra.context import ctx_host, ctx_state
 Read = tuple[type[FactBase], dict[str, Any]]  # a question: the fact and its arguments
 
 # sshd refuses a connection's sessions past its MaxSessions: 10 by default, 4 in some hardened
-# configs. Three read-ahead commands at once, plus the one pyinfra itself may be running, stay
-# within 4. (A refused session is an SSH error that fails the rig.)
-READ_AHEAD_CHANNELS = 3
+# configs, and a refused session is an SSH error that fails the rig. A finished command's session
+# is freed only when sshd has read the client's close, which can still be on its way when the
+# next command opens one: with three read-ahead commands plus pyinfra's own, a rig allowing 4
+# refused sessions now and then (the test rig runs with 4). Two leave a session spare.
+READ_AHEAD_CHANNELS = 2
 _channels: dict[tuple, Semaphore] = {}  # per (run, host)
 
 # {(id of the run's State, host name, fact class, sorted kwargs): answer, or the greenlet asking}
@@ -74,7 +76,9 @@ def read_ahead(reads: Iterable[Read]) -> None:
     def ask(fact: type[FactBase], kwargs: dict[str, Any]) -> Any:
         try:
             with channels, ctx_state.use(this_host.state), ctx_host.use(this_host):
-                return this_host.get_fact(fact, **kwargs)
+                answer = this_host.get_fact(fact, **kwargs)
+                gevent.sleep(0)  # let paramiko answer sshd's close before the slot is reused
+                return answer
         except Exception as error:  # noqa: BLE001 -- raised again by read_once, where it is asked
             return _Failed(error)
 
