@@ -15,6 +15,12 @@ the sum of all of them (the demo rig: ten commands, 0.43 s one after another). `
 then waits for the answer it needs; a question that failed raises there, where the role asks
 it, as it would have without reading ahead.
 
+Questions of one kind are asked as one: a fact whose answer is a dict by path or unit declares
+the argument it reads over (`merged_over = "paths"`), and `read_ahead` asks it once for every
+path the roles want (`merged_reads`); each role's question is answered with its own paths.
+The demo rig's four file questions and two unit questions are two commands: each
+command costs the rig a session and a shell (about 7 ms of CPU) before its own work.
+
 Use both only where a fact is read while planning; a callback that runs during execution, after
 operations may have changed the rig, must call `host.get_fact` itself.
 """
@@ -43,6 +49,23 @@ _channels: dict[tuple, Semaphore] = {}  # per (run, host)
 _answers: dict[tuple, Any] = {}
 
 
+class _Part:
+    """A question answered from a wider read of the same fact (`merged_over`): its members only."""
+
+    def __init__(self, whole: Any, members: tuple):
+        self.whole, self.members = whole, set(members)  # whole: the wider read's greenlet or answer
+
+    def answer(self) -> Any:
+        whole = self.whole
+        if isinstance(whole, _Part):
+            whole = whole.answer()
+        elif isinstance(whole, gevent.Greenlet):
+            whole = whole.get()
+        if isinstance(whole, _Failed):
+            return whole
+        return {member: value for member, value in whole.items() if member in self.members}
+
+
 class _Failed:
     """A read-ahead that raised: kept to raise where the question is asked (a greenlet that
     raised would also print its traceback to the user)."""
@@ -60,12 +83,36 @@ def read_once(fact: type[FactBase], **kwargs: Any) -> Any:
     if key not in _answers:
         _answers[key] = host.get_fact(fact, **kwargs)
     answer = _answers[key]
-    if isinstance(answer, gevent.Greenlet):
-        answer = _answers[key] = answer.get()
+    if isinstance(answer, _Part):
+        answer = answer.answer()
+    elif isinstance(answer, gevent.Greenlet):
+        answer = answer.get()
     if isinstance(answer, _Failed):
         del _answers[key]  # asked again, it is read again
         raise answer.error
+    _answers[key] = answer
     return answer
+
+
+def merged_reads(reads: Iterable[Read]) -> list[tuple[Read, list[Read]]]:
+    """The reads `read_ahead` sends, each with the questions it answers: questions of a fact
+    with `merged_over` that differ only in that argument become one read of all its values
+    (in the order first asked, each once)."""
+    merged: dict[tuple, tuple[Read, list[Read]]] = {}
+    for fact, kwargs in reads:
+        over = getattr(fact, "merged_over", None)
+        if over is None:
+            merged[_plain_key(fact, kwargs)] = ((fact, kwargs), [(fact, kwargs)])
+            continue
+        group = (fact, tuple(sorted((k, v) for k, v in kwargs.items() if k != over)))
+        (_, wider), asked = merged.get(group, ((fact, {**kwargs, over: ()}), []))
+        members = tuple(dict.fromkeys((*wider[over], *kwargs[over])))
+        merged[group] = ((fact, {**wider, over: members}), [*asked, (fact, kwargs)])
+    return list(merged.values())
+
+
+def _plain_key(fact: type[FactBase], kwargs: dict[str, Any]) -> tuple:
+    return (fact, tuple(sorted(kwargs.items())))
 
 
 def read_ahead(reads: Iterable[Read]) -> None:
@@ -82,7 +129,13 @@ def read_ahead(reads: Iterable[Read]) -> None:
         except Exception as error:  # noqa: BLE001 -- raised again by read_once, where it is asked
             return _Failed(error)
 
-    for fact, kwargs in reads:
-        key = _key(fact, kwargs)
-        if key not in _answers:
-            _answers[key] = gevent.spawn(ask, fact, kwargs)
+    for (fact, kwargs), asked in merged_reads(reads):
+        if all(_key(f, k) in _answers for f, k in asked):
+            continue
+        if _key(fact, kwargs) not in _answers:
+            _answers[_key(fact, kwargs)] = gevent.spawn(ask, fact, kwargs)
+        reading = _answers[_key(fact, kwargs)]
+        for question in asked:
+            if _key(*question) not in _answers:
+                over = fact.merged_over  # only merged questions differ from the read
+                _answers[_key(*question)] = _Part(reading, question[1][over])

@@ -28,6 +28,8 @@ class FileStates(FactBase):
     in one command of three processes whatever the number of files (a `stat` and a
     `sha256sum` per file cost the rig two process starts each)."""
 
+    merged_over = "paths"  # read ahead, the roles' path lists are read as one (rigkit.facts_once)
+
     @staticmethod
     def default() -> dict:
         return {}  # pyinfra answers an empty output with default(): nothing found

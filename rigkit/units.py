@@ -26,6 +26,8 @@ class UnitStates(FactBase):
     "enabled" mean what they mean to pyinfra's own facts (the same SubState and UnitFileState
     values), so a unit found settled here is one `systemd.service` would leave alone too."""
 
+    merged_over = "units"  # read ahead, the roles' unit lists are read as one (rigkit.facts_once)
+
     @staticmethod
     def default() -> dict:
         return {}  # pyinfra answers an empty output with default(): nothing found

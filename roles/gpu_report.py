@@ -11,16 +11,16 @@ from pyinfra.api import deploy
 
 from rigkit.config.schema import RigConfig
 from rigkit.facts_once import Read, read_once
-from rigkit.gpu.facts import NvidiaGpus
+from rigkit.gpu.facts import NvidiaDriverAndGpus
 from rigkit.gpu.gate import accept_gpus
 from rigkit.gpu.nvsmi import GpuReport
 
 
 @deploy("Report GPUs")
 def gpu_report(rig: RigConfig) -> GpuReport:
-    return accept_gpus(rig, read_once(NvidiaGpus))
+    return accept_gpus(rig, read_once(NvidiaDriverAndGpus).gpus)  # nvidia-smi started once, with the preflight's
 
 
 def gpu_report_reads(rig: RigConfig) -> list[Read]:
     """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
-    return [(NvidiaGpus, {})]
+    return [(NvidiaDriverAndGpus, {})]

@@ -21,6 +21,7 @@ from pyinfra.api.exceptions import DeployError
 
 from rigkit.config.schema import RigConfig
 from rigkit.facts_once import Read, read_once
+from rigkit.gpu.facts import NvidiaDriverAndGpus
 from rigkit.preflight.checks import (
     DriverState,
     WeightsNeed,
@@ -28,20 +29,20 @@ from rigkit.preflight.checks import (
     disk_problems,
     driver_problems,
 )
-from rigkit.preflight.facts import DockerDiskFree, NvidiaDriver, WeightsBytes
+from rigkit.preflight.facts import DockerDiskFree, WeightsBytes
 from rigkit.serving.compose import volume_name
 from rigkit.weights.facts import volume_states, volume_states_reads
 
 
 def preflight_reads(rig: RigConfig) -> list[Read]:
     """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
-    return [(NvidiaDriver, {}), *volume_states_reads(rig)]
+    return [(NvidiaDriverAndGpus, {}), *volume_states_reads(rig)]
 
 
 @deploy("Preflight")
 def preflight(rig: RigConfig) -> DriverState:
     """Returns what it read of the driver; raises DeployError (nothing changed) on any problem."""
-    driver = read_once(NvidiaDriver)
+    driver = read_once(NvidiaDriverAndGpus).driver  # the GPU report reads the same nvidia-smi start
     problems = driver_problems(rig, driver)
     if not problems:
         problems = arch_problems(rig, list(driver.gpus), "as the rig reports it")

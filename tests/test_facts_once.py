@@ -32,3 +32,8 @@ def test_facts_read_ahead_are_asked_at_once_and_a_failure_raises_where_asked(tmp
     # its MaxSessions (4 in hardened configs).
     most = int(output.split("rigkit-test: most at once ", 1)[1].split()[0])
     assert 1 <= most <= READ_AHEAD_CHANNELS
+    # Questions of a fact with `merged_over` are one command for the union of their names; each
+    # question is answered with its own names only; another value of another argument is its own read.
+    assert "rigkit-test: present ['a'] ['a', 'b'] []" in output
+    assert (tmp_path / "present.log").read_text().split("\n") == ["a x b", ""]
+    assert (tmp_path / "other.log").read_text() == "c\n"

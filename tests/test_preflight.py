@@ -4,6 +4,7 @@ facts' parsers on captured output, and `rigkit check`). Simulates nothing."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -31,6 +32,7 @@ from rigkit.preflight.checks import (
     driver_problems,
     offline_findings,
 )
+from rigkit.gpu.facts import DriverAndGpus, NvidiaDriverAndGpus, NvidiaGpus
 from rigkit.preflight.facts import DockerDiskFree, NvidiaDriver
 from tests.conftest import SERVING_RIG, copy_catalog
 
@@ -218,3 +220,62 @@ def test_driver_fact_command_asks_again_without_compute_cap(tmp_path):
     out = subprocess.run(["sh", "-c", NvidiaDriver().command()], env=env, capture_output=True, text=True, timeout=30)
     assert [g.compute_capability for g in NvidiaDriver().process(out.stdout.splitlines()).gpus] == [(8, 9)]
     assert len(calls.read_text().splitlines()) == 1  # a current driver is asked once
+
+
+# What a simulated nvidia-smi prints for each query below (shell stand-ins, written per test).
+_ROWS = {
+    "both": "0, NVIDIA GeForce RTX 4090, 580.95.05, 8.9, GPU-4090-0, 450.00, 450.00, 450.00, 150.00, 600.00, Enabled, 3120, 24564",
+    "report": "0, NVIDIA GeForce RTX 4090, GPU-4090-0, 450.00, 450.00, 450.00, 150.00, 600.00, Enabled, 3120, 24564",
+    "driver": "0, NVIDIA GeForce RTX 4090, 580.95.05, 8.9",
+    "old-driver": "0, NVIDIA GeForce RTX 3090, 470.256.02",
+}
+
+
+@pytest.mark.parametrize("kind", ["current", "before-compute-cap", "nvml-mismatch", "warning-row", "absent"])
+def test_one_nvidia_smi_start_answers_as_the_driver_and_gpu_facts_alone(tmp_path, kind):
+    """NvidiaDriverAndGpus, run with /bin/sh against shell stand-ins of nvidia-smi (a current
+    driver; one from before compute_cap, which refuses any query naming it; one whose NVML
+    refuses to start, exit 18; one printing a warning among its rows; none installed), answers
+    what NvidiaDriver and NvidiaGpus answer alone, with one nvidia-smi start where the driver allows."""
+    calls = tmp_path / "calls"
+    rows = {"current": 'case "$*" in *compute_cap*uuid*) echo "%(both)s";; *uuid*) echo "%(report)s";; '
+                       '*) echo "%(driver)s";; esac',
+            "before-compute-cap": 'case "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\' >&2; '
+                                  'exit 2;; *uuid*) echo "%(report)s";; *) echo "%(old-driver)s";; esac',
+            "nvml-mismatch": 'echo "Failed to initialize NVML: Driver/library version mismatch"; echo "NVML library version: 580.95"; exit 18',
+            "warning-row": 'echo "WARNING: infoROM is corrupted at gpu 0000:01:00.0"; '
+                           'case "$*" in *compute_cap*uuid*) echo "%(both)s";; *uuid*) echo "%(report)s";; *) echo "%(driver)s";; esac'}
+    if kind != "absent":
+        fake = tmp_path / "nvidia-smi"
+        fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n' + rows[kind] % _ROWS + "\n")
+        fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+
+    def answer(fact):
+        command = fact.command()
+        needs = fact.requires_command  # a name, or FactBase's method answering None
+        if needs if isinstance(needs, str) else needs():  # as pyinfra wraps it
+            command = f"if command -v nvidia-smi >/dev/null 2>&1; then ( {command} ); else echo '##PYINFRA_NOCMD##'; fi"
+        out = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30)
+        lines = out.stdout.splitlines()
+        return None if lines == ["##PYINFRA_NOCMD##"] else fact.process(lines)
+
+    both = answer(NvidiaDriverAndGpus())
+    started_for_both = len(calls.read_text().splitlines()) if calls.exists() else 0
+    assert both == DriverAndGpus(answer(NvidiaDriver()), answer(NvidiaGpus()))
+    # Refused, the one query costs a start more than the two facts alone (2 + 1).
+    assert started_for_both == {"current": 1, "warning-row": 1, "absent": 0}.get(kind, 4)
+    if kind == "current":
+        assert both.driver.gpus[0].compute_capability == (8, 9) and both.gpus.gpus[0].power_max_w == 600.0
+
+
+def test_one_nvidia_smi_start_answers_as_the_two_facts_on_a_real_h200():
+    """Not simulated: tests/data/nvidia-smi/h200-*.out are what each fact's command printed on
+    a real H200 (driver 580.159.04, read-only queries, 2026-11-30): NvidiaDriverAndGpus's one
+    start, and NvidiaDriver's and NvidiaGpus's commands alone."""
+    def printed(name):
+        return (Path(__file__).parent / "data/nvidia-smi" / f"h200-{name}.out").read_text().splitlines()
+
+    both = NvidiaDriverAndGpus().process(printed("both"))
+    assert both == DriverAndGpus(NvidiaDriver().process(printed("driver")), NvidiaGpus().process(printed("gpus")))
+    assert both.driver.gpus[0].compute_capability == (9, 0) and both.gpus.gpus[0].power_max_w == 700.0

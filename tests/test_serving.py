@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from rigkit.config.loader import load_rig
+from rigkit.facts_once import merged_reads
 from roles.gpu_policy import gpu_policy_reads
 from roles.gpu_report import gpu_report_reads
 from roles.preflight import preflight_reads
@@ -79,7 +80,10 @@ def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
     serving_rig = load_rig(SERVING_RIG, TEST_CATALOG)
     wanted = [read for reads in (preflight_reads, gpu_report_reads, gpu_policy_reads, serving_reads)
               for read in reads(serving_rig)]
-    assert sorted(loaded) == sorted(f"{fact.__module__}.{fact.__name__}" for fact, _ in wanted), second.output
+    # Questions of one kind were asked as one (one FileStates command for every role's files).
+    sent = [fact for (fact, _), _ in merged_reads(wanted)]
+    assert sorted(loaded) == sorted(f"{fact.__module__}.{fact.__name__}" for fact in sent), second.output
+    assert loaded.count("rigkit.files.FileStates") == 1, second.output
 
 
 def test_changing_one_model_restarts_only_that_stack(rig, tmp_path):

@@ -53,3 +53,30 @@ except Exception as error:  # noqa: BLE001
     logger.info(f"rigkit-test: Fails raised where asked: {type(error).__name__}")
 read_ahead([(Crowd, {"n": n}) for n in range(12)])
 logger.info(f"rigkit-test: most at once {max(read_once(Crowd, n=n) for n in range(12))}")
+
+
+class Present(FactBase):
+    """{name: True} for each name with a file in MEET_DIR/present; each run adds a line to MEET_DIR/present.log."""
+
+    merged_over = "names"
+
+    @staticmethod
+    def default() -> dict:
+        return {}  # pyinfra's answer to an empty output
+
+    def command(self, names: tuple[str, ...], folder: str = "present") -> str:
+        quoted = " ".join(shlex.quote(n) for n in names)
+        return (f"echo {quoted} >> {MEET_DIR}/{folder}.log; "
+                f"for n in {quoted}; do [ -f {MEET_DIR}/{folder}/$n ] && echo $n; done; exit 0")
+
+    def process(self, output) -> dict:
+        return {line: True for line in output}
+
+
+os.makedirs(os.path.join(os.environ["RIGKIT_TEST_MEET_DIR"], "present"))
+for name in ("a", "b", "c"):
+    open(os.path.join(os.environ["RIGKIT_TEST_MEET_DIR"], "present", name), "w").close()
+read_ahead([(Present, {"names": ("a", "x")}), (Present, {"names": ("b", "a")}),
+            (Present, {"names": ("c",), "folder": "other"})])
+logger.info(f"rigkit-test: present {sorted(read_once(Present, names=('a', 'x')))} "
+            f"{sorted(read_once(Present, names=('b', 'a')))} {sorted(read_once(Present, names=('c',), folder='other'))}")
