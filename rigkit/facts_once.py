@@ -94,6 +94,17 @@ def read_once(fact: type[FactBase], **kwargs: Any) -> Any:
     return answer
 
 
+def _known(key: tuple) -> bool:
+    """Answered or being read; a read that failed is read again when asked ahead again (a wider
+    read stays stored after the questions it answered raised)."""
+    answer = _answers.get(key)
+    if isinstance(answer, _Part):
+        answer = answer.whole
+    if isinstance(answer, gevent.Greenlet) and answer.ready() and isinstance(answer.value, _Failed):
+        return False
+    return key in _answers
+
+
 def merged_reads(reads: Iterable[Read]) -> list[tuple[Read, list[Read]]]:
     """The reads `read_ahead` sends, each with the questions it answers: questions of a fact
     with `merged_over` that differ only in that argument become one read of all its values
@@ -130,12 +141,12 @@ def read_ahead(reads: Iterable[Read]) -> None:
             return _Failed(error)
 
     for (fact, kwargs), asked in merged_reads(reads):
-        if all(_key(f, k) in _answers for f, k in asked):
+        if all(_known(_key(f, k)) for f, k in asked):
             continue
-        if _key(fact, kwargs) not in _answers:
+        if not _known(_key(fact, kwargs)):
             _answers[_key(fact, kwargs)] = gevent.spawn(ask, fact, kwargs)
         reading = _answers[_key(fact, kwargs)]
         for question in asked:
-            if _key(*question) not in _answers:
+            if not _known(_key(*question)):
                 over = fact.merged_over  # only merged questions differ from the read
                 _answers[_key(*question)] = _Part(reading, question[1][over])

@@ -3,9 +3,10 @@ file a role manages, in one command; `put` compares against it.
 
 pyinfra's `files.put` reads three facts per file (the folder, the file, its SHA-1), each a
 command and a round trip: 30 round trips for the demo rig's 10 files, before anything is
-known to differ. `put` takes the role's whole list of paths (`batch`), so pyinfra's fact
-cache makes that one `FileStates` command per role. Under `--diff` it shows what changes,
-as files.put does; secrets go through rigkit.private_file instead, which never shows them.
+known to differ. `put` takes the role's whole list of paths (`batch`): one `FileStates`
+question per role, and read ahead, every role's questions are one command (rigkit.facts_once).
+Under `--diff` it shows what changes, as files.put does; secrets go through
+rigkit.private_file instead, which never shows them.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ class UnitStates(FactBase):
     "enabled" mean what they mean to pyinfra's own facts (the same SubState and UnitFileState
     values), so a unit found settled here is one `systemd.service` would leave alone too."""
 
-    merged_over = "units"  # read ahead, the roles' unit lists are read as one (rigkit.facts_once)
+    # Read ahead, the roles' unit lists are read as one (rigkit.facts_once), each answered with the
+    # units it named: so units are named in full ("x.service"), as systemd's Id answers them.
+    merged_over = "units"
 
     @staticmethod
     def default() -> dict:

@@ -37,3 +37,5 @@ def test_facts_read_ahead_are_asked_at_once_and_a_failure_raises_where_asked(tmp
     assert "rigkit-test: present ['a'] ['a', 'b'] []" in output
     assert (tmp_path / "present.log").read_text().split("\n") == ["a x b", ""]
     assert (tmp_path / "other.log").read_text() == "c\n"
+    # A merged read that failed raises for each of its questions, and is read again when asked ahead again.
+    assert "rigkit-test: fails once: raised raised; read ahead again: p q" in output

@@ -231,7 +231,8 @@ _ROWS = {
 }
 
 
-@pytest.mark.parametrize("kind", ["current", "before-compute-cap", "nvml-mismatch", "warning-row", "absent"])
+@pytest.mark.parametrize("kind", ["current", "before-compute-cap", "nvml-mismatch", "warning-row", "stderr-warning",
+                                  "absent"])
 def test_one_nvidia_smi_start_answers_as_the_driver_and_gpu_facts_alone(tmp_path, kind):
     """NvidiaDriverAndGpus, run with /bin/sh against shell stand-ins of nvidia-smi (a current
     driver; one from before compute_cap, which refuses any query naming it; one whose NVML
@@ -244,7 +245,9 @@ def test_one_nvidia_smi_start_answers_as_the_driver_and_gpu_facts_alone(tmp_path
                                   'exit 2;; *uuid*) echo "%(report)s";; *) echo "%(old-driver)s";; esac',
             "nvml-mismatch": 'echo "Failed to initialize NVML: Driver/library version mismatch"; echo "NVML library version: 580.95"; exit 18',
             "warning-row": 'echo "WARNING: infoROM is corrupted at gpu 0000:01:00.0"; '
-                           'case "$*" in *compute_cap*uuid*) echo "%(both)s";; *uuid*) echo "%(report)s";; *) echo "%(driver)s";; esac'}
+                           'case "$*" in *compute_cap*uuid*) echo "%(both)s";; *uuid*) echo "%(report)s";; *) echo "%(driver)s";; esac',
+            "stderr-warning": 'echo "WARNING: infoROM is corrupted at gpu 0000:01:00.0" >&2; '
+                              'case "$*" in *compute_cap*uuid*) echo "%(both)s";; *uuid*) echo "%(report)s";; *) echo "%(driver)s";; esac'}
     if kind != "absent":
         fake = tmp_path / "nvidia-smi"
         fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n' + rows[kind] % _ROWS + "\n")
@@ -262,9 +265,16 @@ def test_one_nvidia_smi_start_answers_as_the_driver_and_gpu_facts_alone(tmp_path
 
     both = answer(NvidiaDriverAndGpus())
     started_for_both = len(calls.read_text().splitlines()) if calls.exists() else 0
-    assert both == DriverAndGpus(answer(NvidiaDriver()), answer(NvidiaGpus()))
+    alone = DriverAndGpus(answer(NvidiaDriver()), answer(NvidiaGpus()))
+    if kind == "stderr-warning":
+        # Alone, the driver check did not see stderr and the GPU report failed on it (after the
+        # base role); now the preflight fails on it too, before anything changes.
+        assert both.gpus == alone.gpus and both.gpus.error.startswith("unexpected nvidia-smi line: 'WARNING")
+        assert alone.driver.error is None and both.driver.error.startswith("unexpected nvidia-smi line: 'WARNING")
+    else:
+        assert both == alone
     # Refused, the one query costs a start more than the two facts alone (2 + 1).
-    assert started_for_both == {"current": 1, "warning-row": 1, "absent": 0}.get(kind, 4)
+    assert started_for_both == {"current": 1, "warning-row": 1, "stderr-warning": 1, "absent": 0}.get(kind, 4)
     if kind == "current":
         assert both.driver.gpus[0].compute_capability == (8, 9) and both.gpus.gpus[0].power_max_w == 600.0
 

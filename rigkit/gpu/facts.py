@@ -46,26 +46,30 @@ class NvidiaDriverAndGpus(FactBase):
     nvidia-smi is the slowest command a converged deploy runs (it starts NVML: 50-300 ms on a
     rig, more with many GPUs), and the preflight and the GPU report both ask it. Where the
     one query is refused (a driver from before compute_cap, a field the GPU does not know, NVML
-    not starting), each fact's own command runs, so what is reported is exactly what each
-    reports alone (tests/test_preflight.py compares them), for one nvidia-smi start more."""
+    not starting), each fact's own command runs, so what is reported is what each reports
+    alone (tests/test_preflight.py compares them), for one nvidia-smi start more. One
+    difference, on purpose: a warning nvidia-smi prints on stderr among good rows failed the
+    GPU report alone (after the base role had run); it now fails the preflight too, before
+    anything on the rig changes."""
 
     def command(self) -> str:
         fields = ",".join(_BOTH_FIELDS)
         report = " ".join(query_arguments())
         return (
             "command -v nvidia-smi >/dev/null 2>&1 || { echo rigkit-no-nvidia-smi; exit 0; }; "
-            f"if out=$(nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>/dev/null); then "
             'echo "module-sys=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
             'echo "module-proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
+            # 2>&1 as NvidiaGpus alone: a warning nvidia-smi prints is a line that is not a GPU row.
+            f"if out=$(nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1); then "
             f'printf "%s\\n" "$out" | sed "s/^/{_ROW}/"; echo rigkit-exit=0; echo "{_REPORT}{EXIT_MARK}0"; '
-            f"else ( {NvidiaDriver().command()} ); "
+            f"else ( {NvidiaDriver().command()} ) | sed '/^module-/d'; "
             f'out=$(nvidia-smi {report} 2>&1); code=$?; printf "%s\\n" "$out" | sed "s/^/{_REPORT}/"; '
             f'echo "{_REPORT}{EXIT_MARK}$code"; fi; exit 0'
         )
 
     def process(self, output) -> DriverAndGpus:
-        lines = [line.rstrip() for line in output]
-        if "rigkit-no-nvidia-smi" in lines:
+        lines = list(output)  # each parser trims as it does alone
+        if "rigkit-no-nvidia-smi" in (line.rstrip() for line in lines):
             return DriverAndGpus(NvidiaDriver().process(lines), None)
         driver, report = [], []
         for line in lines:

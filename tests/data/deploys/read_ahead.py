@@ -80,3 +80,35 @@ read_ahead([(Present, {"names": ("a", "x")}), (Present, {"names": ("b", "a")}),
             (Present, {"names": ("c",), "folder": "other"})])
 logger.info(f"rigkit-test: present {sorted(read_once(Present, names=('a', 'x')))} "
             f"{sorted(read_once(Present, names=('b', 'a')))} {sorted(read_once(Present, names=('c',), folder='other'))}")
+
+
+class FailsOnce(FactBase):
+    """Present's shape, but its first command's answer cannot be read (process raises)."""
+
+    merged_over = "names"
+
+    def command(self, names: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(n) for n in names)
+        return (f"if [ -f {MEET_DIR}/failed-once ]; then for n in {quoted}; do echo $n; done; "
+                f"else touch {MEET_DIR}/failed-once; echo not-a-name; fi")
+
+    def process(self, output) -> dict:
+        if "not-a-name" in output:
+            raise ValueError("unreadable")
+        return {line: True for line in output}
+
+
+def _ask_both() -> str:
+    answers = []
+    for names in (("p",), ("q",)):
+        try:
+            answers.append(",".join(sorted(read_once(FailsOnce, names=names))))
+        except ValueError:
+            answers.append("raised")
+    return " ".join(answers)
+
+
+read_ahead([(FailsOnce, {"names": ("p",)}), (FailsOnce, {"names": ("q",)})])
+first = _ask_both()
+read_ahead([(FailsOnce, {"names": ("p",)}), (FailsOnce, {"names": ("q",)})])  # read again, not the stored failure
+logger.info(f"rigkit-test: fails once: {first}; read ahead again: {_ask_both()}")
