@@ -12,9 +12,6 @@ the rig's driver reports, and the PSU budget (unless `psu_budget_override`).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pynvml
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
@@ -27,7 +24,7 @@ from rigkit.files import FileStates, put
 from rigkit.gpu.gate import check_policy
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.gpu.policy import power_drift
-from rigkit.render import render, template_text
+from rigkit.render import module_source, render, template_text
 from rigkit.units import UnitStates
 
 # Defaults: where things go on the rig, and how long the unit waits for GPUs at boot.
@@ -65,7 +62,7 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
         name="Install the clock-offset tool",
         data=template_text("gpu_policy/rigkit-gpu-offsets.py"), dest=OFFSETS_TOOL_PATH, mode="755", batch=paths,
     )
-    put(name="Ship pynvml for the clock-offset tool", data=Path(pynvml.__file__).read_bytes(),
+    put(name="Ship pynvml for the clock-offset tool", data=module_source("pynvml"),
         dest=NVML_COPY_PATH, mode="644", batch=paths)
     policy = put(
         name="Write the rig's GPU policy",

@@ -21,17 +21,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pynvml
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-import rigkit.verify.telemetry
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.facts_once import Read
 from rigkit.files import FileStates, put
 from rigkit.serving.api_key import read_api_key
+from rigkit.render import module_source
 from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
 from rigkit.weights.engine import dial_command, rig_engine
@@ -70,9 +69,9 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) ->
     if rig.spec.os == "linux":  # on Windows the sampler's container gets them through the Engine API
         paths = TELEMETRY_FILES
         installed = [
-            put(name="Install the telemetry sampler", data=Path(rigkit.verify.telemetry.__file__).read_bytes(),
+            put(name="Install the telemetry sampler", data=module_source("rigkit.verify.telemetry"),
                 dest=SAMPLER, mode="755", batch=paths),
-            put(name="Ship pynvml for rigs without nvidia-ml-py", data=Path(pynvml.__file__).read_bytes(),
+            put(name="Ship pynvml for rigs without nvidia-ml-py", data=module_source("pynvml"),
                 dest=SHIPPED_NVML, mode="644", batch=paths),
         ]
     for model in rig.models:
