@@ -28,8 +28,14 @@ def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
         raise ConfigError([Problem(path, "", None, f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
                                                    f"{exc.start}); save the file as UTF-8", line)]) from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        # One parse: the node tree keeps each value's line, and the data is built from it
+        # (what yaml.safe_load does, parsing the text a second time).
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
