@@ -106,3 +106,32 @@ def test_a_run_interrupted_by_ctrl_c_exits_130_not_0():
     rest, _ = run.communicate(timeout=60)
     assert "Starting operation: rigkit-test: sleep" in "".join(said), "".join(said) + rest
     assert run.returncode == 130, "".join(said) + rest
+
+
+def test_an_interrupt_whose_shutdown_fails_still_exits_130_without_a_traceback():
+    """Simulates pyinfra's CLI (a stand-in for `pyinfra_cli.main.main`, the one thing replaced):
+    its SIGINT handler exits 0, then its `finally` disconnect fails with gevent's LoopExit, as
+    one full test run saw (a race in pyinfra's Ctrl-C handling that a test cannot time)."""
+    code = """
+import os, signal, sys, time
+import pyinfra_cli.main
+from gevent.exceptions import LoopExit
+
+def pyinfra_cli_stand_in():
+    def handler(signum, frame):
+        print("Exiting upon user request!")
+        sys.exit(0)
+    signal.signal(signal.SIGINT, handler)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the handler's SystemExit(0) comes first
+    finally:
+        raise LoopExit("This operation would block forever")  # what pyinfra's disconnect_all raised
+
+pyinfra_cli.main.main = pyinfra_cli_stand_in
+from rigkit.pyinfra_start import main
+main([])
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 130, run.stdout + run.stderr
+    assert "Exiting upon user request!" in run.stdout and "Traceback" not in run.stderr, run.stderr
