@@ -149,13 +149,10 @@ def start_cpu_s(rigkit: list[str], folder: Path) -> float:
     inventory = folder / "refused.py"
     inventory.write_text(f'rigs = [("refused", {{"ssh_hostname": "127.0.0.1", "ssh_port": {closed_port}, '
                          f'"rig_file": "{POLICY_RIG}"}})]\n')
-    used = []
-    for _ in range(3):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run(rigkit + [str(inventory)], cwd=REPO, capture_output=True, timeout=120)  # fails: no rig left
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        used.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return statistics.median(used)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(rigkit + [str(inventory)], cwd=REPO, capture_output=True, timeout=120)  # fails: no rig left
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 def reference_loop_s() -> float:
@@ -203,6 +200,7 @@ def main() -> None:
 
             times: dict[str, list[float]] = {k: [] for k in ("demo", "demo-pyinfra", "rk1", "an1", "rk8", "an8")}
             loops_s = [reference_loop_s()]
+            starts_s: list[float] = []
             names = [r.name for r in rigs]
             for n in range(args.repeats):
                 order = [("rk1", "an1"), ("rk8", "an8")] if n % 2 == 0 else [("an1", "rk1"), ("an8", "rk8")]
@@ -217,10 +215,11 @@ def main() -> None:
                         else:
                             inv = ans_one if key == "an1" else ans_eight
                             times[key].append(timed([str(playbook_bin), "-i", str(inv), str(playbook)], ansible_env))
+                starts_s.append(start_cpu_s(rigkit, folder))  # in each round: the machine's speed drifts
                 loops_s.append(reference_loop_s())
                 print(f"round {n + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
                       flush=True)
-            start_s = start_cpu_s(rigkit, folder)
+            start_s = statistics.median(starts_s)
     finally:
         for rig in rigs:
             rig.remove()
