@@ -16,11 +16,9 @@ import time
 from pathlib import Path
 
 import paramiko
-import pynvml
 
-import rigkit.tune.rigside
-import rigkit.verify.telemetry
 from rigkit.config.inventory import SshTarget
+from rigkit.render import module_source
 from rigkit.sshforward import forward
 from rigkit.tune.cells import Cell, Enforced, Figures
 from rigkit.tune.measure import BenchSettings, MeasurementError, measure_once
@@ -93,8 +91,8 @@ class Shell:
 
 def install(shell: Shell) -> None:
     shell.run(f"mkdir -p -m 755 {NVML_DIR} && mkdir -p -m 700 {RUN_DIR}")
-    for module, path in ((rigkit.tune.rigside, HELPER), (rigkit.verify.telemetry, SAMPLER), (pynvml, f"{NVML_DIR}/pynvml.py")):
-        shell.put(Path(module.__file__).read_bytes(), path, 0o755 if path != f"{NVML_DIR}/pynvml.py" else 0o644)
+    for module, path in (("rigkit.tune.rigside", HELPER), ("rigkit.verify.telemetry", SAMPLER), ("pynvml", f"{NVML_DIR}/pynvml.py")):
+        shell.put(module_source(module), path, 0o755 if path != f"{NVML_DIR}/pynvml.py" else 0o644)
 
 
 class RemoteSampling:
