@@ -112,18 +112,14 @@ def merged_reads(reads: Iterable[Read]) -> list[tuple[Read, list[Read]]]:
     merged: dict[tuple, tuple[Read, list[Read]]] = {}
     for fact, kwargs in reads:
         over = getattr(fact, "merged_over", None)
+        group = (fact, tuple(sorted((k, v) for k, v in kwargs.items() if k != over)))  # all of them if None
         if over is None:
-            merged[_plain_key(fact, kwargs)] = ((fact, kwargs), [(fact, kwargs)])
+            merged.setdefault(group, ((fact, kwargs), [(fact, kwargs)]))  # asked twice: read once
             continue
-        group = (fact, tuple(sorted((k, v) for k, v in kwargs.items() if k != over)))
         (_, wider), asked = merged.get(group, ((fact, {**kwargs, over: ()}), []))
         members = tuple(dict.fromkeys((*wider[over], *kwargs[over])))
         merged[group] = ((fact, {**wider, over: members}), [*asked, (fact, kwargs)])
     return list(merged.values())
-
-
-def _plain_key(fact: type[FactBase], kwargs: dict[str, Any]) -> tuple:
-    return (fact, tuple(sorted(kwargs.items())))
 
 
 def read_ahead(reads: Iterable[Read]) -> None:

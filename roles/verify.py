@@ -29,8 +29,8 @@ from pyinfra.operations import python
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.facts_once import Read
 from rigkit.files import FileStates, put
-from rigkit.serving.api_key import read_api_key
 from rigkit.render import module_source
+from rigkit.serving.api_key import read_api_key
 from rigkit.serving.compose import served_name, vllm_args
 from rigkit.sshforward import forward
 from rigkit.weights.engine import dial_command, rig_engine
