@@ -24,19 +24,32 @@ def simrig():
     runs at once over one connection (rigkit.facts_once.read_ahead) must stay within it."""
     rig = SimRig(name="rigkit-test", ssh_port=TEST_RIG_PORT, max_sessions=4)
     rig.start(log=lambda m: print(m, file=sys.stderr))
+    rig.used = False  # set once a module has used it: the next module gets it started afresh
     yield rig
     rig.remove()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _rig_fresh_on_entry(request):
+    """Each module that uses the session's rig gets it started afresh from its image on entry, when a
+    module before it used it: whatever a module deploys (boot units, stacks' files) does not leak into
+    the next. One start per module, not one before and one after."""
+    items = [item for item in request.session.items if item.module is request.module]
+    if not any("simrig" in item.fixturenames for item in items):
+        yield
+        return
+    rig = request.getfixturevalue("simrig")
+    if rig.used:
+        rig.ready_after_boot_s = 0
+        rig.start()
+    rig.used = True
+    yield
+
+
 @pytest.fixture(scope="module")
 def fresh_rig(simrig):
-    """The session's rig, rebooted from its image before and after the module: whatever a
-    module deploys (boot units, stacks' files) does not leak into the next."""
-    simrig.ready_after_boot_s = 0
-    simrig.start()
-    yield simrig
-    simrig.ready_after_boot_s = 0
-    simrig.start()
+    """The session's rig, started afresh on entry to the module (_rig_fresh_on_entry)."""
+    return simrig
 
 
 SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/models, their ports
@@ -127,3 +140,15 @@ def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, cata
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     return DeployRun(proc.returncode, proc.stdout + proc.stderr)
+
+
+# Fixtures that need the Docker engine (the simulated rig, a stack or image on the host's engine).
+ENGINE_FIXTURES = {"simrig"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
+    marked simrig, so `./run quick` (-m "not simrig") leaves out exactly what needs an engine."""
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.simrig)

@@ -42,6 +42,7 @@ def run_deploy(*args, **kwargs):
 
 PORTS = {"test-alpha": 18101, "test-beta": 18102}
 HANG = ("env:\n", "env:\n  STANDIN_FAULT: hang\n")
+FAIL_AT_START = ("env:\n", "env:\n  STANDIN_FAULT: fail_at_start\n")
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +136,12 @@ def _env_or_empty(name: str) -> list[str]:
 def test_a_rollback_is_judged_on_the_restored_configs_own_port(rig, tmp_path):
     good = copy_catalog(tmp_path / "good")
     assert run_deploy(rig, SERVING_RIG, catalog=good).returncode == 0
-    moved = copy_catalog(tmp_path / "moved", test_alpha=[("port: 18101", "port: 18111"), HANG])
+    # The new config fails at once (a fast fault: the rollback path is the one a hang takes, without
+    # its 30 s readiness wait).
+    moved = copy_catalog(tmp_path / "moved", test_alpha=[("port: 18101", "port: 18111"), FAIL_AT_START])
     run = run_deploy(rig, SERVING_RIG, catalog=moved)
     assert run.returncode != 0
-    assert "not ready within 30 s on port 18111" in run.output
+    assert "test-alpha crashed at start" in run.output, run.output
     assert "test-alpha ready on port 18101" in run.output
     assert "ROLLED BACK: rigkit-test-alpha serves the previous config again" in run.output
     assert answers(18101) and not answers(18111)
@@ -148,8 +151,9 @@ def test_two_failures_in_a_row_still_restore_the_last_config_proven_ready(rig, t
     good = copy_catalog(tmp_path / "good")
     assert run_deploy(rig, SERVING_RIG, catalog=good).returncode == 0
     proven = rig.exec("cat /etc/rigkit/stacks/test-alpha/compose.yml")[1]
-    first = copy_catalog(tmp_path / "first", test_alpha=[HANG])
-    second = copy_catalog(tmp_path / "second", test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: fail_at_start\n")])
+    # Two different failing configs, each failing at once (the hang's path is in the test above it).
+    first = copy_catalog(tmp_path / "first", test_alpha=[FAIL_AT_START])
+    second = copy_catalog(tmp_path / "second", test_alpha=[FAIL_AT_START, ('"100"', '"90"')])
     for bad in (first, second):
         run = run_deploy(rig, SERVING_RIG, catalog=bad)
         assert run.returncode != 0 and "ROLLED BACK" in run.output, run.output

@@ -160,8 +160,13 @@ def read_counts(url: str, key: str) -> tuple[float, float]:
 def test_health_checks_authenticate_with_the_rigs_key_and_cost_one_token_each(proxy):
     """No client traffic meanwhile: whatever the stand-ins serve is LiteLLM's background checks."""
     before = {n: read_counts(proxy[n], KEYS[n]) for n in KEYS}
-    time.sleep(3 * HEALTH_CHECK_INTERVAL_S + 1)
-    after = {n: read_counts(proxy[n], KEYS[n]) for n in KEYS}
+    deadline = time.monotonic() + 10 * HEALTH_CHECK_INTERVAL_S + 10
+    while True:  # until two checks have reached every stand-in (they come at the interval)
+        after = {n: read_counts(proxy[n], KEYS[n]) for n in KEYS}
+        if all(after[n][0] - before[n][0] >= 2 for n in KEYS):
+            break
+        assert time.monotonic() < deadline, ("fewer than 2 health checks per replica", before, after)
+        time.sleep(0.5)
     for name in KEYS:
         requests = after[name][0] - before[name][0]
         tokens = after[name][1] - before[name][1]

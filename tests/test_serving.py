@@ -171,9 +171,10 @@ def test_rolling_rollout_stops_at_the_first_failing_rig(rig, tmp_path):
     from tests.conftest import REPO, STATE_ROOT
 
     assert run_deploy(rig, SERVING_RIG).returncode == 0  # a working config to roll back to
-    hanging = copy_catalog(tmp_path, test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
+    # A config that fails at once: any failure stops the rollout, a hang would only wait 30 s longer.
+    failing = copy_catalog(tmp_path, test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: fail_at_start\n")])
     env = dict(
-        os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_CATALOG_DIR=str(hanging),
+        os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_CATALOG_DIR=str(failing),
         RIGKIT_RIG_FILE_A=str(SERVING_RIG), RIGKIT_RIG_FILE_B=str(SERVING_RIG),
     )
     result = subprocess.run(

@@ -81,6 +81,18 @@ def probe_host(plan: GatewayPlan) -> str:
     return "127.0.0.1" if plan.spec.bind_address == "0.0.0.0" else plan.spec.bind_address
 
 
+# A routing probe waits for LiteLLM's own view to change: a replica it marked unhealthy (a health check
+# that ran while the replica restarted) or cooled down is routed again after the next passing check
+# and the end of its cooldown. This margin covers one check's own duration and the probes' pace.
+ROUTE_MARGIN_S = 15
+
+
+def route_timeout_s(spec) -> int:
+    """How long drain/undrain wait for LiteLLM to route as the drained file says: one health-check
+    interval or one cooldown (whichever is longer; both run from the same failed check), plus margin."""
+    return max(spec.health_check_interval_s or 0, spec.cooldown_s) + ROUTE_MARGIN_S
+
+
 def settings(plan: GatewayPlan) -> str:
     """What the rig-side helper needs: where to probe, how long to wait, each replica's /metrics."""
     return json.dumps({
@@ -91,8 +103,9 @@ def settings(plan: GatewayPlan) -> str:
         "master_key_env": MASTER_KEY_ENV,
         "ready_timeout_s": plan.spec.ready_timeout_s,
         "drain_timeout_s": plan.spec.drain_timeout_s,
+        "route_timeout_s": route_timeout_s(plan.spec),
         "drained_file": DRAINED_FILE,
         "models": sorted({r.model_name for r in plan.replicas}),
-        "replicas": [{"rig": r.rig, "id": r.deployment_id, "metrics": r.api_base.removesuffix("/v1") + "/metrics"}
-                     for r in plan.replicas],
+        "replicas": [{"rig": r.rig, "id": r.deployment_id, "model": r.model_name,
+                      "metrics": r.api_base.removesuffix("/v1") + "/metrics"} for r in plan.replicas],
     }, indent=2) + "\n"
