@@ -240,7 +240,7 @@ def bench(args: argparse.Namespace) -> int:
         return 2
     result = run_bench(args.url, args.model, args.prompt_tokens, args.output_tokens, levels, args.timeout, api_key,
                        args.expect_decode, roofline_tok_s=args.roofline_tok_s,
-                       draft_tokens_per_step=args.draft_tokens)
+                       draft_tokens_per_step=args.draft_tokens, endpoint=args.endpoint)
     print(bench_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -417,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                               help="memory-bandwidth bound on decode; a rate far above it fails as a burst")
     bench_parser.add_argument("--draft-tokens", type=int,
                               help="num_speculative_tokens, for acceptance length from servers without num_drafts")
+    bench_parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                              help="/v1/completions (default) or /v1/chat/completions, for chat-only servers and gateways")
     bench_parser.add_argument("--json", help="write the result here")
     bench_parser.set_defaults(func=bench)
     from rigkit.tune.command import add_parser as add_tune_parser

@@ -116,5 +116,5 @@ def test_the_printed_table_and_the_json_agree(tmp_path, capsys):
     assert f"{doc['queue_s']:.3f} s" in printed and f"{doc['decode_tok_s']:.1f} tok/s" in printed
     assert f"{doc['acceptance_length']:.2f} mean length" in printed
     assert doc["provenance"] == {"prompt_tokens": 256, "output_tokens": 60, "concurrency": [1],
-                                 "server_version": "standin"}
+                                 "server_version": "standin", "endpoint": "completions"}
     assert doc["wall_first_token_s"] > doc["wall_send_s"] and doc["wall_last_token_s"] > doc["wall_first_token_s"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from rigkit.cli import main
@@ -204,3 +205,84 @@ def test_an_empty_unreadable_or_shared_key_file_is_named(tmp_path, capsys):
     assert f"readable by others; run chmod 600 {key}" in capsys.readouterr().err
     assert main(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--api-key-file", str(tmp_path)]) == 2
     assert "cannot be read: Is a directory" in capsys.readouterr().err
+
+
+# 8. The seeds' performance mistakes, as a user of `rigkit bench` sees them (the stand-in's STANDIN_FAULT).
+
+def bench_json(tmp_path, url, *extra, prompt_tokens=256, output_tokens=80):
+    out = tmp_path / f"b{len(list(tmp_path.glob('b*.json')))}.json"
+    code = main(["bench", "--url", url, "--model", "m", "--prompt-tokens", str(prompt_tokens),
+                 "--output-tokens", str(output_tokens), "--json", str(out), *extra])
+    return code, json.loads(out.read_text())
+
+
+def counters(url) -> dict[str, float]:
+    values = {}
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("vllm:spec_decode_num_"):
+            values[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def test_half_dtype_draft_shows_as_collapsed_acceptance_and_a_third_of_the_decode(tmp_path, capsys):
+    """Simulated: a drafter run in --dtype half: every draft rejected, no error, decode 3x slower."""
+    with standin(tmp_path, standin_fault="half_dtype_draft", **FAST) as url:
+        code, doc = bench_json(tmp_path, url)
+        seen = counters(url)
+    assert code == 1
+    acceptance = next(c for c in doc["checks"] if c["name"] == "spec_decode_acceptance")
+    assert not acceptance["passed"] and "mean acceptance length 1.00" in acceptance["message"]
+    assert "FAIL  spec_decode_acceptance" in capsys.readouterr().out
+    assert doc["decode_tok_s"] == pytest.approx(200 / 3, rel=0.1)
+    assert seen["vllm:spec_decode_num_drafts_total"] > 0 and seen["vllm:spec_decode_num_draft_tokens_total"] > 0
+    assert seen["vllm:spec_decode_num_accepted_tokens_total"] == 0
+
+
+def test_eager_mode_shows_as_a_seventh_of_the_decode(tmp_path):
+    """Simulated: --enforce-eager left in the config: CUDA graphs off, decode / 7."""
+    with standin(tmp_path, standin_fault="eager", **FAST) as url:
+        code, doc = bench_json(tmp_path, url, "--expect-decode", "100", output_tokens=40)
+    assert code == 1 and doc["decode_tok_s"] == pytest.approx(200 / 7, rel=0.1)
+    assert "expected >= 100" in next(c["message"] for c in doc["checks"] if c["name"] == "decode_min")
+
+
+def test_no_prefix_cache_shows_as_a_repeated_prompt_paying_its_prefill_again(tmp_path, capsys):
+    """Simulated: prefix caching off: the same 2048-token prompt sent again waits its whole prefill (~1 s)
+    again, where a caching server answers in 1/8 of it."""
+    with standin(tmp_path, standin_prefill_tok_s="2000", standin_decode_tok_s="200") as url:
+        _, cached = bench_json(tmp_path, url, prompt_tokens=2048, output_tokens=16)
+    with standin(tmp_path, standin_fault="no_prefix_cache", standin_prefill_tok_s="2000",
+                 standin_decode_tok_s="200") as url:
+        _, uncached = bench_json(tmp_path, url, prompt_tokens=2048, output_tokens=16)
+    assert cached["prefix_cache_speedup"] == pytest.approx(8, rel=0.25)
+    assert not any(w.startswith("prefix cache") for w in cached["warnings"])
+    assert uncached["prefix_cache_speedup"] == pytest.approx(1, rel=0.15)
+    assert uncached["repeat_ttft_s"] > 0.9
+    assert any(w.startswith("prefix cache: the same 2048-token prompt sent again") for w in uncached["warnings"])
+    assert "is prefix caching off" in capsys.readouterr().out
+
+
+def test_a_config_slower_by_a_share_shows_as_that_share(tmp_path):
+    """Simulated: a config 10% slower (STANDIN_SLOWER_BY=0.10) against the same server without it."""
+    rates = {"standin_decode_tok_s": "100", "standin_prefill_tok_s": "2000"}  # 0.8 s of decode: jitter stays small
+    with standin(tmp_path, **rates) as url:
+        _, base = bench_json(tmp_path, url, prompt_tokens=1024)
+    with standin(tmp_path, standin_fault="slower_by", standin_slower_by="0.10", **rates) as url:
+        _, slow = bench_json(tmp_path, url, prompt_tokens=1024)
+    assert slow["decode_tok_s"] / base["decode_tok_s"] == pytest.approx(0.90, abs=0.03)
+    assert slow["prefill_tok_s"] / base["prefill_tok_s"] == pytest.approx(0.90, abs=0.03)
+
+
+def test_decode_noise_is_seeded_and_of_the_size_asked(tmp_path):
+    """Simulated: STANDIN_NOISE_SHARE=0.15 multiplies each request's decode rate by a draw from N(1, 0.15),
+    from STANDIN_SEED's generator: a later gate can be tried against run-to-run noise. (Large on purpose:
+    a loaded 2-core machine adds a few % of timing jitter of its own.)"""
+    def runs(**env):
+        with standin(tmp_path, standin_decode_tok_s="100", standin_prefill_tok_s="4000", **env) as url:
+            return [run_bench(url, "m", prompt_tokens=64, output_tokens=60, seed=n).decode_tok_s for n in range(4)]
+
+    first, again = runs(standin_noise_share="0.15", standin_seed="7"), runs(standin_noise_share="0.15", standin_seed="7")
+    exact = runs()
+    assert first == pytest.approx(again, rel=0.06)  # the same draws: seeded (seed 7 draws x1.12, 1.05, 0.89, 0.86)
+    assert max(first) / min(first) > 1.15  # spread of the size asked for
+    assert max(exact) / min(exact) < 1.06  # and none unless asked for

@@ -50,6 +50,14 @@ def wanted_files(rig: RigConfig) -> dict[str, dict[str, str]]:
             for m in rig.models}
 
 
+def latest_results(rig: RigConfig, results_dir: Path) -> tuple[dict[str, dict | None], list[str]]:
+    """Each model's latest verification (by kind and the time inside, rigkit.verify.history), and a
+    note per result file skipped as unreadable: one bad file never hides the rig's other sections."""
+    skipped: list[str] = []
+    return {m.name: latest_result(results_folder(results_dir, rig.name, m.name), skipped.append)
+            for m in rig.models}, skipped
+
+
 def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path) -> None:
     now = datetime.now(timezone.utc)
     commands = Commands(inventory, host.name)
@@ -66,9 +74,9 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
                     for m in rig.models],
         )
         weights = volume_states(rig)
-        results = {m.name: latest_result(results_folder(results_dir, rig.name, m.name)) for m in rig.models}
+        results, skipped = latest_results(rig, results_dir)
         doc = build_status(rig, host.name, commands, host.get_fact(NvidiaGpus), host.get_fact(RigStatusProbe, probe_args=args),
-                           weights, wanted_files(rig), results, now, GPU_UNIT, HELPER_PATH)
+                           weights, wanted_files(rig), results, now, GPU_UNIT, HELPER_PATH, history_notes=skipped)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -41,9 +41,11 @@ class Commands:
 
 def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuReport | None, probe: dict,
                  weights: dict[str, dict], wanted_files: dict[str, dict[str, str]],
-                 results: dict[str, dict | None], now: datetime, gpu_unit: str, helper_path: str) -> dict:
+                 results: dict[str, dict | None], now: datetime, gpu_unit: str, helper_path: str,
+                 history_notes: list[str] = ()) -> dict:
     """`weights`: {model: WeightsVolumeState}; `wanted_files`: {model: {file name: sha256 of what the
-    catalog renders}}; `results`: {model: latest verification document or None}."""
+    catalog renders}}; `results`: {model: latest verification document or None}; `history_notes`: the
+    result files skipped as unreadable while finding them (rigkit.verify.history), one line each."""
     doc = {"rig": host_name, "rig_name": rig.name, "rig_file": str(rig.file), "reachable": True,
            "checked_at": now.isoformat(timespec="seconds"), "gpus": [], "gpu_policy_unit": None, "stacks": [],
            "weights": [], "verification": [], "watchdog": None, "drift": [], "failures": [], "notes": []}
@@ -62,6 +64,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path)
     _weights(doc, rig, weights, probe.get("volumes", {}), commands, drift, failure)
     _verification(doc, rig, results, now, commands, failure)
+    doc["notes"] += [f"results history: {note}" for note in history_notes]
     _watchdog(doc, rig, probe.get("watchdog"), commands, drift)
     doc["ok"] = not doc["drift"] and not doc["failures"]
     return doc

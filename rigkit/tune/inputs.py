@@ -3,13 +3,13 @@ and where results go."""
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from rigkit.tune.cells import Cell
 from rigkit.tune.grid import GridError, build_grid
+from rigkit.verify.history import write_document
 
 
 class TuneInputError(Exception):
@@ -22,8 +22,10 @@ def default_json(results_dir: Path, rig: str, model: str, hold: bool) -> Path:
 
 
 def write_json(path: Path, document: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    """The tune document, atomically, saying its kind and time: it lies beside the verification
+    results, and their readers pick by those two (rigkit.verify.history), never by file name."""
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    write_document(path, {"kind": "tune", "time": stamp, **document})
 
 
 def elapsed(started: float) -> float:

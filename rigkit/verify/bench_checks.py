@@ -40,11 +40,13 @@ def check_stream_finished(single: StreamResult) -> Check:
                  f"finish_reason {single.finish_reason!r} after all {single.completion_tokens} tokens asked for")
 
 
-def check_context_readback(single: StreamResult) -> Check:
-    off = abs(single.prompt_tokens - single.requested_prompt_tokens) / single.requested_prompt_tokens
+def check_context_readback(single: StreamResult, template_tokens: int = 0) -> Check:
+    """`template_tokens`: what a chat template adds to every prompt (read from the warm-up), taken off first."""
+    off = abs(single.prompt_tokens - template_tokens - single.requested_prompt_tokens) / single.requested_prompt_tokens
+    template = f", of which {template_tokens} the chat template's" if template_tokens else ""
     return Check("context_readback", off <= PROMPT_TOLERANCE,
                  f"asked for {single.requested_prompt_tokens} prompt tokens, the server counted "
-                 f"{single.prompt_tokens} ({off:.1%} off; over {PROMPT_TOLERANCE:.0%} fails)")
+                 f"{single.prompt_tokens}{template} ({off:.1%} off; over {PROMPT_TOLERANCE:.0%} fails)")
 
 
 def check_decode_plausible(single: StreamResult, server_decode_s: float | None, roofline_tok_s: float | None,

@@ -3,6 +3,9 @@
 Honest counting, after the field notes:
 - tokens come from the API's `usage`, never from chunks (rigkit.verify.stream reads
   each stream to its end and says whether it finished well);
+- either endpoint (`completions` or `chat`), by the same rules; on chat the template's
+  own prompt tokens are read from the warm-up request (its usage less its prompt) and
+  taken off before the context read-back;
 - prefill is measured on an uncached prompt (a random prefix busts the prefix
   cache), and the prompt length is read back from usage.prompt_tokens;
 - prefill tok/s from the server's own prefill time when vLLM's per-request
@@ -11,6 +14,9 @@ Honest counting, after the field notes:
 - decode tok/s = (completion_tokens - 1) / (last token time - first token time),
   unless the tokens arrived in a burst (then no client-side rate at all);
 - speculative acceptance from whichever /metrics counters exist (rigkit.verify.metrics);
+- the prefix cache: the measured prompt is sent once more, after the figures are taken;
+  its TTFT against the first (`repeat_ttft_s`, `prefix_cache_speedup`) shows whether the
+  server caches prefixes (a warning when a long repeated prompt was not faster);
 - every request has a timeout; every failed request, at any concurrency, fails a check.
 """
 
@@ -40,6 +46,10 @@ WORDS = (
     "out many then them these so some her would make like him into time has look two more write go see number no way"
 ).split()
 NONCE_WORDS = 6
+WARM_PROMPT_TOKENS = 32
+REPEAT_OUTPUT_TOKENS = 4
+PREFIX_CACHE_EVIDENT = 2.0  # a repeated prompt's TTFT at least this many times shorter: served from the cache
+PREFIX_CACHE_MIN_PROMPT = 256  # on shorter prompts fixed per-request costs hide the prefill
 # Small writes wait for a delayed ACK (~40 ms) without TCP_NODELAY: the client's own request would add to TTFT.
 NO_DELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
@@ -95,6 +105,10 @@ class BenchResult:
     acceptance_rate: float | None = None
     acceptance_status: str = "not drafting"  # measured | rate only | unknown | not drafting
     acceptance_source: str = ""
+    repeat_ttft_s: float | None = None  # the measured prompt sent again: its TTFT (a prefix-cache hit is much shorter)
+    prefix_cache_speedup: float | None = None  # ttft_s / repeat_ttft_s
+    endpoint: str = "completions"  # completions | chat (rigkit.verify.stream.ENDPOINTS)
+    chat_template_tokens: int | None = None  # chat only: prompt tokens the template adds, from the warm-up
     warnings: list[str] = field(default_factory=list)
     wall_send_s: float | None = None  # time.time() at send, first and last token: lines up with telemetry
     wall_first_token_s: float | None = None
@@ -162,35 +176,46 @@ def _itl_ms(result: StreamResult) -> list[float]:
 def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int = 128,
               concurrency: tuple[int, ...] = (), timeout_s: float = 120.0, api_key: str | None = None,
               expected_min_decode_tok_s: float | None = None, seed: int | None = None,
-              roofline_tok_s: float | None = None, draft_tokens_per_step: int | None = None) -> BenchResult:
+              roofline_tok_s: float | None = None, draft_tokens_per_step: int | None = None,
+              endpoint: str = "completions") -> BenchResult:
     """Single stream first (the figures, with /metrics read around it), then each concurrency level."""
     rng = random.Random(seed)
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    before = after = None
+    before = after = repeat = None
     with http_client(headers, timeout_s) as client:
         version = _server_version(client, url)
-        warm = stream_completion(client, url, model, make_prompt(32, rng), 32, 4, timeout_s)
+        warm = stream_completion(client, url, model, make_prompt(WARM_PROMPT_TOKENS, rng), WARM_PROMPT_TOKENS, 4,
+                                 timeout_s, endpoint)
         single = warm
         if not warm.error:
             before = read_metrics(client, url)
-            single = stream_completion(
-                client, url, model, make_prompt(prompt_tokens, rng), prompt_tokens, output_tokens, timeout_s)
+            single_prompt = make_prompt(prompt_tokens, rng)
+            single = stream_completion(client, url, model, single_prompt, prompt_tokens,
+                                       output_tokens, timeout_s, endpoint)
             after = _settled_metrics(client, url, before)
-        runs = [(c, _concurrent(url, headers, model, c, prompt_tokens, output_tokens, timeout_s, rng))
+            if not single.error:
+                repeat = stream_completion(client, url, model, single_prompt, prompt_tokens, REPEAT_OUTPUT_TOKENS,
+                                           timeout_s, endpoint)
+        runs = [(c, _concurrent(url, headers, model, c, prompt_tokens, output_tokens, timeout_s, rng, endpoint))
                 for c in concurrency]
+    template = None
+    if endpoint == "chat" and warm.prompt_tokens is not None:
+        template = max(0, warm.prompt_tokens - WARM_PROMPT_TOKENS)
     provenance = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                  "concurrency": [1, *concurrency], "server_version": version}
+                  "concurrency": [1, *concurrency], "server_version": version, "endpoint": endpoint}
     return _document(url, model, prompt_tokens, output_tokens, single, before, after, runs,
-                     expected_min_decode_tok_s, roofline_tok_s, draft_tokens_per_step, provenance)
+                     expected_min_decode_tok_s, roofline_tok_s, draft_tokens_per_step, provenance, template, repeat)
 
 
-def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng) -> list[StreamResult]:
+def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng,
+                endpoint="completions") -> list[StreamResult]:
     prompts = [make_prompt(prompt_tokens, rng) for _ in range(streams)]
     results: list[StreamResult] = [StreamResult(prompt_tokens, output_tokens, error="never ran")] * streams
     with http_client(headers, timeout_s, streams) as client:
         def one(n):
-            results[n] = stream_completion(client, url, model, prompts[n], prompt_tokens, output_tokens, timeout_s)
+            results[n] = stream_completion(client, url, model, prompts[n], prompt_tokens, output_tokens, timeout_s,
+                                           endpoint)
 
         threads = [threading.Thread(target=one, args=(n,)) for n in range(streams)]
         for t in threads:
@@ -212,15 +237,31 @@ def _level(streams: int, results: list[StreamResult]) -> ConcurrencyLevel:
     return ConcurrencyLevel(streams, errors, aggregate, per_stream, requests=len(results), succeeded=len(done))
 
 
+def _prefix_cache(single: StreamResult, repeat: StreamResult | None, warnings: list[str]):
+    """(repeat TTFT, speedup) of the measured prompt sent again; a warning when a long one was not faster."""
+    if repeat is None:
+        return None, None
+    if repeat.error or repeat.ttft_s is None:
+        warnings.append(f"prefix cache not measured: the repeated prompt failed ({repeat.error or 'no token'})")
+        return None, None
+    speedup = single.ttft_s / repeat.ttft_s if single.ttft_s and repeat.ttft_s > 0 else None
+    if speedup is not None and speedup < PREFIX_CACHE_EVIDENT and single.requested_prompt_tokens >= PREFIX_CACHE_MIN_PROMPT:
+        warnings.append(f"prefix cache: the same {single.requested_prompt_tokens}-token prompt sent again took "
+                        f"{repeat.ttft_s:.3f} s to its first token, {single.ttft_s:.3f} s the first time "
+                        f"(x{speedup:.1f}); is prefix caching off (--no-enable-prefix-caching)?")
+    return repeat.ttft_s, speedup
+
+
 def _document(url, model, requested_prompt, requested_output, single: StreamResult, before, after, runs,
-              expected_min, roofline_tok_s, draft_tokens_per_step, provenance) -> BenchResult:
+              expected_min, roofline_tok_s, draft_tokens_per_step, provenance, template_tokens=None,
+              repeat: StreamResult | None = None) -> BenchResult:
     ok = single.error is None
     checks = [judge.check_tokens_produced(single)]
     warnings = []
     if ok:
         checks.append(judge.check_stream_finished(single))
         if single.prompt_tokens is not None:
-            checks.append(judge.check_context_readback(single))
+            checks.append(judge.check_context_readback(single, template_tokens or 0))
     times, why_not = metrics.request_times(before, after) if ok else (None, "the request failed")
     acc = metrics.acceptance(before, after, draft_tokens_per_step) if ok else metrics.Acceptance(None, None, "")
     tokens_per_chunk = single.completion_tokens / single.chunks if ok and single.chunks else None
@@ -242,6 +283,7 @@ def _document(url, model, requested_prompt, requested_output, single: StreamResu
                             f"no decode rate measured; expected >= {expected_min:g} tok/s"))
     if single.problems:
         warnings += single.problems
+    repeat_ttft, speedup = _prefix_cache(single, repeat, warnings) if ok else (None, None)
     prefill_s = times.prefill_s if times else None
     if ok and single.prompt_tokens and prefill_s and prefill_s > 0:
         prefill, source = single.prompt_tokens / prefill_s, PREFILL_FROM_SERVER
@@ -275,4 +317,6 @@ def _document(url, model, requested_prompt, requested_output, single: StreamResu
         acceptance_rate=acc.rate, acceptance_status=status, acceptance_source=acc.source, warnings=warnings,
         wall_send_s=single.wall_send_s if ok else None, wall_first_token_s=single.wall_first_s if ok else None,
         wall_last_token_s=single.wall_last_s if ok else None, provenance=provenance,
+        endpoint=provenance.get("endpoint", "completions"), chat_template_tokens=template_tokens,
+        repeat_ttft_s=repeat_ttft, prefix_cache_speedup=speedup,
     )

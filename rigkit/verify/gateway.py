@@ -16,7 +16,6 @@ roles/gateway_verify.py gives the URLs (SSH port forwards) and keys.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from rigkit.verify.checks import Check
 from rigkit.verify.client import BenchResult, http_client, make_prompt, run_bench
+from rigkit.verify.history import write_document
 from rigkit.verify.stream import StreamResult, stream_completion
 
 # The benchmark through the gateway. 64 tokens: LiteLLM ends a stream after 100 identical chunks in a
@@ -263,7 +263,4 @@ def document(gateway_host: str, rig: str, url: str, results: list[GatewayModelRe
 
 def save(results_dir: Path, rig: str, doc: dict) -> Path:
     folder = Path(results_dir) / rig / RESULTS_FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{doc['time'].replace(':', '').replace('+0000', 'Z').replace('+00:00', 'Z')}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
+    return write_document(folder / f"{doc['time'].replace(':', '').replace('+0000', 'Z').replace('+00:00', 'Z')}.json", doc)

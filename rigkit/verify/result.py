@@ -8,7 +8,6 @@ cross-check. Regressions are flagged only against a result with the same provena
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +25,7 @@ from rigkit.verify.checks import (
 )
 from rigkit.verify.client import BenchResult
 from rigkit.verify.energy import PhaseEnergy, phase
+from rigkit.verify.history import Warn, read_history, stderr_warning, write_document
 from rigkit.verify.provenance import changes, provenance
 
 REGRESSION_SHARE = 0.10
@@ -86,6 +86,7 @@ class VerificationResult:
         document = asdict(self)
         document["bench"] = self.bench.to_json()
         document["passed"] = self.passed
+        document["kind"] = "verification"
         return document
 
 
@@ -186,25 +187,21 @@ def results_folder(results_dir: Path, rig: str, model: str) -> Path:
     return Path(results_dir) / rig / model
 
 
-def latest_result(folder: Path) -> dict | None:
-    runs = sorted(folder.glob("*.json"))
-    return json.loads(runs[-1].read_text()) if runs else None
+def latest_result(folder: Path, warn: Warn | None = stderr_warning) -> dict | None:
+    """The newest verification in `folder` by the time inside it (tune and gate documents are not
+    verifications); unreadable files are skipped and named through `warn`."""
+    found = earlier_results(folder, 1, warn)
+    return found[0] if found else None
 
 
-def earlier_results(folder: Path, most: int = 50) -> list[dict]:
-    """The newest `most` results in `folder`, newest first (unreadable files skipped)."""
-    found = []
-    for path in sorted(folder.glob("*.json"), reverse=True)[:most]:
-        try:
-            found.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return found
+def earlier_results(folder: Path, most: int = 50, warn: Warn | None = stderr_warning) -> list[dict]:
+    """The newest `most` verifications in `folder`, newest first (rigkit.verify.history)."""
+    history = read_history(folder, "verification")
+    for text in history.warnings if warn else ():
+        warn(text)
+    return history.documents[:most]
 
 
 def save_result(folder: Path, result: VerificationResult) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
     stamp = result.time.replace(":", "").replace("+0000", "Z").replace("+00:00", "Z")
-    path = folder / f"{stamp}.json"
-    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    return path
+    return write_document(Path(folder) / f"{stamp}.json", result.to_json())

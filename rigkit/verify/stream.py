@@ -2,10 +2,15 @@
 
 - Every event is read (rigkit.verify.sse parses the wire format); an `error` object
   in any event, or an SSE `event: error`, fails the request with the server's own text.
+- Two endpoints, measured by the same rules: `completions` (`/v1/completions`, a `prompt`)
+  and `chat` (`/v1/chat/completions`, the prompt as one user message), for chat-only
+  servers and gateways.
 - The first token is the first generated text of any kind: `text`, `delta.content`,
-  `delta.reasoning_content`, `delta.reasoning` or a tool call's name/arguments. An
-  empty chunk (empty string, role-only delta) is not a token.
-- Tokens are counted from `usage`, never from chunks.
+  `delta.reasoning_content`, `delta.reasoning`, a tool call's name/arguments, or a
+  choice-level `reasoning`/`reasoning_content` (some servers put a reasoning model's
+  text there on completions). An empty chunk (empty string, role-only delta) is not a token.
+- Tokens are counted from `usage`, never from chunks. A stream that carried neither a
+  token nor usage (only `data: [DONE]`) is named as such: no tokens came back.
 - A stream that ends without finish_reason, with an abnormal one, or with fewer
   tokens than asked (ignore_eos is set) is a problem: its figures are kept, the
   check fails.
@@ -23,6 +28,7 @@ import httpx
 from rigkit.verify import sse
 
 NORMAL_FINISH = ("length", "stop")
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclass
@@ -76,7 +82,8 @@ def generated(choice: dict) -> dict[str, str]:
     """Generated text in one streamed choice, by the field that carried it (empty ones left out)."""
     delta = choice.get("delta") or {}
     found = {"text": choice.get("text"), "content": delta.get("content"),
-             "reasoning_content": delta.get("reasoning_content"), "reasoning": delta.get("reasoning")}
+             "reasoning_content": delta.get("reasoning_content"), "reasoning": delta.get("reasoning"),
+             "choice.reasoning_content": choice.get("reasoning_content"), "choice.reasoning": choice.get("reasoning")}
     calls = delta.get("tool_calls") or []
     found["tool_calls"] = "".join(
         str((c.get("function") or {}).get(part) or "") for c in calls if isinstance(c, dict) for part in ("name", "arguments"))
@@ -97,20 +104,30 @@ def error_text(payload) -> str | None:
     return None
 
 
+def request_body(endpoint: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """The streamed request for `endpoint`: the same sampling either way; chat sends the prompt as one user message."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint {endpoint!r}: one of {', '.join(ENDPOINTS)}")
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        return {**body, "messages": [{"role": "user", "content": prompt}]}
+    return {**body, "prompt": prompt}
+
+
 def stream_completion(client: httpx.Client, url: str, model: str, prompt: str, requested: int,
-                      max_tokens: int, timeout_s: float) -> StreamResult:
+                      max_tokens: int, timeout_s: float, endpoint: str = "completions") -> StreamResult:
     result = StreamResult(requested_prompt_tokens=requested, requested_output_tokens=max_tokens)
-    body = {
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }
+    body = request_body(endpoint, model, prompt, max_tokens)
     deadline = time.monotonic() + timeout_s
     result.t_send, result.wall_send_s = time.monotonic(), time.time()
     decoder = sse.Decoder()
     try:
-        with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
+        with client.stream("POST", f"{url}{ENDPOINTS[endpoint]}", json=body, timeout=timeout_s) as response:
             if response.status_code != 200:
                 result.error = _http_error(response)
+                if response.status_code == 404 and endpoint == "completions" and "does not exist" not in result.error:
+                    result.error += " (no /v1/completions here: a chat-only server or gateway? try --endpoint chat)"
                 return result
             for piece in response.iter_bytes():
                 now, wall = time.monotonic(), time.time()
@@ -170,6 +187,10 @@ def _take(result: StreamResult, event: sse.Event, now: float, wall: float) -> No
 
 def _judge(result: StreamResult) -> None:
     if result.error is not None:
+        return
+    if result.completion_tokens is None and result.t_first is None and result.finish_reason is None:
+        result.error = ("no tokens came back: the stream ended with no token, no finish_reason and no usage "
+                        "(nothing but [DONE])")
         return
     if result.completion_tokens is None:
         result.error = "the server sent no usage; tokens cannot be counted honestly (needs stream_options.include_usage)"

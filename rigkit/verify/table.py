@@ -31,12 +31,15 @@ def _level(level: ConcurrencyLevel) -> str:
 def bench_table(result: BenchResult) -> str:
     rows = [
         ("model", result.model),
+        ("endpoint", "/v1/chat/completions" if result.endpoint == "chat" else "/v1/completions"),
         ("prompt tokens (asked / counted)", f"{result.requested_prompt_tokens} / {_fmt(result.prompt_tokens, 'd')}"),
         ("completion tokens (asked / from usage)",
          f"{result.requested_output_tokens} / {_fmt(result.completion_tokens, 'd')}, "
          f"finish_reason {result.finish_reason or '-'}"),
         ("first token in", ", ".join(result.token_fields) or "-"),
         ("TTFT (client)", _fmt(result.ttft_s, ".3f", " s")),
+        ("TTFT, same prompt again (prefix cache)",
+         f"{_fmt(result.repeat_ttft_s, '.3f', ' s')} (x{_fmt(result.prefix_cache_speedup, '.1f')} faster)"),
         ("queue (server)", _fmt(result.queue_s, ".3f", " s")),
         (f"prefill ({result.prefill_source})", _fmt(result.prefill_tok_s, ".0f", " tok/s")),
         ("decode (client)", _fmt(result.decode_tok_s, ".1f", " tok/s")),

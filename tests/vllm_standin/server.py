@@ -12,8 +12,17 @@ What it fakes, and the traps it reproduces:
   1 + accepted tokens, so counting chunks undercounts tokens by that factor.
   Acceptance per draft is STANDIN_ACCEPTED_PER_DRAFT (default 1.4 of k drafted).
 - `--dtype half`/`float16` with speculative decoding: zero acceptance, one token
-  per chunk, 3x slower decode, no error (the silent bf16-drafter trap).
-- `--enforce-eager`: decode 7x slower (the leftover-workaround trap).
+  per chunk, 3x slower decode, no error (the silent bf16-drafter trap). The fault
+  `half_dtype_draft` plays the same (with a 3-token drafter when no --speculative-config
+  is given): /metrics counts drafts and draft tokens, zero accepted.
+- `--enforce-eager` or the fault `eager`: decode 7x slower (the leftover-workaround trap).
+- Prefix caching (vLLM's default; `--no-enable-prefix-caching` or the fault `no_prefix_cache`
+  turn it off): a prompt seen before prefills in 1/8 of the time (field notes: a repeated
+  11k-token prompt, 7 s -> 0.86 s); without it, every repeat pays the whole prefill again.
+- The fault `slower_by` with STANDIN_SLOWER_BY (e.g. 0.10): a config that is that share
+  slower, prefill and decode both (decode tok/s x 0.9).
+- STANDIN_NOISE_SHARE: the relative sd of each request's rates (decode; 1.5x for prefill),
+  drawn from STANDIN_SEED's generator; default 0.006 with STANDIN_GPU_DIR, 0 (exact rates) without.
 - STANDIN_PROMPT_INFLATION: usage.prompt_tokens reports that many times the real
   prompt length (a server whose token count disagrees with the request).
 - Faults (STANDIN_FAULT, several may be given comma-separated): `fail_at_start` exits
@@ -24,7 +33,10 @@ What it fakes, and the traps it reproduces:
   `buffered` plays a buffering proxy: the server generates at its rates but every
   event of a stream arrives at once at the end; `empty_first` sends an empty text
   chunk and a role-only delta as soon as the request arrives, before prefill; `no_usage`
-  ignores stream_options.include_usage (a server that never reports usage in a stream).
+  ignores stream_options.include_usage (a server that never reports usage in a stream);
+  `empty_stream` answers 200 with a stream of nothing but `data: [DONE]` (no token, no usage);
+  `chat_only` has no /v1/completions (404 `{"detail": "Not Found"}`, as FastAPI answers an
+  unknown route): a chat-only server or gateway.
 - Stream endings: STANDIN_FINISH_REASON replaces the last chunk's finish_reason
   (`abort`, `error`, ...; `none` sends none at all); STANDIN_STOP_AFTER_TOKENS stops
   every generation after that many tokens with finish_reason "stop" (ignore_eos not honoured).
@@ -34,7 +46,16 @@ What it fakes, and the traps it reproduces:
   `multiline` spreads each JSON payload over several `data:` lines; `crlf` ends lines in CRLF.
 - Token fields (STANDIN_TOKEN_FIELD): `text` (default for completions), `content`
   (default for chat), `reasoning_content`, `reasoning`, or `tool_calls` (function
-  arguments deltas): the field carrying the generated text, on either endpoint.
+  arguments deltas): the field carrying the generated text, on either endpoint;
+  `choice_reasoning` / `choice_reasoning_content` put it in a choice-level `reasoning` /
+  `reasoning_content` field (some servers do so on completions).
+- Chat (/v1/chat/completions), as vLLM streams it: `messages` required (400 without, as a
+  completion without `prompt` is refused), the chat template adds STANDIN_CHAT_TEMPLATE_TOKENS
+  (default 8, ChatML's) prompt tokens, a `chatcmpl-` id, a role chunk
+  (`delta: {"role": "assistant", "content": ""}`) just before the first token, then deltas.
+  With `--reasoning-parser`, the first STANDIN_REASONING_TOKENS (default 16) generated tokens
+  stream as `delta.reasoning_content` (STANDIN_REASONING_FIELD=`reasoning` for newer vLLM's
+  name), the rest as `delta.content`.
 - Shutdown: SIGTERM (`docker stop`, Compose recreating the container) ends the server at
   once; vLLM's API server also shuts down on SIGTERM within seconds (the stand-in does not
   wait for in-flight streams: it cuts them). Without a handler, PID 1 ignores SIGTERM and
@@ -93,7 +114,8 @@ HISTOGRAMS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seco
               "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds",
               "vllm:e2e_request_latency_seconds")
 BUCKETS = (0.01, 0.1, 1.0, 10.0)
-KEEPALIVE_S = 0.1  # the `comments` SSE variant sends a comment this often while a request waits
+KEEPALIVE_S = 0.1
+CACHED_PREFILL_SHARE = 1 / 8  # a prefix-cache hit: the field notes' repeated 11k-token prompt, 7 s -> 0.86 s  # the `comments` SSE variant sends a comment this often while a request waits
 
 
 def parse_args(argv):
@@ -131,25 +153,34 @@ class Engine:
         env = os.environ
         self.prefill_tok_s = float(env.get("STANDIN_PREFILL_TOK_S", "4000"))
         decode = float(env.get("STANDIN_DECODE_TOK_S", "60"))
+        self.faults = set(filter(None, env.get("STANDIN_FAULT", "").split(",")))
         self.spec = json.loads(args.speculative_config) if args.speculative_config else None
+        if "half_dtype_draft" in self.faults and not self.spec:
+            self.spec = {"model": "draft", "num_speculative_tokens": 3}  # a drafter the fault's config carries
         self.k = int(self.spec.get("num_speculative_tokens", 1)) if self.spec else 0
         accepted = float(env.get("STANDIN_ACCEPTED_PER_DRAFT", str(min(self.k, 1.4)))) if self.spec else 0.0
-        if self.spec and args.dtype in ("half", "float16"):
+        if self.spec and (args.dtype in ("half", "float16") or "half_dtype_draft" in self.faults):
             accepted, decode = 0.0, decode / 3  # drafts all rejected, and paid for
-        if args.enforce_eager:
+        if args.enforce_eager or "eager" in self.faults:
             decode /= 7
+        self.slower_by = float(env.get("STANDIN_SLOWER_BY", "0.10")) if "slower_by" in self.faults else 0.0
+        decode *= 1 - self.slower_by
+        self.prefill_tok_s *= 1 - self.slower_by
+        self.prefix_caching = args.enable_prefix_caching and "no_prefix_cache" not in self.faults
+        self.chat_template_tokens = int(env.get("STANDIN_CHAT_TEMPLATE_TOKENS", "8"))
+        self.reasoning_tokens = int(env.get("STANDIN_REASONING_TOKENS", "16")) if args.reasoning_parser else 0
+        self.reasoning_field = env.get("STANDIN_REASONING_FIELD", "reasoning_content")
         self.accepted_per_draft = accepted
         self.decode_factor = decode / float(env.get("STANDIN_DECODE_TOK_S", "60"))  # the traps' slow-downs
         self.decode_tok_s = decode
         gpu_dir = env.get("STANDIN_GPU_DIR")
         self.gpu_dir = os.path.join(args.model, gpu_dir) if gpu_dir else None
         self.gpu_indices = [int(i) for i in env.get("STANDIN_GPU_INDICES", "0").split(",")]
-        self.noise_share = float(env.get("STANDIN_NOISE_SHARE", "0.006"))
+        self.noise_share = float(env.get("STANDIN_NOISE_SHARE", "0.006" if gpu_dir else "0"))
         self.drift_per_s = float(env.get("STANDIN_DRIFT_PER_S", "0"))
         self.started = time.monotonic()
         self.rng = random.Random(env.get("STANDIN_SEED"))
         self.inflation = float(env.get("STANDIN_PROMPT_INFLATION", "1.0"))
-        self.faults = set(filter(None, env.get("STANDIN_FAULT", "").split(",")))
         self.hang = "hang" in self.faults
         self.sse = set(filter(None, env.get("STANDIN_SSE", "").split(",")))
         self.token_field = env.get("STANDIN_TOKEN_FIELD")
@@ -181,7 +212,11 @@ class Engine:
     def rates(self) -> tuple[float, float]:
         """(prefill tok/s, decode tok/s) for a request arriving now."""
         if not self.gpu_dir:
-            return self.prefill_tok_s, self.decode_tok_s
+            if not self.noise_share:
+                return self.prefill_tok_s, self.decode_tok_s
+            with self.lock:
+                decode_noise, prefill_noise = self.rng.gauss(1, self.noise_share), self.rng.gauss(1, self.noise_share * 1.5)
+            return self.prefill_tok_s * prefill_noise, self.decode_tok_s * decode_noise
         curves = _curves()
         with open(os.path.join(self.gpu_dir, "gpus.json")) as f:
             gpus = json.load(f)["gpus"]
@@ -201,7 +236,7 @@ class Engine:
         with self.lock:
             decode_noise, prefill_noise = self.rng.gauss(1, self.noise_share), self.rng.gauss(1, self.noise_share * 1.5)
         return (min(t.prefill_tok_s for t in truths) * drift * prefill_noise,
-                min(t.decode_tok_s for t in truths) * drift * decode_noise * self.decode_factor)
+                min(t.decode_tok_s for t in truths) * drift * decode_noise * self.decode_factor * (1 - self.slower_by))
 
     def tokens_per_step(self, step: int) -> int:
         """1 + accepted tokens; spreads fractional acceptance evenly over steps."""
@@ -373,11 +408,18 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if self.path.startswith("/standin/"):
             return self.standin_control()
-        if self.path not in ("/v1/completions", "/v1/chat/completions"):
-            return self.send_json(404, {"error": "not found"})
+        if self.path not in ("/v1/completions", "/v1/chat/completions") or (
+                "chat_only" in ENGINE.faults and self.path == "/v1/completions"):
+            return self.send_json(404, {"detail": "Not Found"})
         if not self.authorised():
             return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        chat = self.path.endswith("chat/completions")
+        needed = "messages" if chat else "prompt"
+        if not (isinstance(body.get(needed), list) if chat else isinstance(body.get(needed), (str, list))):
+            return self.send_json(400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                                        "message": f"[{{'type': 'missing', 'loc': ('body', '{needed}'), "
+                                                   f"'msg': 'Field required'}}]"})
         if body.get("model") not in ENGINE.names:
             return self.send_json(404, {"error": f"The model `{body.get('model')}` does not exist."})
         if ENGINE.hang:
@@ -387,7 +429,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.stay_wedged()
         ENGINE.set_running(1)
         try:
-            self.generate(body, chat=self.path.endswith("chat/completions"))
+            self.generate(body, chat=chat)
         finally:
             ENGINE.set_running(-1)
 
@@ -433,14 +475,16 @@ class Handler(BaseHTTPRequestHandler):
     def generate_admitted(self, body: dict, chat: bool, arrived: float) -> None:
         text = prompt_text(body)
         real_prompt = len(text.split())
+        if chat:
+            real_prompt += ENGINE.chat_template_tokens  # the template's own tokens are prefilled too
         prompt_tokens = round(real_prompt * ENGINE.inflation)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         wanted = min(max_tokens, ENGINE.stop_after) if ENGINE.stop_after else max_tokens
         key = hashlib.sha256(text.encode()).hexdigest()
-        cached = ENGINE.args.enable_prefix_caching and key in ENGINE.cache
+        cached = ENGINE.prefix_caching and key in ENGINE.cache
         ENGINE.cache.add(key)
         prefill_tok_s, decode_tok_s = ENGINE.rates()
-        prefill_s = real_prompt / prefill_tok_s * (0.1 if cached else 1.0)
+        prefill_s = real_prompt / prefill_tok_s * (CACHED_PREFILL_SHARE if cached else 1.0)
         if ENGINE.long_prefill_s:
             self.long_prefill(real_prompt, ENGINE.long_prefill_s)
 
@@ -453,7 +497,7 @@ class Handler(BaseHTTPRequestHandler):
                 drafts += 1
                 accepted += n - 1
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
-        rid = f"cmpl-{uuid.uuid4().hex}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         model = body["model"]
         kind = "chat.completion.chunk" if chat else "text_completion"
         finish = "stop" if wanted < max_tokens else "length"
@@ -473,6 +517,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.held = [] if "buffered" in ENGINE.faults else None
+        if "empty_stream" in ENGINE.faults:
+            return self.finish_stream()
         if "empty_first" in ENGINE.faults:
             for empty in ({"text": ""}, {"delta": {"role": "assistant", "content": ""}}):
                 self.write_event({"id": rid, "object": kind, "model": model,
@@ -485,6 +531,9 @@ class Handler(BaseHTTPRequestHandler):
         for i, n in enumerate(steps):
             target = scheduled + prefill_s + (max(0, emitted + n - 1) / decode_tok_s if i else 0)
             self.wait_until(target)
+            if first is None and chat:  # vLLM's first chunk of a chat stream: the role, with the first output
+                self.write_event({"id": rid, "object": kind, "model": model, "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
             first = first or time.monotonic()
             if "error_mid_stream" in ENGINE.faults and emitted >= ENGINE.error_after:
                 self.write_event({"error": {"object": "error", "type": "InternalServerError", "code": 500,
@@ -493,7 +542,8 @@ class Handler(BaseHTTPRequestHandler):
             emitted += n
             last = emitted >= produced
             reason = (None if ENGINE.finish_reason == "none" else ENGINE.finish_reason or finish) if last else None
-            choice = {"index": 0, "finish_reason": reason, **token_payload(field, " ".join("tok" for _ in range(n)) + " ", i)}
+            carrier = ENGINE.reasoning_field if chat and emitted - n < ENGINE.reasoning_tokens else field
+            choice = {"index": 0, "finish_reason": reason, **token_payload(carrier, " ".join("tok" for _ in range(n)) + " ", i)}
             if not self.write_event({"id": rid, "object": kind, "model": model, "choices": [choice]}):
                 return
         done = time.monotonic()
@@ -551,6 +601,8 @@ def token_payload(field: str, piece: str, step: int) -> dict:
     """The generated text in the field STANDIN_TOKEN_FIELD names, as vLLM streams that field."""
     if field == "text":
         return {"text": piece}
+    if field.startswith("choice_"):
+        return {"text": "", field.removeprefix("choice_"): piece}
     if field == "tool_calls":
         call = {"index": 0, "function": {"arguments": piece}}
         if step == 0:

@@ -1,0 +1,147 @@
+"""The rollout gate's decision: promote a candidate serving config, or refuse it, from the last
+proven result's figures and at least three runs of the candidate. Pure; the rig-side gate that
+measures and acts (templates/serving/rigkit-stack) is not here.
+
+Refused when any of these fails (each is a `GateCheck`, all reported at once):
+- runs: fewer than MIN_RUNS candidate runs (noise cannot be judged from fewer);
+- every_check_passed: a candidate run failed one of its own checks;
+- decode: the candidate's mean decode tok/s is ALLOWANCE (10%) or more below the proven one's,
+  or 3x the candidate runs' coefficient of variation when that is larger (then the reason says
+  the allowance was widened, and by what): noisy runs are not called a regression;
+- ttft: the mean time to first token is that allowance (from the TTFT runs' own CV) or more above;
+- acceptance: with drafting, accepted tokens per draft (mean acceptance length - 1) fell below
+  ACCEPTANCE_COLLAPSE (half) of the proven one's: a drafter run in the wrong dtype accepts
+  nothing and says nothing;
+- gpu_caps: a GPU's mean power under load above its cap (by more than POWER_TOLERANCE).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rigkit.verify.checks import POWER_TOLERANCE
+
+MIN_RUNS = 3
+ALLOWANCE = 0.10  # a candidate 10% or more slower (or TTFT 10% or more longer) is refused
+NOISE_FACTOR = 3.0  # ... or 3x the candidate runs' coefficient of variation, when that is larger
+ACCEPTANCE_COLLAPSE = 0.5  # accepted tokens per draft below half the proven one's
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One run's figures: of the proven config (from its result) or of one candidate run."""
+
+    decode_tok_s: float | None
+    ttft_s: float | None
+    acceptance_length: float | None = None  # mean acceptance length; None when not drafting or unknown
+    passed: bool = True
+    failed_checks: tuple[str, ...] = ()
+    gpu_power_w: dict[int, float] = field(default_factory=dict)  # mean power under load per GPU index
+
+
+def from_result(document: dict) -> RunFigures:
+    """A verification result document's figures (docs/verification.md)."""
+    figures = document.get("figures") or {}
+    bench = document.get("bench") or {}
+    return RunFigures(
+        decode_tok_s=figures.get("decode_tok_s"), ttft_s=figures.get("ttft_s"),
+        acceptance_length=bench.get("acceptance_length"), passed=bool(document.get("passed")),
+        failed_checks=tuple(c.get("name", "?") for c in document.get("checks", []) if not c.get("passed")),
+        gpu_power_w={g["index"]: g["mean_power_under_load_w"] for g in document.get("gpus", [])
+                     if g.get("mean_power_under_load_w") is not None})
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    promote: bool
+    checks: list[GateCheck]
+
+    @property
+    def failed(self) -> list[GateCheck]:
+        return [c for c in self.checks if not c.passed]
+
+    @property
+    def reason(self) -> str:
+        """One screen: the verdict, then each check with the old and new figures."""
+        head = "PROMOTE: the candidate is as good as the proven config" if self.promote else \
+            "REFUSE: " + ", ".join(c.name for c in self.failed)
+        return "\n".join([head, *(f"{'ok  ' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks)])
+
+
+def allowance(values: Sequence[float]) -> tuple[float, float]:
+    """(allowance, coefficient of variation) for a figure measured in `values`."""
+    mean = statistics.fmean(values)
+    cv = statistics.stdev(values) / mean if len(values) > 1 and mean else 0.0
+    return max(ALLOWANCE, NOISE_FACTOR * cv), cv
+
+
+def decide(proven: RunFigures, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None) -> Verdict:
+    """Promote or refuse; `caps_w`: each GPU's power cap in W (None or missing: no cap)."""
+    checks = [GateCheck("runs", len(candidates) >= MIN_RUNS,
+                        f"{len(candidates)} candidate run(s); {MIN_RUNS} or more are needed to judge noise")]
+    failed_runs = [(n, r.failed_checks) for n, r in enumerate(candidates, 1) if not r.passed]
+    checks.append(GateCheck("every_check_passed", not failed_runs, "; ".join(
+        f"run {n} failed {', '.join(names) or 'a check'}" for n, names in failed_runs) or
+        f"all {len(candidates)} run(s) passed every check"))
+    checks.append(_compare("decode", "decode", proven.decode_tok_s, [r.decode_tok_s for r in candidates],
+                           "tok/s", higher_is_better=True))
+    checks.append(_compare("ttft", "TTFT", proven.ttft_s, [r.ttft_s for r in candidates], "s", higher_is_better=False))
+    acceptance = _acceptance(proven.acceptance_length, [r.acceptance_length for r in candidates])
+    if acceptance:
+        checks.append(acceptance)
+    checks.append(_caps(candidates, caps_w or {}))
+    return Verdict(all(c.passed for c in checks), checks)
+
+
+def _compare(name: str, label: str, old: float | None, runs: list[float | None], unit: str,
+             higher_is_better: bool) -> GateCheck:
+    values = [v for v in runs if v is not None]
+    if old is None:
+        return GateCheck(name, True, f"the proven result has no {label}: not compared")
+    if len(values) < len(runs) or not values:
+        return GateCheck(name, False, f"{len(runs) - len(values)} of {len(runs)} candidate run(s) measured no {label}")
+    new = statistics.fmean(values)
+    allowed, cv = allowance(values)
+    worse = (old - new) / old if higher_is_better else (new - old) / old
+    why = f"{allowed:.1%} allowed" + (f" (widened from {ALLOWANCE:.0%}: 3x the runs' CV of {cv:.1%})"
+                                       if allowed > ALLOWANCE else f" (runs' CV {cv:.1%})")
+    word = ("slower" if higher_is_better else "longer") if worse >= 0 else ("faster" if higher_is_better else "shorter")
+    digits = ".1f" if unit == "tok/s" else ".3f"
+    detail = (f"proven {old:{digits}} {unit}, candidate {new:{digits}} {unit} (mean of {len(values)}): "
+              f"{abs(worse):.1%} {word}; {why}")
+    return GateCheck(name, worse < allowed - 1e-9, detail)
+
+
+def _acceptance(old: float | None, runs: list[float | None]) -> GateCheck | None:
+    if old is None or old <= 1.0:
+        return None  # the proven config was not drafting (or accepted nothing): nothing to collapse
+    values = [v for v in runs if v is not None]
+    if not values:
+        return GateCheck("acceptance", True, f"proven mean acceptance length {old:.2f}; the candidate does not "
+                         "draft (or its counters are missing): judged on decode alone")
+    new = statistics.fmean(values)
+    share = (new - 1) / (old - 1)
+    return GateCheck("acceptance", share >= ACCEPTANCE_COLLAPSE,
+                     f"mean acceptance length proven {old:.2f}, candidate {new:.2f}: accepted tokens per draft "
+                     f"{old - 1:.2f} -> {new - 1:.2f} ({share:.0%} of the proven; below "
+                     f"{ACCEPTANCE_COLLAPSE:.0%} is a collapse: check the drafter's --dtype)")
+
+
+def _caps(runs: Sequence[RunFigures], caps_w: dict[int, float]) -> GateCheck:
+    over = []
+    for index, cap in sorted(caps_w.items()):
+        powers = [r.gpu_power_w[index] for r in runs if index in r.gpu_power_w]
+        if powers and max(powers) > cap * (1 + POWER_TOLERANCE):
+            over.append(f"GPU {index} {max(powers):.0f} W under load, cap {cap:.0f} W")
+    return GateCheck("gpu_caps", not over, "; ".join(over) or
+                     (f"every GPU under its cap ({', '.join(f'{i}: {c:.0f} W' for i, c in sorted(caps_w.items()))})"
+                      if caps_w else "no caps configured"))
