@@ -66,7 +66,7 @@ def test_rig_and_model_file_names_follow_the_rule(tmp_path):
 def test_an_image_tag_with_a_trailing_newline_is_refused(tmp_path):
     text = (TEST_CATALOG / "test-alpha.yml").read_text().replace(
         "image: rigkit-vllm-standin:sim", 'image: "rigkit-vllm-standin:sim\\n"')
-    with pytest.raises(ConfigError, match="pin the image to a tag or digest"):
+    with pytest.raises(ConfigError, match="not a Docker image reference"):
         load_rig(SERVING_RIG, catalog_with(tmp_path, "test-alpha", text))
 
 

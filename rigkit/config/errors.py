@@ -20,8 +20,21 @@ class Problem:
         if self.line is not None:
             where += f", line {self.line}"
         what = f"{self.field}: " if self.field else ""
-        value = "" if self.value is None else f"{self.value!r}: "
+        value = "" if self.value is None else f"{shown(self.value)}: "
         return f"{where}: {what}{value}{self.message}"
+
+
+VALUE_SHOWN_CHARS = 80  # a value longer than this is cut in messages (a 50 MB scalar is not echoed)
+
+
+def shown(value: Any, limit: int = VALUE_SHOWN_CHARS) -> str:
+    """A value as an error message shows it: its repr (one line: a newline shows as \\n), cut to
+    `limit` characters with an ellipsis and the full length."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as text"
+    return f"{text[:limit]}... ({size})"
 
 
 class ConfigError(Exception):
@@ -32,6 +45,9 @@ class ConfigError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
+        """One problem: one line. Several: a head line, then one line each."""
         count = len(self.problems)
+        if count == 1:
+            return f"configuration problem (nothing was changed on any rig): {self.problems[0]}"
         head = f"{count} configuration problem{'s' if count != 1 else ''} (nothing was changed on any rig):"
         return "\n".join([head, *(f"  - {p}" for p in self.problems)])

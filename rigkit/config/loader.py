@@ -27,7 +27,7 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
     models, problems = [], _file_name_problems(rig_file, "rig") + _serve_address_problems(spec, rig_file)
     for position, name in enumerate(spec.models):
         model_file = catalog_dir / f"{name}.yml"
-        if not model_file.is_file():
+        if not (model_file.is_file() or model_file.is_symlink() or model_file.exists()):
             available = ", ".join(sorted(p.stem for p in catalog_dir.glob("*.yml"))) or "none"
             problems.append(
                 Problem(rig_file, f"models[{position}]", name, f"no catalog file {model_file}; available: {available}")
@@ -80,10 +80,19 @@ def _validate(schema: type[BaseModel], path: Path) -> Any:
     data, lines = load_yaml(path)
     if data is None:
         data = {}
+    if not isinstance(data, dict):
+        # Not echoed: a file that is not YAML (a symlink to /etc/passwd) must not be printed back.
+        what = "rig" if schema is RigSpec else "model catalog"
+        raise ConfigError([Problem(path, "", None, f"not a YAML mapping (it is {_yaml_kind(data)}); a {what} "
+                                                   "file is `key: value` lines, e.g. `os: linux`", 1)])
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise ConfigError([_problem(schema, path, error, lines) for error in exc.errors()]) from None
+
+
+def _yaml_kind(data: Any) -> str:
+    return {str: "text", list: "a list", int: "a number", float: "a number", bool: "true/false"}.get(type(data), "a value")
 
 
 def _problem(schema: type[BaseModel], path: Path, error: dict, lines: dict[Location, int]) -> Problem:
