@@ -92,7 +92,7 @@ def test_check_reports_the_psu_budget_and_the_api_key_file_without_a_rig(tmp_pat
                    + f"api_key_file: {tmp_path / 'missing.key'}\n")
     shutil.copytree(TEST_CATALOG, tmp_path / "models")  # found beside rigs/, from any directory
     monkeypatch.chdir("/")
-    assert main(["check", str(rig)]) == 1
+    assert main(["check", str(rig)]) == 2
     err = capsys.readouterr().err
     assert "PSU budget: GPU caps 600 + 600 W" in err
     assert f"api_key_file {tmp_path / 'missing.key'} does not exist" in err

@@ -37,6 +37,14 @@ def shown(value: Any, limit: int = VALUE_SHOWN_CHARS) -> str:
     return f"{text[:limit]}... ({size})"
 
 
+def one_line(text: str, limit: int = 200) -> str:
+    """Free text (an exception's) for a one-line message: control characters escaped, cut to `limit`."""
+    import re
+
+    text = re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class ConfigError(Exception):
     """The rig or model configuration is invalid; nothing has been touched."""
 
