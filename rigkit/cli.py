@@ -101,12 +101,16 @@ def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool)
     rig: the inventory loads, --limit selects a rig, each selected rig's files are valid (and, for a
     deploy or a verification, every rig's, which the gateway's config reads). The selected rigs' names,
     or CONFIG_ERROR after one line on stderr."""
-    from rigkit.config.inventory import RigConfigError, gateway_plan, load_inventory, select_hosts, validate_host
+    from rigkit.config.inventory import (
+        RigConfigError, gateway_plan, load_inventory, select_hosts, ssh_target, validate_host,
+    )
 
     try:
         loaded = load_inventory(inventory)
         selected = select_hosts(loaded, inventory, limit)
         rigs = {host.name: validate_host(host) for host in selected}
+        for host in selected:
+            ssh_target(host)  # the port and key file pyinfra would use
         if whole_fleet:
             gateway_plan(list(loaded), rigs)
     except RigConfigError as exc:

@@ -196,6 +196,11 @@ class SshTarget:
     strict_host_key_checking: str = "yes"  # pyinfra's `ssh_strict_host_key_checking`: yes, off, accept-new
 
 
+def ssh_address(host) -> str:
+    """`hostname:port` as pyinfra's SSH connector reaches the host, for messages."""
+    return f"{host.data.get('ssh_hostname') or host.name}:{host.data.get('ssh_port') or 22}"
+
+
 def ssh_target(host) -> SshTarget:
     data = host.data
     port = data.get("ssh_port") or 22
@@ -205,6 +210,10 @@ def ssh_target(host) -> SshTarget:
         from rigkit.config.errors import shown
 
         raise RigConfigError(f"host {host.name}: ssh_port {shown(port)}: give a TCP port, 1-65535")
+    key = data.get("ssh_key")
+    if key and not Path(str(key)).expanduser().is_file():
+        raise RigConfigError(f"host {host.name}: ssh_key {key}: no such private key file; give the path of the key "
+                             "(a relative path is taken from the current directory)")
     return SshTarget(
         hostname=str(data.get("ssh_hostname") or host.name),
         port=port,
