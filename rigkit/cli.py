@@ -367,6 +367,10 @@ def _pyinfra_here(argv: list[str], command: str) -> int:
     of a ~1.5 s converged deploy); it ends this command, so it is the last thing `rigkit` does."""
     from rigkit.pyinfra_start import main as pyinfra_main
 
+    if not Path(argv[-1]).is_file():
+        print(f"rigkit {command}: no {argv[-1]} in {Path.cwd()}: run `rigkit {command}` from the rigkit checkout "
+              f"(its {argv[-1]} and roles/ are not in the installed package)", file=sys.stderr)
+        return CONFIG_ERROR
     here = Path("rigkit")
     if here.is_dir() and here.resolve() != Path(__file__).resolve().parent:
         # This folder has its own rigkit (another checkout): deploy.py and roles/ come from here,

@@ -107,8 +107,8 @@ def _problem(schema: type[BaseModel], path: Path, error: dict, lines: dict[Locat
     elif error["type"] == "missing":
         message = "required field is missing"
         value = None
-    elif isinstance(value, (dict, list)) and error["type"] != "value_error":
-        value = None  # the field names it; a whole mapping in the message helps nobody
+    elif isinstance(value, dict) and error["type"] != "value_error":
+        value = None  # the field names it; a whole mapping in the message helps nobody (a list is cut)
     return Problem(path, format_location(loc), value, message, line)
 
 
