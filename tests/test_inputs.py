@@ -171,6 +171,8 @@ def test_deploy_dry_keeps_pyinfra_s_change_detection(monkeypatch):
 
     asked = []
     monkeypatch.setattr(rigkit.cli, "_pyinfra_here", lambda argv, command: asked.append(argv) or 0)
+    # the offline checks before pyinfra (tests/test_hostile_inputs.py) need the rig's SSH key; not this test
+    monkeypatch.setattr(rigkit.cli, "_refused", lambda *args, **kwargs: ["sim-rig"])
     assert main(["deploy", "--dry", "inventory/sim.py"]) == 0
     assert main(["deploy", "inventory/sim.py"]) == 0
     assert asked == [["--dry", "inventory/sim.py", "deploy.py"], ["-y", "inventory/sim.py", "deploy.py"]]
