@@ -52,7 +52,7 @@ def _serve_address_problems(spec: RigSpec, rig_file: Path) -> list[Problem]:
         return []
     if spec.os == "windows":
         return [Problem(rig_file, "serve_address", spec.serve_address,
-                        "Windows rigs serve on 127.0.0.1 only (their models have no API key yet); remove the field")]
+                        "Windows rigs serve on 127.0.0.1 only (the gateway sends no key to their models yet); remove the field")]
     if not spec.api_key_file:
         return [Problem(rig_file, "serve_address", spec.serve_address,
                         "models listening on every interface need an API key: set api_key_file (a file of mode 600 "
