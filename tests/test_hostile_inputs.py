@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -518,27 +517,18 @@ def test_deploy_outside_the_checkout_says_where_to_run_it(tmp_path):
 
 
 class SilentPort:
-    """A TCP port on 127.0.0.1 that accepts connections and never sends a byte."""
+    """A TCP port on 127.0.0.1 that accepts connections and never sends a byte: the kernel completes
+    each handshake into the listen backlog; nothing ever accepts or answers (no thread in this process,
+    which a later in-process test's gevent patching would trip over)."""
 
     def __init__(self):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                self.held.append(self.sock.accept()[0])
-            except OSError:
-                return
 
     def close(self):
         self.sock.close()
-        for conn in self.held:
-            conn.close()
 
 
 def test_an_ssh_port_that_never_answers_is_named_within_its_bound(tmp_path):

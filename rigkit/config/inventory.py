@@ -124,10 +124,6 @@ def load_inventory(path: str):
     A relative path is taken from the current directory, as pyinfra takes it."""
     import stat
 
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
     from rigkit.config.errors import one_line
 
     try:
@@ -142,6 +138,11 @@ def load_inventory(path: str):
                              "listing the rigs (inventory/sim.py)")
     if info.st_size > MAX_INVENTORY_BYTES:
         raise RigConfigError(f"{path}: {info.st_size} bytes; an inventory file has at most {MAX_INVENTORY_BYTES}")
+    # Imported only now: pyinfra_cli patches the standard library with gevent on import.
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
     try:
         with ctx_state.use(State()):
             return make_inventory(path, cwd=".")
