@@ -151,15 +151,10 @@ def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, cata
 ENGINE_FIXTURES = {"simrig"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
-    marked simrig, so `./run quick` (-m "not simrig") leaves out exactly what needs an engine.
-    Every simrig test is also in one xdist group: `./run test` runs two workers (-n 2 --dist
-    loadgroup), one taking every test that shares the engine, its rigs and their fixed ports, in
-    order, the other the tests that need none of it."""
+    marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
+    runs those alone, `./run test` runs them beside the simrig tests, in a second process."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
-        if item.get_closest_marker("simrig"):
-            item.add_marker(pytest.mark.xdist_group("engine"))
