@@ -111,7 +111,7 @@ def test_a_long_prefill_is_not_wedged(wd, tmp_path):
 
 def test_restarts_are_capped_per_hour(wd, tmp_path):
     with standin(tmp_path, name="m") as url:
-        m = model(url, max_restarts_per_hour=2)
+        m = model(url, max_restarts_per_hour=2, probe_timeout_s=0.3)  # wedged: every probe waits its deadline
         httpx.post(f"{url}/standin/wedge", timeout=5)
         restarted = []
         verdicts = passes(wd, m, tmp_path / "state", 14, lambda t: restarted.append(t) or "restarted (test, still wedged)")
@@ -122,7 +122,7 @@ def test_restarts_are_capped_per_hour(wd, tmp_path):
 
 def test_it_holds_off_while_a_rollout_holds_the_stacks_lock(wd, tmp_path):
     with standin(tmp_path, name="m") as url:
-        m = model(url)
+        m = model(url, probe_timeout_s=0.3)  # wedged: every probe waits its deadline
         httpx.post(f"{url}/standin/wedge", timeout=5)
         restarted = []
         with open(wd.lock_path("m"), "w") as lock:

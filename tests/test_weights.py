@@ -12,8 +12,11 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import docker
@@ -167,13 +170,42 @@ def test_a_flipped_byte_is_caught_by_verify_and_repaired(client, model):
     assert clean.status == "verified" and unchanged.status == "unchanged"
 
 
+@contextmanager
+def small_disk_volume(client, model, options: str):
+    """The model's volume on a small disk: a host tmpfs of `options` (size, inodes) bind-mounted as the
+    volume (the local driver's type=none, o=bind), so it keeps its data like a disk does. A volume of
+    type=tmpfs would not: rigkit refuses those (they empty when unmounted)."""
+    disk = Path(tempfile.mkdtemp(prefix="rigkit-small-disk-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(disk)], check=True)
+    try:
+        client.volumes.create(f"rigkit-weights-{model.name}", driver="local",
+                              driver_opts={"type": "none", "o": "bind", "device": str(disk)})
+        yield disk
+    finally:
+        for volume in client.volumes.list(filters={"name": f"rigkit-weights-{model.name}"}):
+            volume.remove(force=True)
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+        disk.rmdir()
+
+
+def test_a_volume_of_type_tmpfs_is_refused_before_anything_is_copied(client, model):
+    """Simulated: nothing (a real tmpfs volume of the rig's engine). It would be filled, marked complete,
+    and empty again once the helper unmounts it; every deploy would copy again."""
+    make_checkpoint(Path(model.spec.weights.source), shards=1, shard_bytes=1 << 20)
+    client.volumes.create(f"rigkit-weights-{model.name}", driver="local",
+                          driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=64m"})
+    with pytest.raises(WeightsError) as caught:
+        copy(client, model)
+    assert f"volume rigkit-weights-{model.name} is a tmpfs volume: it empties whenever" in str(caught.value)
+    assert not client.containers.list(all=True, filters={"label": f"rigkit.weights-helper={model.name}"})
+
+
 def test_a_full_disk_names_the_volume_and_the_space_needed(client, model):
     source = Path(model.spec.weights.source)
     make_checkpoint(source, shards=2, shard_bytes=8 << 20)
-    client.volumes.create(f"rigkit-weights-{model.name}", driver="local",
-                          driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=4m"})
-    with pytest.raises(WeightsError) as caught:
-        copy(client, model)
+    with small_disk_volume(client, model, "size=4m"):
+        with pytest.raises(WeightsError) as caught:
+            copy(client, model)
     message = str(caught.value)
     assert f"volume rigkit-weights-{model.name} is out of space: the copy needs 0.02 GB more" in message
     assert not marker_present(client, model)
@@ -201,12 +233,11 @@ def test_a_volume_that_fills_during_the_copy_ends_with_no_space_not_a_hang(clien
     fails with ENOSPC part-way (as a disk that another writer fills)."""
     source = Path(model.spec.weights.source)
     make_checkpoint(source, shards=6, shard_bytes=1 << 20)
-    client.volumes.create(f"rigkit-weights-{model.name}", driver="local",
-                          driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=64m,nr_inodes=8"})
     outcome = []
-    worker = threading.Thread(target=lambda: outcome.append(_copy_error(client, model)), daemon=True)
-    worker.start()
-    worker.join(timeout=180)
+    with small_disk_volume(client, model, "size=64m,nr_inodes=8"):
+        worker = threading.Thread(target=lambda: outcome.append(_copy_error(client, model)), daemon=True)
+        worker.start()
+        worker.join(timeout=180)
     assert not worker.is_alive(), "the copy hung on a full volume"
     assert "is out of space" in outcome[0]
     assert not marker_present(client, model)

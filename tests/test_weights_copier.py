@@ -197,3 +197,43 @@ def test_check_each_answers_for_every_volume_when_one_fails_unexpectedly(tmp_pat
     assert proc.returncode == 0 and lines[0] == "volume odd" and lines[2] == "volume fine", proc.stdout
     assert json.loads(lines[1]) == {"status": "error", "error": "KeyError: 'size'"}
     assert json.loads(lines[3])["status"] == "needed"
+
+
+def _alpha():
+    from rigkit.config.loader import load_rig
+    from tests.conftest import SERVING_RIG, TEST_CATALOG
+
+    return next(m for m in load_rig(SERVING_RIG, TEST_CATALOG).models if m.name == "test-alpha")
+
+
+@pytest.mark.parametrize("options, refused", [({"type": "tmpfs", "device": "tmpfs"}, True), ({}, False),
+                                              ({"type": "none", "o": "bind"}, False)])
+def test_a_volume_that_keeps_nothing_once_unmounted_is_refused(options, refused):
+    """Pure: a tmpfs volume would be filled, marked complete and empty again when the helper exits."""
+    from types import SimpleNamespace
+
+    from rigkit.weights.volumes import WeightsError, refuse_volatile
+
+    volume = SimpleNamespace(name="rigkit-weights-test-alpha", attrs={"Driver": "local", "Options": options})
+    if not refused:
+        refuse_volatile(_alpha(), volume)
+        return
+    with pytest.raises(WeightsError) as caught:
+        refuse_volatile(_alpha(), volume)
+    assert str(caught.value) == (
+        "test-alpha: volume rigkit-weights-test-alpha is a tmpfs volume: it empties whenever no container has it "
+        "mounted, so the weights cannot stay on it. Remove it (docker volume rm rigkit-weights-test-alpha) and "
+        "deploy again: rigkit creates it on the engine's disk")
+
+
+@pytest.mark.parametrize("code, output, reason", [
+    (137, "", "137 (killed by SIGKILL: the kernel's out-of-memory killer or a `docker kill`); it printed nothing"),
+    (1, "Traceback ...\nOSError: boom", "1 (it printed no report); its last output: Traceback ...\nOSError: boom"),
+])
+def test_a_helper_that_dies_without_a_report_is_named_with_what_its_exit_means(code, output, reason):
+    from rigkit.weights.volumes import WeightsError, _parse_report
+
+    with pytest.raises(WeightsError) as caught:
+        _parse_report(_alpha(), code, output, output.splitlines()[-1] if output else "")
+    assert str(caught.value) == (f"test-alpha: the weights helper exited {reason}. Nothing was marked complete: "
+                                 "deploy again and the copy resumes")

@@ -103,11 +103,19 @@ def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> di
     return _parse_report(model, status.get("StatusCode"), output, last)
 
 
+# Exit codes a container gets from a signal (128 + the signal's number), and what usually sent it.
+SIGNAL_EXITS = {137: "killed by SIGKILL: the kernel's out-of-memory killer or a `docker kill`",
+                143: "stopped by SIGTERM: a `docker stop` or the engine shutting down"}
+
+
 def _parse_report(model: ModelConfig, exit_code, output: str, last: str) -> dict:
     try:
         result = json.loads(last)
     except ValueError:
-        raise WeightsError(f"{model.name}: the weights helper exited {exit_code}: {output[-500:]}") from None
+        why = SIGNAL_EXITS.get(exit_code, "it printed no report")
+        said = f"; its last output: {output[-500:]}" if output else "; it printed nothing"
+        raise WeightsError(f"{model.name}: the weights helper exited {exit_code} ({why}){said}. Nothing was "
+                           "marked complete: deploy again and the copy resumes") from None
     if result.get("status") == "error":
         if result.get("error") == "no space":
             raise WeightsError(
@@ -119,13 +127,25 @@ def _parse_report(model: ModelConfig, exit_code, output: str, last: str) -> dict
     return result
 
 
+def refuse_volatile(model: ModelConfig, volume) -> None:
+    """A volume that keeps nothing once unmounted (the local driver with `type=tmpfs`) would be filled,
+    marked complete, and empty again when the helper exits: refuse it, naming the fix."""
+    options = (volume.attrs or {}).get("Options") or {}
+    if str(options.get("type", "")).lower() in ("tmpfs", "ramfs"):
+        raise WeightsError(
+            f"{model.name}: volume {volume.name} is a {options['type']} volume: it empties whenever no container "
+            f"has it mounted, so the weights cannot stay on it. Remove it (docker volume rm {volume.name}) and "
+            "deploy again: rigkit creates it on the engine's disk")
+
+
 def needs_copy(client: docker.DockerClient, model: ModelConfig) -> bool:
     """Reads only metadata: no volume yet, no completion marker, or the source's paths, sizes and
     mtimes differ from the manifest. Creates nothing."""
     try:
-        client.volumes.get(volume_name(model))
+        volume = client.volumes.get(volume_name(model))
     except docker.errors.NotFound:
         return True
+    refuse_volatile(model, volume)
     return run_helper(client, model, "check")["status"] != "unchanged"
 
 
@@ -133,7 +153,7 @@ def copy(client: docker.DockerClient, model: ModelConfig, verify: bool = False) 
     """Make the volume hold the source: verify first if asked (corrupt files are removed), then copy."""
     name = volume_name(model)
     try:
-        client.volumes.get(name)
+        refuse_volatile(model, client.volumes.get(name))
         fresh = False
     except docker.errors.NotFound:
         client.volumes.create(name, labels={"rigkit.model": model.name})
