@@ -237,3 +237,27 @@ def test_a_helper_that_dies_without_a_report_is_named_with_what_its_exit_means(c
         _parse_report(_alpha(), code, output, output.splitlines()[-1] if output else "")
     assert str(caught.value) == (f"test-alpha: the weights helper exited {reason}. Nothing was marked complete: "
                                  "deploy again and the copy resumes")
+
+
+def test_a_failed_copy_is_one_clear_line_and_no_traceback(tmp_path):
+    """The real pyinfra CLI on @local (no rig): a python.call that fails as copy_on_rig does prints the
+    reason and fails the deploy without Python's traceback (any other exception gets one)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text(
+        "from pyinfra import host, logger\nfrom pyinfra.operations import python\n"
+        "from rigkit.weights.operation import CopyFailed\n\n"
+        "def fail():\n"
+        "    host.log_styled('weights: m: volume v is out of space', fg='red', log_func=logger.error)\n"
+        "    raise CopyFailed('m: volume v is out of space')\n\n"
+        "python.call(name='Weights of m onto volume', function=fail)\n")
+    run = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "@local", str(deploy)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env={**__import__("os").environ,
+                                                                           "PYTHONPATH": str(REPO)})
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output
+    assert "weights: m: volume v is out of space" in output and "Traceback" not in output, output

@@ -5,11 +5,17 @@
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api.exceptions import DeployError, OperationError
+from pyinfra.api.exceptions import DeployError, NestedOperationError
 from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig
 from rigkit.weights.engine import dial_command, rig_engine
+
+
+class CopyFailed(NestedOperationError):
+    """The copy failed and said why, in one red line. pyinfra prints a Python traceback for any other
+    exception out of a `python.call` (pyinfra/api/operations.py, "Unexpected error in Python callback");
+    this one it reports as a failed operation without one."""
 
 
 def copy_on_rig(model: ModelConfig, verify: bool) -> None:
@@ -19,7 +25,8 @@ def copy_on_rig(model: ModelConfig, verify: bool) -> None:
         try:
             reports = copy(client, model, verify=verify)
         except WeightsError as exc:
-            raise OperationError(str(exc)) from None
+            host.log_styled(f"weights: {exc}", fg="red", log_func=logger.error)
+            raise CopyFailed(str(exc)) from None
     for report in reports:
         logger.info(f"{host.print_prefix}{report.line()}")
 
