@@ -79,7 +79,7 @@ def _verify(plan: GatewayPlan, rigs: dict, results_dir: Path) -> None:
                 results.append(measure_model(
                     gateway_url, master, f"http://127.0.0.1:{direct_port}", key, name,
                     [r.deployment_id for r in plan.replicas if r.model_name == name], replica.deployment_id,
-                    REQUEST_TIMEOUT_S))
+                    REQUEST_TIMEOUT_S, max_added_ttft_ms=plan.spec.max_added_ttft_ms))
     rig = rigs[plan.host].name
     doc = document(plan.host, rig, f"http://{gateway_host}:{plan.spec.port}", results)
     path = save(results_dir, rig, doc)

@@ -111,6 +111,11 @@ def test_through_the_gateway_tokens_come_from_usage_and_the_added_ttft_is_measur
     assert entry["ttft_direct_ms"] > 0 and entry["ttft_gateway_ms"] > 0
     assert entry["ttft_added_ms"] == pytest.approx(entry["ttft_gateway_ms"] - entry["ttft_direct_ms"])
     assert {c["name"] for c in entry["checks"]} >= {"tokens_produced", "gateway_usage", "gateway_ttft"}
+    # The measured comparison against a limit below what LiteLLM really added: the check fails on it.
+    below = max(entry["ttft_added_ms"] / 2, 0.001) if entry["ttft_added_ms"] > 0 else None
+    if below is not None:
+        assert not gv.check_ttft(result.ttft, below).passed
+    assert gv.check_ttft(result.ttft, entry["ttft_added_ms"] + 1).passed
     print(gv.summary_line(result))
 
 
@@ -199,3 +204,10 @@ def test_ttft_figures_are_medians_and_their_difference_and_a_failed_request_fail
     assert not gv.check_ttft(failed).passed and "HTTP 502" in gv.check_ttft(failed).message
     none = gv.TtftComparison("rig-a.m", [], [], [], "not measured: the warm-up request on the direct path failed")
     assert none.ttft_added_ms is None and not gv.check_ttft(none).passed
+    # The threshold: at the limit passes, above it fails with both figures and the setting named.
+    assert gv.check_ttft(ok, max_added_ms=43.0).passed
+    slow = gv.check_ttft(ok, max_added_ms=40)
+    assert not slow.passed and slow.message == (
+        "the gateway adds 43.0 ms to the first token (TTFT 55.0 ms through it vs 12.0 ms direct to rig-a.m), more "
+        "than max_added_ttft_ms 40: is it buffering, retrying or queueing requests?")
+    assert GatewaySpec(port=4100, master_key_file="/unused").max_added_ttft_ms == 250

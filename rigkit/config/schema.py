@@ -379,6 +379,11 @@ class GatewaySpec(_Strict):
     # 0 turns them off. None: not set here; an inventory's entry gets GATEWAY_HEALTH_CHECK_INTERVAL_S
     # (rigkit/config/inventory.py, where inventory defaults are declared), a spec built in code none.
     health_check_interval_s: int | None = Field(default=None, ge=0, le=3600)
+    # Verification through the gateway fails when it adds more than this to the time to first token
+    # (median through it minus median direct to one replica). 250 ms: ~4x the 58 ms bench/gateway_overhead.py
+    # measured on a shared 2-core machine (2026-12-01; the deployed test saw 47 ms, docs/gateway.md), so
+    # only a gateway that buffers, retries or queues trips it.
+    max_added_ttft_ms: int = Field(default=250, ge=1, le=600_000)
 
     @field_validator("image")
     @classmethod

@@ -194,12 +194,18 @@ def _pair(counts) -> str:
     return "nothing" if counts is None else f"{counts[0]} prompt + {counts[1]} completion tokens"
 
 
-def check_ttft(comparison: TtftComparison) -> Check:
+def check_ttft(comparison: TtftComparison, max_added_ms: float | None = None) -> Check:
+    """Passes when both paths answered and the gateway added at most `max_added_ms` (None: no limit)."""
     t = comparison
     if t.errors:
         return Check("gateway_ttft", False, f"{len(t.errors)} TTFT request(s) failed: {'; '.join(t.errors[:3])}")
     if t.ttft_added_ms is None:
         return Check("gateway_ttft", False, t.note or "no TTFT measured on one of the paths")
+    if max_added_ms is not None and t.ttft_added_ms > max_added_ms:
+        return Check("gateway_ttft", False,
+                     f"the gateway adds {t.ttft_added_ms:.1f} ms to the first token (TTFT {t.ttft_gateway_ms:.1f} ms "
+                     f"through it vs {t.ttft_direct_ms:.1f} ms direct to {t.direct_replica}), more than "
+                     f"max_added_ttft_ms {max_added_ms:g}: is it buffering, retrying or queueing requests?")
     return Check("gateway_ttft", True,
                  f"TTFT {t.ttft_gateway_ms:.1f} ms through the gateway vs {t.ttft_direct_ms:.1f} ms direct to "
                  f"{t.direct_replica} ({t.ttft_added_ms:+.1f} ms; medians of {len(t.gateway_samples_ms)} and "
@@ -212,7 +218,8 @@ def _first_error(bench: BenchResult) -> str:
 
 
 def measure_model(gateway_url: str, gateway_key: str, direct_url: str, direct_key: str | None, model: str,
-                  replicas: list[str], direct_replica: str, timeout_s: float, seed: int | None = None) -> GatewayModelResult:
+                  replicas: list[str], direct_replica: str, timeout_s: float, seed: int | None = None,
+                  max_added_ttft_ms: float | None = None) -> GatewayModelResult:
     """The benchmark through the gateway, then (if it got tokens) the TTFT comparison."""
     bench = run_bench(gateway_url, model, PROMPT_TOKENS, OUTPUT_TOKENS, timeout_s=timeout_s, api_key=gateway_key,
                       seed=seed)
@@ -221,7 +228,7 @@ def measure_model(gateway_url: str, gateway_key: str, direct_url: str, direct_ke
         return GatewayModelResult(model, replicas, bench, ttft, [*bench.checks, check_usage(bench, None)])
     probe = probe_usage(direct_url, direct_key, gateway_url, gateway_key, model, timeout_s, seed)
     ttft = compare_ttft(direct_url, direct_key, gateway_url, gateway_key, model, direct_replica, timeout_s, seed=seed)
-    checks = [*bench.checks, check_usage(bench, probe), check_ttft(ttft)]
+    checks = [*bench.checks, check_usage(bench, probe), check_ttft(ttft, max_added_ttft_ms)]
     return GatewayModelResult(model, replicas, bench, ttft, checks, probe)
 
 
