@@ -285,3 +285,31 @@ def test_a_model_marked_after_a_new_copy_is_recreated_by_the_bootstrap_and_the_m
     failed = script.index("docker compose up failed", up)
     assert failed < script.index("Remove-Item -LiteralPath $stack.RecreateMarker -Force", up)
     assert script.count("--force-recreate") == 1
+
+
+def test_windows_stacks_publish_on_loopback_instead_of_host_networking(tmp_path):
+    """Docker Desktop reaches Windows' loopback through host networking only with a setting that is off
+    by default: each Windows stack publishes its port on 127.0.0.1 (vLLM listening on the container's
+    interface), checked by the real Compose CLI's `config`. Linux stacks keep host networking."""
+    import json
+    import subprocess
+
+    import yaml
+
+    rig = load_rig(WIN_RIG, CATALOG)
+    [model] = rig.models
+    path = tmp_path / "compose.yml"
+    path.write_text(bundle()[f"scripts/stacks/{model.name}/compose.yml"])
+    out = subprocess.run(["docker", "compose", "-f", str(path), "config", "--format", "json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    service = json.loads(out.stdout)["services"]["vllm"]
+    assert "network_mode" not in service
+    assert service["ports"] == [{"mode": "ingress", "host_ip": "127.0.0.1", "target": model.spec.port,
+                                 "published": str(model.spec.port), "protocol": "tcp"}]
+    command = service["command"]
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    from rigkit.serving.compose import render_compose
+    linux = yaml.safe_load(render_compose(model, with_api_key=False))["services"]["vllm"]
+    assert linux["network_mode"] == "host" and "ports" not in linux
+    assert linux["command"][linux["command"].index("--host") + 1] == "127.0.0.1"

@@ -86,9 +86,10 @@ def comment_text(text: str) -> str:
 
 
 def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE,
-                   host: str = "127.0.0.1") -> str:
+                   host: str = "127.0.0.1", publish: bool = False) -> str:
     """`env_file`: where the rig keeps the API key's env file (a Windows rig: under C:\\ProgramData\\rigkit).
-    `host`: the address vLLM listens on (the rig file's `serve_address`)."""
+    `host`: the address the API is reached on (the rig file's `serve_address`). `publish` (Windows rigs):
+    the port published on `host` instead of host networking, vLLM listening inside on 0.0.0.0."""
     spec = model.spec
     environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **spec.env}
     if spec.weights.storage == "volume":
@@ -102,7 +103,9 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         model_file=comment_text(str(model.file)),
         project=project_name(model),
         image=spec.image,
-        command=vllm_args(model, host),
+        command=vllm_args(model, "0.0.0.0" if publish else host),
+        # host:port:port, TCP; Compose's long syntax would need a separate `host_ip`.
+        published=[f"{host}:{spec.port}:{spec.port}"] if publish else [],
         environment=environment,
         # raw: Compose neither interpolates `$` nor strips quotes or `#` in the key.
         env_files=[{"path": env_file, "format": "raw"}] if with_api_key else [],

@@ -81,7 +81,8 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
     }
     for model in rig.models:
         files[f"{STACKS_DIR}/{model.name}/compose.yml"] = render_compose(
-            model, with_api_key=key_file is not None, env_file=str(API_KEY_FILE))
+            model, with_api_key=key_file is not None, env_file=str(API_KEY_FILE), host=rig.spec.serve_address,
+            publish=True)
     return files
 
 
