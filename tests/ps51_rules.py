@@ -52,6 +52,12 @@ RULES = {
         "than two children, $PSStyle/$IsWindows, -Encoding utf8NoBOM. 5.1 stops at parse time, so the "
         "whole script does not run."
     ),
+    "write-error-under-stop": (
+        "Write-Error while $ErrorActionPreference may be 'Stop' is a terminating error: the script ends "
+        "there, and the `exit N` after it never runs, so the exit code is not the documented one (and a "
+        "`catch` around it swallows the message). Write the message with [Console]::Error.WriteLine(...) "
+        "(or Write-Error -ErrorAction Continue), then exit."
+    ),
     "positional-binding": (
         "A function defined in the script, called with more positional arguments than it declares "
         "parameters: a simple function binds them in order and the rest land unseen in $args, so "
@@ -76,7 +82,7 @@ def findings(source: str) -> list[Finding]:
     root = PARSER.parse(source.encode("utf-8")).root_node
     script = _Script(root)
     found = (_not_in_51(script) + _stderr_under_stop(script) + _encoding(script) + _literal_path(script)
-             + _positional_binding(script))
+             + _positional_binding(script) + _write_error_under_stop(script))
     return sorted(set(found), key=lambda f: (f.line, f.rule, f.message))
 
 
@@ -207,6 +213,22 @@ def _stderr_under_stop(script: _Script) -> list[Finding]:
             found.append(Finding("native-stderr-under-stop", _line(command.node),
                                  f"{_text(command.node).strip()[:70]!r}: {stderr[0]} on a native program "
                                  "while $ErrorActionPreference may be 'Stop'"))
+    return found
+
+
+def _write_error_under_stop(script: _Script) -> list[Finding]:
+    assignments = _preference_assignments(script)
+    found = []
+    for command in script.commands:
+        if command.name != "write-error":
+            continue
+        action = command.parameters.get("-erroraction") or command.parameters.get("-ea")
+        if action is not None and _unquote(_text(action)).lower() in ("continue", "silentlycontinue", "ignore"):
+            continue
+        if _may_be_stop(script, assignments, command.node):
+            found.append(Finding("write-error-under-stop", _line(command.node),
+                                 f"{_text(command.node).strip()[:70]!r}: Write-Error while $ErrorActionPreference "
+                                 "may be 'Stop' ends the script before its exit code"))
     return found
 
 

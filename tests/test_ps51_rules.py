@@ -29,6 +29,12 @@ PLANTED = [
     ("native-stderr-under-stop",  # Stop set again later in the loop the call is in
      "foreach ($i in 1..2) { & nvidia-smi.exe -L 2>&1; $ErrorActionPreference = 'Stop' }",
      "foreach ($i in 1..2) { & nvidia-smi.exe -L 2>&1; $ErrorActionPreference = 'Continue' }"),
+    ("write-error-under-stop",
+     STOP + "if (-not $admin) {\n    Write-Error 'Not elevated'\n    exit 1\n}",
+     STOP + "if (-not $admin) {\n    [Console]::Error.WriteLine('Not elevated')\n    exit 1\n}"),
+    ("write-error-under-stop",  # an explicit Continue on the call is fine
+     STOP + "function F { Write-Error 'x' }",
+     STOP + "function F { Write-Error 'x' -ErrorAction Continue }"),
     ("file-encoding",
      "'x' | Out-File -FilePath 'C:\\log.txt'",
      "'x' | Out-File -FilePath 'C:\\log.txt' -Encoding UTF8"),
