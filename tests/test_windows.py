@@ -313,3 +313,18 @@ def test_windows_stacks_publish_on_loopback_instead_of_host_networking(tmp_path)
     linux = yaml.safe_load(render_compose(model, with_api_key=False))["services"]["vllm"]
     assert linux["network_mode"] == "host" and "ports" not in linux
     assert linux["command"][linux["command"].index("--host") + 1] == "127.0.0.1"
+
+
+def test_logon_tasks_fire_only_at_the_installing_users_logon():
+    """Each logon trigger names the same user as the task's principal (filled in at install): a logon
+    of another account does not start them (Task Scheduler's LogonTrigger/UserId)."""
+    files = bundle()
+    for task in (TASK_POWER, TASK_BOOTSTRAP):
+        root = ET.fromstring(files[f"tasks/{task}.xml"])
+        trigger = root.find("t:Triggers/t:LogonTrigger", NS)
+        children = [child.tag.split("}")[1] for child in trigger]
+        assert trigger.find("t:UserId", NS).text == root.find("t:Principals/t:Principal/t:UserId", NS).text
+        assert children.index("UserId") > children.index("Enabled")  # the schema's order
+        if "Delay" in children:
+            assert children.index("UserId") < children.index("Delay")
+    assert "$xml.Task.Triggers.LogonTrigger.UserId = $user" in files["install.ps1"]

@@ -53,7 +53,10 @@ def scheduled_task(task_name: str, xml: str, xml_path: str, as_connecting_user: 
 
 def register_task_script(task_name: str, xml_path: str, as_connecting_user: bool = True) -> str:
     name, path = ps_quote(task_name), ps_quote(xml_path)
-    user = "$xml.Task.Principals.Principal.UserId = '{0}\\{1}' -f $env:USERDOMAIN, $env:USERNAME\n"
+    user = ("$xml.Task.Principals.Principal.UserId = '{0}\\{1}' -f $env:USERDOMAIN, $env:USERNAME\n"
+            # A logon trigger fires for this user's logon only, not anyone's.
+            "if ($xml.Task.Triggers.LogonTrigger) { $xml.Task.Triggers.LogonTrigger.UserId = "
+            "$xml.Task.Principals.Principal.UserId }\n")
     return (
         f"# rigkit: register-task {name} {path}\n"
         f"$xml = [xml] (Get-Content -Raw -Encoding UTF8 -LiteralPath {path})\n"
