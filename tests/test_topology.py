@@ -139,6 +139,18 @@ def test_iommu(cmdline, sysfs, active, passthrough, translating):
     assert (state.active, state.passthrough, state.translating) == (active, passthrough, translating)
 
 
+@pytest.mark.parametrize(
+    "cmdline, types, translating",
+    [
+        ("quiet", ["identity", "identity"], False),  # kernel built with passthrough as default
+        ("iommu=pt", ["identity", "DMA"], True),  # a group the kernel still translates
+        ("intel_iommu=on", ["DMA-FQ"], True),
+    ],
+)
+def test_iommu_group_types_win_over_the_command_line(cmdline, types, translating):
+    assert parse_iommu(cmdline, ["dmar0"], types).translating is translating
+
+
 def test_acs_public_lspci():
     bridges = parse_acs(load("plx-acs-lspci-vvv.txt"))
     assert [(b.address, b.redirects) for b in bridges] == [("0000:02:01.0", True), ("0000:02:08.0", False)]

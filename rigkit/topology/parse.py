@@ -167,13 +167,21 @@ class IommuState:
 _IOMMU_FLAG = re.compile(r"^(intel_iommu|amd_iommu|iommu|iommu\.passthrough)=")
 
 
-def parse_iommu(cmdline: str, sys_class_iommu: list[str]) -> IommuState:
-    """The kernel command line (/proc/cmdline) and the entries of /sys/class/iommu."""
+def parse_iommu(cmdline: str, sys_class_iommu: list[str], group_types: list[str] | None = None) -> IommuState:
+    """The kernel command line (/proc/cmdline), the entries of /sys/class/iommu and, where read,
+    the domain type of each IOMMU group (/sys/kernel/iommu_groups/*/type: "identity" is
+    passthrough, "DMA"/"DMA-FQ" translate). The group types are what the kernel really did;
+    without them passthrough is taken from the command line only, and an IOMMU on by default
+    (AMD, recent Intel kernels) without `iommu=pt` counts as translating."""
     flags = tuple(w for w in cmdline.split() if _IOMMU_FLAG.match(w))
     values = dict(f.split("=", 1) for f in flags)
     passthrough = values.get("iommu") == "pt" or values.get("iommu.passthrough") in ("1", "on", "y")
     off = values.get("intel_iommu") == "off" or values.get("amd_iommu") == "off" or values.get("iommu") == "off"
     active = bool([e for e in sys_class_iommu if e.strip()]) and not off
+    types = [t.strip() for t in group_types or () if t.strip()]
+    if types:
+        active = True
+        passthrough = all(t == "identity" for t in types)
     return IommuState(active=active, passthrough=passthrough, cmdline_flags=flags)
 
 
