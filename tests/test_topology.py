@@ -260,3 +260,79 @@ def test_link_rank_orders_best_first(links):
 @pytest.mark.parametrize("link, gbps", [(PcieLink(5, 5, 16, 16), 63.0), (PcieLink(4, 4, 4, 4), 7.9), (PcieLink(1, 1, 1, 1), 0.25), (PcieLink(3, 3, 16, 16), 15.8)])
 def test_pcie_bandwidth(link, gbps):
     assert pcie_gbps(link) == pytest.approx(gbps, abs=0.05)
+
+
+# ---------------------------------------------------------------- the fact's output
+
+
+def test_report_real_h200_fact_output():
+    """The fact's own command, run as root on the one-H200 machine (tests/data/topology/h200-fact-output.txt)."""
+    from rigkit.topology.report import read_report
+
+    topo, notes = read_report(load("h200-fact-output.txt").splitlines())
+    assert topo.matrix.gpus == (0,) and topo.pcie == {0: PcieLink(5, 5, 16, 16)} and topo.p2p == {}
+    assert topo.iommu == IommuState(False, False, ()) and topo.acs is None
+    assert notes == ["lspci: exited 127: lspci not installed (pciutils)"]
+    assert decide(topo, "one-gpu", [0], 1, 1).errors == []  # parsed, nothing to decide
+
+
+def test_p2p_matrix_real_h200():
+    assert parse_p2p_matrix(load("h200-p2p-r.txt")) == {}
+
+
+@pytest.mark.parametrize(
+    "lines, notes",
+    [
+        (["@@rigkit topo-m", "bash: nvidia-smi: command not found", "@@rigkit-rc 127"], ["topo-m: exited 127: bash: nvidia-smi: command not found"]),
+        (["@@rigkit topo-m", "@@rigkit-rc 124"], ["topo-m: exited 124 (timed out)"]),
+        ([], ["topo-m: not in the fact's output"]),
+    ],
+)
+def test_report_without_a_matrix_is_no_topology(lines, notes):
+    from rigkit.topology.report import read_report
+
+    assert read_report(lines) == (None, notes)
+
+
+def _stub(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("uid, acs_read", [("0", True), ("1000", False)])
+def test_fact_command_through_a_real_shell(tmp_path, uid, acs_read):
+    """GpuTopology's command run by /bin/sh with stand-in nvidia-smi/lspci/id printing the public
+    captures: the sections reach read_report intact, and ACS counts as read only as root."""
+    import subprocess
+
+    from rigkit.topology.facts import GpuTopology
+    from rigkit.topology.report import read_report
+
+    for name in ("2x5090-phb-topo-m.txt", "2x5090-p2p-r.txt", "plx-acs-lspci-vvv.txt"):
+        (tmp_path / name).write_text(load(name))
+    _stub(tmp_path, "nvidia-smi", f'case "$2" in -m) cat {tmp_path}/2x5090-phb-topo-m.txt;; -p2p) cat {tmp_path}/2x5090-p2p-r.txt;; '
+                                  '*) printf "0, 1, 5, 16, 16\\n1, 1, 5, 4, 4\\n";; esac\n')
+    _stub(tmp_path, "lspci", f"cat {tmp_path}/plx-acs-lspci-vvv.txt\n")
+    _stub(tmp_path, "id", f"echo {uid}\n")
+    fact = GpuTopology()
+    run = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True, timeout=60,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    topo, notes = read_report(fact.process(run.stdout.splitlines()))
+    assert topo.matrix.link(0, 1) == "PHB" and topo.p2p[(0, 1)] == "GNS"
+    assert topo.pcie[1] == PcieLink(1, 5, 4, 4)
+    assert (topo.acs is not None) is acs_read
+    assert notes == ([] if acs_read else ["lspci: not run as root, so it hides ACSCtl: PCIe ACS not read"])
+    verdict = decide(topo, "m", [0, 1], 2, 1)
+    assert verdict.vllm_args == ["--disable-custom-all-reduce"]
+    assert any("GPU1 on PCIe gen5 x4" in w for w in verdict.warnings)
+
+
+def test_pure_modules_import_no_pyinfra():
+    import ast
+
+    for module in ("parse", "decide", "report", "__init__"):
+        tree = ast.parse((Path(__file__).parent.parent / "rigkit" / "topology" / f"{module}.py").read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(n.split(".")[0] == "pyinfra" for n in names), module
