@@ -336,3 +336,40 @@ def test_pure_modules_import_no_pyinfra():
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not any(n.split(".")[0] == "pyinfra" for n in names), module
+
+
+# ---------------------------------------------------------------- rigkit check --topology
+
+REPO = Path(__file__).parent.parent
+
+
+def fact_output(topo_m: str, p2p_r: str, pcie: str, uid="0", cmdline="quiet iommu=pt", lspci="") -> str:
+    sections = {"uid": uid, "topo-m": topo_m, "p2p-r": p2p_r, "pcie": pcie, "cmdline": cmdline,
+                "iommu": "ivhd0", "iommu-types": "", "lspci": lspci}
+    return "".join(f"@@rigkit {k}\n{v.rstrip()}\n@@rigkit-rc 0\n" for k, v in sections.items())
+
+
+def test_check_prints_the_topology_of_the_windows_tp2_model(tmp_path, capsys):
+    """inventory/rigs/win-2x4090-48gb.yml serves qwen3-27b-awq with tensor 2 on GPUs 0 and 1."""
+    from rigkit.cli import main
+
+    facts = tmp_path / "facts.txt"
+    facts.write_text(fact_output(load("2x5090-phb-topo-m.txt"), load("2x5090-p2p-r.txt"), "0, 4, 4, 16, 16\n1, 4, 4, 16, 16\n"))
+    assert main(["check", str(REPO / "inventory/rigs/win-2x4090-48gb.yml"), "--topology", str(facts)]) == 0
+    out = capsys.readouterr().out
+    assert "qwen3-27b-awq: GPUs 0, 1, worst link PHB" in out
+    assert "  GPU0-GPU1  PHB   GNS  31.5" in out
+    assert "  vLLM: --disable-custom-all-reduce NCCL_P2P_DISABLE=1" in out
+    assert "microsoft/WSL#12467" in out
+
+
+def test_check_fails_on_p2p_with_acs_redirect(tmp_path, capsys):
+    from rigkit.cli import main
+
+    p2p_ok = " \tGPU0\tGPU1\t\n GPU0\tX\tOK\t\n GPU1\tOK\tX\t\n"
+    facts = tmp_path / "facts.txt"
+    facts.write_text(fact_output(load("2x5090-phb-topo-m.txt"), p2p_ok, "0, 4, 4, 16, 16\n1, 4, 4, 16, 16\n",
+                                 lspci=load("plx-acs-lspci-vvv.txt")))
+    assert main(["check", str(REPO / "inventory/rigs/win-2x4090-48gb.yml"), "--topology", str(facts)]) == 2
+    out = capsys.readouterr().out
+    assert "error: qwen3-27b-awq: P2P is reported OK over PCIe (GPU0-GPU1 (PHB)) but PCIe ACS redirects peer requests on 0000:02:01.0" in out
