@@ -4,6 +4,7 @@ per-model decisions, as tables. Pure: no pyinfra, no rig, no Docker."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,12 @@ from rigkit.topology.parse import (
     PcieLink,
     TopologyParseError,
     TopoMatrix,
+    bridges_between,
+    normalize_bdf,
     parse_acs,
     parse_iommu,
     parse_p2p_matrix,
+    parse_pci_paths,
     parse_pcie_query,
     parse_topo_matrix,
     strip_ansi,
@@ -151,6 +155,29 @@ def test_iommu_group_types_win_over_the_command_line(cmdline, types, translating
     assert parse_iommu(cmdline, ["dmar0"], types).translating is translating
 
 
+@pytest.mark.parametrize(
+    "address, normal",
+    [("00000000:0A:00.0", "0000:0a:00.0"), ("0a:00.0", "0000:0a:00.0"), ("0001:0a:00.0", "0001:0a:00.0")],
+)
+def test_normalize_bdf(address, normal):
+    assert normalize_bdf(address) == normal
+
+
+SWITCH = "/sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0"  # root port, then the switch's upstream port
+
+
+def test_pci_paths_and_the_bridges_between_two_gpus():
+    paths = parse_pci_paths(f"0 {SWITCH}/0000:02:01.0/0000:03:00.0\n1 {SWITCH}/0000:02:08.0/0000:04:00.0\n"
+                            "2 /sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0\n")
+    assert bridges_between(paths[0], paths[1]) == ("0000:02:01.0", "0000:02:08.0")  # the switch's two downstream ports
+    assert bridges_between(paths[0], paths[2]) == ("0000:00:01.1", "0000:01:00.0", "0000:02:01.0", "0000:40:01.1")
+
+
+def test_pci_path_of_a_missing_device_is_refused():
+    with pytest.raises(TopologyParseError, match="expected 'INDEX /sys/devices"):
+        parse_pci_paths("0 /sys/bus/pci/devices/0000:03:00.0\n")
+
+
 def test_acs_public_lspci():
     bridges = parse_acs(load("plx-acs-lspci-vvv.txt"))
     assert [(b.address, b.redirects) for b in bridges] == [("0000:02:01.0", True), ("0000:02:08.0", False)]
@@ -171,6 +198,7 @@ def p2p(n: int, status: str) -> dict:
 X16_G4 = PcieLink(4, 4, 16, 16)
 NO_ACS = (AcsBridge("0000:00:01.1", {"ReqRedir": False, "CmpltRedir": False}),)
 ACS_ON = (AcsBridge("0000:02:01.0", {"ReqRedir": True, "CmpltRedir": True}),)
+PATH = ("0000:00:01.1", "0000:01:00.0")
 IOMMU_PT = IommuState(True, True, ("amd_iommu=on", "iommu=pt"))
 IOMMU_TRANSLATE = IommuState(True, False, ("intel_iommu=on",))
 
@@ -187,6 +215,10 @@ CASES = {
                               ["--disable-custom-all-reduce"], "SYS"),
     "chipset not supported": (rig(link="PHB", status="CNS"), [0, 1], 1, 2, None, [], ["CNS over PHB"], ["--disable-custom-all-reduce"], "PHB"),
     "acs redirect on": (rig(acs=ACS_ON), [0, 1], 2, 1, None, ["ACS redirects peer requests on 0000:02:01.0", "turn ACS off"], [], [], "PIX"),
+    "acs on, on the path between the gpus": (replace(rig(acs=ACS_ON), pci_paths={0: (*PATH, "0000:02:01.0", "0000:03:00.0"), 1: (*PATH, "0000:02:08.0", "0000:04:00.0")}),
+                                             [0, 1], 2, 1, None, ["ACS redirects peer requests on 0000:02:01.0"], [], [], "PIX"),
+    "acs on, off the path between the gpus": (replace(rig(acs=ACS_ON), pci_paths={0: (*PATH, "0000:02:09.0", "0000:03:00.0"), 1: (*PATH, "0000:02:08.0", "0000:04:00.0")}),
+                                              [0, 1], 2, 1, None, [], [], [], "PIX"),
     "acs on, overridden": (rig(acs=ACS_ON), [0, 1], 2, 1, ALLOW_RISKY_P2P, [], ["allowed by topology_override"], [], "PIX"),
     "acs on but p2p already off": (rig(status="NS", acs=ACS_ON), [0, 1], 2, 1, None, [], ["P2P not usable"], ["--disable-custom-all-reduce"], "PIX"),
     "iommu translating": (rig(link="PHB", iommu=IOMMU_TRANSLATE), [0, 1], 2, 1, None, ["IOMMU translates DMA (intel_iommu=on", "iommu=pt"], [], [], "PHB"),
@@ -272,6 +304,7 @@ def test_report_real_h200_fact_output():
     topo, notes = read_report(load("h200-fact-output.txt").splitlines())
     assert topo.matrix.gpus == (0,) and topo.pcie == {0: PcieLink(5, 5, 16, 16)} and topo.p2p == {}
     assert topo.iommu == IommuState(False, False, ()) and topo.acs is None
+    assert topo.pci_paths == {0: ("0000:00:06.0",)}  # nvidia-smi's 00000000:00:06.0, resolved in sysfs
     assert notes == ["lspci: exited 127: lspci not installed (pciutils)"]
     assert decide(topo, "one-gpu", [0], 1, 1).errors == []  # parsed, nothing to decide
 
@@ -311,8 +344,11 @@ def test_fact_command_through_a_real_shell(tmp_path, uid, acs_read):
 
     for name in ("2x5090-phb-topo-m.txt", "2x5090-p2p-r.txt", "plx-acs-lspci-vvv.txt"):
         (tmp_path / name).write_text(load(name))
-    _stub(tmp_path, "nvidia-smi", f'case "$2" in -m) cat {tmp_path}/2x5090-phb-topo-m.txt;; -p2p) cat {tmp_path}/2x5090-p2p-r.txt;; '
+    _stub(tmp_path, "nvidia-smi", f'case "$2$1" in -m*) cat {tmp_path}/2x5090-phb-topo-m.txt;; -p2p*) cat {tmp_path}/2x5090-p2p-r.txt;; '
+                                  '*pci.bus_id*) printf "0, 00000000:03:00.0\\n1, 00000000:0A:00.0\\n";; '
                                   '*) printf "0, 1, 5, 16, 16\\n1, 1, 5, 4, 4\\n";; esac\n')
+    _stub(tmp_path, "readlink", 'case "$2" in */0000:03:00.0) echo /sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:01.0/0000:03:00.0;; '
+                                '*/0000:0a:00.0) echo /sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:08.0/0000:0a:00.0;; *) echo "$2";; esac\n')
     _stub(tmp_path, "lspci", f"cat {tmp_path}/plx-acs-lspci-vvv.txt\n")
     _stub(tmp_path, "id", f"echo {uid}\n")
     fact = GpuTopology()
@@ -321,6 +357,7 @@ def test_fact_command_through_a_real_shell(tmp_path, uid, acs_read):
     topo, notes = read_report(fact.process(run.stdout.splitlines()))
     assert topo.matrix.link(0, 1) == "PHB" and topo.p2p[(0, 1)] == "GNS"
     assert topo.pcie[1] == PcieLink(1, 5, 4, 4)
+    assert topo.pci_paths[1] == ("0000:00:01.1", "0000:01:00.0", "0000:02:08.0", "0000:0a:00.0")  # bus id lower-cased, domain cut to 4
     assert (topo.acs is not None) is acs_read
     assert notes == ([] if acs_read else ["lspci: not run as root, so it hides ACSCtl: PCIe ACS not read"])
     verdict = decide(topo, "m", [0, 1], 2, 1)

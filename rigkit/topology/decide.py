@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from rigkit.topology.parse import NVLINK, AcsBridge, IommuState, PcieLink, TopoMatrix
+from rigkit.topology.parse import NVLINK, AcsBridge, IommuState, PcieLink, TopoMatrix, bridges_between
 
 ALLOW_RISKY_P2P = "allow-risky-p2p"  # proposed rig-file value: `topology_override: allow-risky-p2p`
 NO_P2P_ARGS = ("--disable-custom-all-reduce",)
@@ -52,6 +52,7 @@ class RigTopology:
     iommu: IommuState | None = None
     acs: tuple[AcsBridge, ...] | None = None
     windows: bool = False
+    pci_paths: dict[int, tuple[str, ...]] | None = None  # GPU -> its PCI chain from the root port
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,12 @@ def _p2p(topo: RigTopology, verdict: Verdict, override: str | None) -> None:
     if not over_pcie:
         return  # P2P over NVLink: ACS and the IOMMU are not on its path
     risks = []
-    redirecting = [b.address for b in (topo.acs or ()) if b.redirects]
+    redirecting = _redirecting_bridges(topo, over_pcie)
     if redirecting:
         risks.append(
             f"PCIe ACS redirects peer requests on {', '.join(redirecting)} (ACSCtl ReqRedir+/CmpltRedir+): "
             "NCCL start-up hangs (NVIDIA/nccl#2079). Fix: turn ACS off in the BIOS "
-            "(or `setpci` on those bridges at boot)"
+            "(or `setpci -s BRIDGE ECAP_ACS+0x6.w=0000` on those bridges at every boot)"
         )
     if topo.iommu is not None and topo.iommu.translating:
         flags = " ".join(topo.iommu.cmdline_flags) or "no iommu flags"
@@ -178,6 +179,21 @@ def _p2p(topo: RigTopology, verdict: Verdict, override: str | None) -> None:
             verdict.errors.append(
                 f"{text}; or set `topology_override: {ALLOW_RISKY_P2P}` in the rig file if you have proven it works"
             )
+
+
+def _redirecting_bridges(topo: RigTopology, pairs: list[PairRow]) -> list[str]:
+    """The redirecting bridges on the paths between the pairs' GPUs where both GPUs' PCI
+    chains were read; every redirecting bridge of the rig where they were not."""
+    redirecting = {b.address for b in (topo.acs or ()) if b.redirects}
+    if not redirecting:
+        return []
+    paths = topo.pci_paths or {}
+    on_paths: set[str] = set()
+    for p in pairs:
+        if p.a not in paths or p.b not in paths:
+            return sorted(redirecting)
+        on_paths.update(bridges_between(paths[p.a], paths[p.b]))
+    return sorted(redirecting & on_paths)
 
 
 def _slow_links(topo: RigTopology, verdict: Verdict) -> None:

@@ -21,7 +21,11 @@ _READS = (
     ("cmdline", "cat /proc/cmdline"),
     ("iommu", "ls /sys/class/iommu 2>/dev/null; true"),
     ("iommu-types", "cat /sys/kernel/iommu_groups/*/type 2>/dev/null; true"),
-    ("lspci", f"command -v lspci >/dev/null || {{ echo 'lspci not installed (pciutils)'; exit 127; }}; timeout {TOOL_TIMEOUT_S} lspci -vvv"),
+    # nvidia-smi's bus id 00000000:01:00.0 -> sysfs 0000:01:00.0; the chain of bridges above each GPU
+    ("pci-paths", f"timeout {TOOL_TIMEOUT_S} nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader | "
+                  "while IFS=', ' read -r i b; do b=$(printf %s \"$b\" | tr A-F a-f); "
+                  "echo \"$i $(readlink -f /sys/bus/pci/devices/${b#????})\"; done"),
+    ("lspci", f"command -v lspci >/dev/null || {{ echo 'lspci not installed (pciutils)'; exit 127; }}; timeout {TOOL_TIMEOUT_S} lspci -D -vvv"),
 )
 
 

@@ -205,8 +205,49 @@ def parse_acs(lspci_vvv: str) -> list[AcsBridge]:
     out, address = [], None
     for line in strip_ansi(lspci_vvv).splitlines():
         if _DEVICE.match(line):
-            address = line.split()[0]
+            address = normalize_bdf(line.split()[0])
         elif line.strip().startswith("ACSCtl:") and address is not None:
             flags = {k: v == "+" for k, v in _FLAG.findall(line.split(":", 1)[1])}
             out.append(AcsBridge(address, flags))
     return out
+
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def normalize_bdf(address: str) -> str:
+    """PCI addresses in one form, as sysfs writes them: nvidia-smi's `00000000:01:00.0` and
+    lspci's `01:00.0` (domain 0 left out without -D) become `0000:01:00.0`."""
+    a = address.strip().lower()
+    if re.fullmatch(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", a):
+        a = a[4:]
+    elif re.fullmatch(r"[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", a):
+        a = "0000:" + a
+    return a
+
+
+def parse_pci_paths(text: str) -> dict[int, tuple[str, ...]]:
+    """Lines `INDEX SYSFS_PATH` (`readlink -f /sys/bus/pci/devices/<GPU>`): each GPU's PCI
+    devices from the root port down to the GPU itself, e.g.
+    /sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:08.0/0000:06:00.0."""
+    out = {}
+    for line in strip_ansi(text).splitlines():
+        if not line.strip():
+            continue
+        index, _, path = line.strip().partition(" ")
+        chain = tuple(p for p in path.strip().split("/") if _BDF.match(p))
+        # readlink -f of a missing device prints the link's own path: not a chain
+        if not index.isdigit() or not chain or not path.strip().startswith("/sys/devices/"):
+            raise TopologyParseError(f"PCI path: expected 'INDEX /sys/devices/...': {line!r}")
+        out[int(index)] = chain
+    return out
+
+
+def bridges_between(path_a: tuple[str, ...], path_b: tuple[str, ...]) -> tuple[str, ...]:
+    """The bridges peer traffic between two devices crosses below their nearest common
+    ancestor: each side's chain after the common prefix, the devices themselves left out.
+    Two root ports of one root complex (no common prefix) are both on the path."""
+    common = 0
+    while common < min(len(path_a), len(path_b)) and path_a[common] == path_b[common]:
+        common += 1
+    return path_a[common:-1] + path_b[common:-1]

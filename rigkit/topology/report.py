@@ -8,11 +8,19 @@ read" (None), never "nothing wrong" - except the matrix, without which there is 
 from __future__ import annotations
 
 from rigkit.topology.decide import RigTopology
-from rigkit.topology.parse import TopologyParseError, parse_acs, parse_iommu, parse_p2p_matrix, parse_pcie_query, parse_topo_matrix
+from rigkit.topology.parse import (
+    TopologyParseError,
+    parse_acs,
+    parse_iommu,
+    parse_p2p_matrix,
+    parse_pci_paths,
+    parse_pcie_query,
+    parse_topo_matrix,
+)
 
 BEGIN = "@@rigkit "
 RC = "@@rigkit-rc "
-SECTIONS = ("uid", "topo-m", "p2p-r", "pcie", "cmdline", "iommu", "iommu-types", "lspci")
+SECTIONS = ("uid", "topo-m", "p2p-r", "pcie", "cmdline", "iommu", "iommu-types", "pci-paths", "lspci")
 
 
 def split_sections(lines: list[str]) -> dict[str, tuple[int, str]]:
@@ -77,4 +85,5 @@ def read_report(lines: list[str], windows: bool = False) -> tuple[RigTopology | 
             acs = tuple(parse_acs(lspci))
         else:
             notes.append("lspci: not run as root, so it hides ACSCtl: PCIe ACS not read")
-    return RigTopology(matrix, pcie, p2p, iommu, acs, windows), notes
+    paths = parsed("pci-paths", parse_pci_paths) if "pci-paths" in sections else None
+    return RigTopology(matrix, pcie, p2p, iommu, acs, windows, paths or None), notes
