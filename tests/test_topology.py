@@ -410,3 +410,47 @@ def test_check_fails_on_p2p_with_acs_redirect(tmp_path, capsys):
     assert main(["check", str(REPO / "inventory/rigs/win-2x4090-48gb.yml"), "--topology", str(facts)]) == 2
     out = capsys.readouterr().out
     assert "error: qwen3-27b-awq: P2P is reported OK over PCIe (GPU0-GPU1 (PHB)) but PCIe ACS redirects peer requests on 0000:02:01.0" in out
+
+
+# ---------------------------------------------------------------- topology_override in the rig file
+
+WIN_RIG = REPO / "inventory/rigs/win-2x4090-48gb.yml"
+
+
+def test_topology_override_value_matches_the_decision_constant():
+    import typing
+
+    from rigkit.config.schema import RigSpec
+
+    assert typing.get_args(RigSpec.model_fields["topology_override"].annotation)[0] == typing.Literal[ALLOW_RISKY_P2P]
+
+
+def test_topology_override_misspelt_names_the_allowed_value(tmp_path):
+    from rigkit.config.errors import ConfigError
+    from rigkit.config.loader import load_rig
+
+    rig = tmp_path / "rigs" / "r.yml"
+    rig.parent.mkdir()
+    rig.write_text(WIN_RIG.read_text() + "topology_override: allow-p2p\n")
+    with pytest.raises(ConfigError) as caught:
+        load_rig(rig, REPO / "inventory/models")
+    [problem] = [str(p) for p in caught.value.problems]
+    assert "topology_override: 'allow-p2p': Input should be 'allow-risky-p2p'" in problem
+
+
+def test_topology_override_in_the_rig_file_turns_the_acs_error_into_a_warning(tmp_path, capsys):
+    import shutil
+
+    from rigkit.cli import main
+
+    rig = tmp_path / "rigs" / "r.yml"
+    rig.parent.mkdir()
+    rig.write_text(WIN_RIG.read_text() + "topology_override: allow-risky-p2p\n")
+    shutil.copytree(REPO / "inventory/models", tmp_path / "models")
+    facts = tmp_path / "facts.txt"
+    facts.write_text(fact_output(load("2x5090-phb-topo-m.txt"), " \tGPU0\tGPU1\t\n GPU0\tX\tOK\t\n GPU1\tOK\tX\t\n",
+                                 "0, 4, 4, 16, 16\n1, 4, 4, 16, 16\n", lspci=load("plx-acs-lspci-vvv.txt")))
+    assert main(["check", str(rig), "--topology", str(facts)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: qwen3-27b-awq: P2P is reported OK over PCIe" in out and "[allowed by topology_override: allow-risky-p2p]" in out
+    assert "error:" not in out

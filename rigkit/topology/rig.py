@@ -7,7 +7,9 @@ from rigkit.config.schema import RigConfig
 from rigkit.topology.decide import RigTopology, Verdict, decide
 
 
-def rig_verdicts(rig: RigConfig, topo: RigTopology, override: str | None = None) -> list[Verdict]:
+def rig_verdicts(rig: RigConfig, topo: RigTopology) -> list[Verdict]:
+    """The override is the rig file's `topology_override`."""
+    override = rig.spec.topology_override
     verdicts = []
     for model in rig.models:
         parallel = model.spec.parallel
