@@ -289,7 +289,7 @@ def test_link_rank_orders_best_first(links):
     assert sorted(links, key=link_rank) == ["NV12", "NV4", "PIX", "PXB", "PHB", "NODE", "SYS"]
 
 
-@pytest.mark.parametrize("link, gbps", [(PcieLink(5, 5, 16, 16), 63.0), (PcieLink(4, 4, 4, 4), 7.9), (PcieLink(1, 1, 1, 1), 0.25), (PcieLink(3, 3, 16, 16), 15.8)])
+@pytest.mark.parametrize("link, gbps", [(PcieLink(5, 5, 16, 16), 63.0), (PcieLink(4, 4, 4, 4), 7.9), (PcieLink(1, 1, 1, 1), 0.25), (PcieLink(3, 3, 16, 16), 15.8), (PcieLink(6, 6, 16, 16), 121.0)])
 def test_pcie_bandwidth(link, gbps):
     assert pcie_gbps(link) == pytest.approx(gbps, abs=0.05)
 

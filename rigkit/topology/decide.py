@@ -23,8 +23,8 @@ NO_P2P_ARGS = ("--disable-custom-all-reduce",)
 NO_P2P_ENV = {"NCCL_P2P_DISABLE": "1"}
 
 # Usable bandwidth per lane and direction, GB/s, after line encoding (8b/10b for gen 1-2,
-# 128b/130b for gen 3-5): 2.5, 5, 8, 16, 32 GT/s.
-PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+# 128b/130b for gen 3-5, FLIT for gen 6): 2.5, 5, 8, 16, 32, 64 GT/s.
+PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 # Best first. NV# is ranked above all PCIe paths, more links first.
 _PCIE_RANK = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 _PCIE_BRIDGED = {"PIX", "PXB", "PHB", "NODE", "SYS"}
@@ -39,7 +39,7 @@ def link_rank(link: str) -> tuple[int, int]:
 def pcie_gbps(link: PcieLink) -> float:
     """What the slot and card can carry together (max gen x max width: nvidia-smi reports the
     GPU-and-system limit there; the current gen drops at idle to save power)."""
-    return PCIE_GBPS_PER_LANE.get(link.gen_max, PCIE_GBPS_PER_LANE[5]) * link.width_max
+    return PCIE_GBPS_PER_LANE.get(link.gen_max, PCIE_GBPS_PER_LANE[max(PCIE_GBPS_PER_LANE)]) * link.width_max
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,6 @@ def _slow_links(topo: RigTopology, verdict: Verdict) -> None:
             )
         if link.width_current < link.width_max:
             verdict.warnings.append(
-                f"{verdict.model}: GPU{g}'s link trained at x{link.width_current} of x{link.width_max} "
-                "(reseat the card or check the riser)"
+                f"{verdict.model}: GPU{g}'s link trained at x{link.width_current} of x{link.width_max}; nvidia-smi "
+                "says the width may drop while a GPU is idle: if it stays there under load, reseat the card or check the riser"
             )
