@@ -284,6 +284,12 @@ def test_p2p_not_read_is_a_warning_and_sets_nothing():
     assert verdict.table().splitlines()[1].split() == ["GPU0-GPU1", "PIX", "?", "31.5"]
 
 
+def test_table_without_pcie_says_unknown_not_nvlink():
+    topo = RigTopology(TopoMatrix((0, 1, 2), {(0, 1): "NV4", (0, 2): "SYS", (1, 2): "SYS"}), {}, p2p(3, "OK"), IOMMU_PT, NO_ACS)
+    rows = [line.split() for line in decide(topo, "m", [0, 1, 2], 3, 1).table().splitlines()[1:]]
+    assert rows == [["GPU0-GPU1", "NV4", "OK", "NVLink"], ["GPU0-GPU2", "SYS", "OK", "?"], ["GPU1-GPU2", "SYS", "OK", "?"]]
+
+
 @pytest.mark.parametrize("links", [["SYS", "NV4", "PIX", "NV12", "PHB", "NODE", "PXB"]])
 def test_link_rank_orders_best_first(links):
     assert sorted(links, key=link_rank) == ["NV12", "NV4", "PIX", "PXB", "PHB", "NODE", "SYS"]

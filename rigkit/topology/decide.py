@@ -61,7 +61,7 @@ class PairRow:
     b: int
     link: str
     p2p: str  # "OK", "NS", ..., "?" when not read
-    gbps: float | None  # PCIe bandwidth of the slower end; None over NVLink
+    gbps: float | None  # PCIe bandwidth of the slower end; None over NVLink or where not read
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Verdict:
 def render_table(pairs: list[PairRow]) -> str:
     rows = [("pair", "link", "P2P", "PCIe GB/s")]
     for p in pairs:
-        bw = "NVLink" if p.gbps is None else f"{p.gbps:.1f}"
+        bw = "NVLink" if NVLINK.match(p.link) else "?" if p.gbps is None else f"{p.gbps:.1f}"
         rows.append((f"GPU{p.a}-GPU{p.b}", p.link, p.p2p, bw))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
