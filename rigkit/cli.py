@@ -63,9 +63,32 @@ def check(args: argparse.Namespace) -> int:
             print("\n".join(f"{rig_file}: {p}" for p in problems), file=sys.stderr)
             failed += 1
             continue
+        if args.topology and _check_topology(rig, args.topology):
+            failed += 1
+            continue
         models = ", ".join(m.name for m in rig.models) or "no models"
         print(f"{rig_file}: ok ({rig.spec.os}, {len(rig.spec.gpus)} GPUs, {models}; catalog {catalog})")
     return CONFIG_ERROR if failed else 0
+
+
+def _check_topology(rig, facts_file: str) -> bool:
+    """Print the topology table and verdict of each multi-GPU model from a saved topology fact
+    output (docs/topology.md); True when a verdict has errors."""
+    from rigkit.topology.report import read_report
+    from rigkit.topology.rig import render_verdict, rig_verdicts
+
+    topo, notes = read_report(Path(facts_file).read_text().splitlines(), windows=rig.spec.os == "windows")
+    for note in notes:
+        print(f"{rig.file}: topology: not read: {note}", file=sys.stderr)
+    if topo is None:
+        print(f"{rig.file}: topology: no nvidia-smi topo -m in {facts_file}", file=sys.stderr)
+        return True
+    verdicts = rig_verdicts(rig, topo)
+    for verdict in verdicts:
+        print(render_verdict(verdict))
+    if not verdicts:
+        print(f"{rig.file}: topology: no model spans GPUs (tensor x pipeline 1); nothing to decide")
+    return any(v.errors for v in verdicts)
 
 
 def _check_windows(rig) -> None:
@@ -501,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("rig_files", nargs="+")
     check_parser.add_argument("--catalog", help="model catalog folder (default: ../models beside the rig file's "
                               f"folder, else {DEFAULT_CATALOG_DIR})")
+    check_parser.add_argument("--topology", metavar="FACT_OUTPUT",
+                              help="a saved output of the topology fact's command (docs/topology.md): print each "
+                              "multi-GPU model's links, P2P and vLLM flags; its errors fail the check")
     check_parser.set_defaults(func=check)
     deploy_parser = commands.add_parser("deploy", help="run deploy.py on every rig of an inventory")
     deploy_parser.add_argument("inventory")

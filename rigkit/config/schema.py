@@ -175,6 +175,9 @@ class RigSpec(_Strict):
     models: list[Annotated[str, AfterValidator(_follows_name_rule)]] = Field(default_factory=list)
     gpu_policy: Literal["apply", "remove"] = "apply"
     psu_budget_override: bool = False
+    # Multi-GPU topology (docs/topology.md): "allow-risky-p2p" turns the errors for P2P over PCIe while ACS
+    # redirects or the IOMMU translates into warnings, for a rig where that was proven to work.
+    topology_override: Literal["allow-risky-p2p"] | None = None
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
     api_key_file: str | None = None
     # Where the vLLM servers listen: loopback only (default), or every interface so a gateway on another

@@ -1,0 +1,30 @@
+"""The topology verdicts of a validated rig: one per model whose tensor x pipeline size is
+above 1, from its catalog entry's `gpus` and `parallel`. Pure (config objects in, text out)."""
+
+from __future__ import annotations
+
+from rigkit.config.schema import RigConfig
+from rigkit.topology.decide import RigTopology, Verdict, decide
+
+
+def rig_verdicts(rig: RigConfig, topo: RigTopology) -> list[Verdict]:
+    """The override is the rig file's `topology_override`."""
+    override = rig.spec.topology_override
+    verdicts = []
+    for model in rig.models:
+        parallel = model.spec.parallel
+        if parallel.tensor * parallel.pipeline > 1:
+            verdicts.append(decide(topo, model.name, list(model.spec.gpus), parallel.tensor, parallel.pipeline, override))
+    return verdicts
+
+
+def render_verdict(verdict: Verdict) -> str:
+    lines = [f"{verdict.model}: GPUs {', '.join(map(str, verdict.gpus))}, worst link {verdict.worst_link or '-'}"]
+    if verdict.pairs:
+        lines += ["  " + row for row in verdict.table().splitlines()]
+    if verdict.vllm_args or verdict.env:
+        env = " ".join(f"{k}={v}" for k, v in sorted(verdict.env.items()))
+        lines.append(f"  vLLM: {' '.join(verdict.vllm_args)} {env}".rstrip())
+    lines += [f"  error: {e}" for e in verdict.errors]
+    lines += [f"  warning: {w}" for w in verdict.warnings]
+    return "\n".join(lines)
