@@ -2,7 +2,7 @@
 proven result's figures and at least three runs of the candidate. Pure; the rig-side gate that
 measures and acts (templates/serving/rigkit-stack) is not here.
 
-Refused when any of these fails (each is a `GateCheck`, all reported at once):
+Refused when any of these fails (each is a `Check`, all reported at once):
 - runs: fewer than MIN_RUNS candidate runs (noise cannot be judged from fewer);
 - every_check_passed: a candidate run failed one of its own checks;
 - decode: the candidate's mean decode tok/s is ALLOWANCE (10%) or more below the proven one's,
@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rigkit.verify.checks import POWER_TOLERANCE
+from rigkit.verify.checks import POWER_TOLERANCE, Check
 
 MIN_RUNS = 3
 ALLOWANCE = 0.10  # a candidate 10% or more slower (or TTFT 10% or more longer) is refused
@@ -54,19 +54,12 @@ def from_result(document: dict) -> RunFigures:
 
 
 @dataclass(frozen=True)
-class GateCheck:
-    name: str
-    passed: bool
-    detail: str
-
-
-@dataclass(frozen=True)
 class Verdict:
     promote: bool
-    checks: list[GateCheck]
+    checks: list[Check]
 
     @property
-    def failed(self) -> list[GateCheck]:
+    def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.passed]
 
     @property
@@ -74,7 +67,7 @@ class Verdict:
         """One screen: the verdict, then each check with the old and new figures."""
         head = "PROMOTE: the candidate is as good as the proven config" if self.promote else \
             "REFUSE: " + ", ".join(c.name for c in self.failed)
-        return "\n".join([head, *(f"{'ok  ' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks)])
+        return "\n".join([head, *(f"{'ok  ' if c.passed else 'FAIL'}  {c.name}: {c.message}" for c in self.checks)])
 
 
 def allowance(values: Sequence[float]) -> tuple[float, float]:
@@ -86,10 +79,10 @@ def allowance(values: Sequence[float]) -> tuple[float, float]:
 
 def decide(proven: RunFigures, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None) -> Verdict:
     """Promote or refuse; `caps_w`: each GPU's power cap in W (None or missing: no cap)."""
-    checks = [GateCheck("runs", len(candidates) >= MIN_RUNS,
+    checks = [Check("runs", len(candidates) >= MIN_RUNS,
                         f"{len(candidates)} candidate run(s); {MIN_RUNS} or more are needed to judge noise")]
     failed_runs = [(n, r.failed_checks) for n, r in enumerate(candidates, 1) if not r.passed]
-    checks.append(GateCheck("every_check_passed", not failed_runs, "; ".join(
+    checks.append(Check("every_check_passed", not failed_runs, "; ".join(
         f"run {n} failed {', '.join(names) or 'a check'}" for n, names in failed_runs) or
         f"all {len(candidates)} run(s) passed every check"))
     checks.append(_compare("decode", "decode", proven.decode_tok_s, [r.decode_tok_s for r in candidates],
@@ -103,12 +96,12 @@ def decide(proven: RunFigures, candidates: Sequence[RunFigures], caps_w: dict[in
 
 
 def _compare(name: str, label: str, old: float | None, runs: list[float | None], unit: str,
-             higher_is_better: bool) -> GateCheck:
+             higher_is_better: bool) -> Check:
     values = [v for v in runs if v is not None]
     if old is None:
-        return GateCheck(name, True, f"the proven result has no {label}: not compared")
+        return Check(name, True, f"the proven result has no {label}: not compared")
     if len(values) < len(runs) or not values:
-        return GateCheck(name, False, f"{len(runs) - len(values)} of {len(runs)} candidate run(s) measured no {label}")
+        return Check(name, False, f"{len(runs) - len(values)} of {len(runs)} candidate run(s) measured no {label}")
     new = statistics.fmean(values)
     allowed, cv = allowance(values)
     worse = (old - new) / old if higher_is_better else (new - old) / old
@@ -118,30 +111,30 @@ def _compare(name: str, label: str, old: float | None, runs: list[float | None],
     digits = ".1f" if unit == "tok/s" else ".3f"
     detail = (f"proven {old:{digits}} {unit}, candidate {new:{digits}} {unit} (mean of {len(values)}): "
               f"{abs(worse):.1%} {word}; {why}")
-    return GateCheck(name, worse < allowed - 1e-9, detail)
+    return Check(name, worse < allowed - 1e-9, detail)
 
 
-def _acceptance(old: float | None, runs: list[float | None]) -> GateCheck | None:
+def _acceptance(old: float | None, runs: list[float | None]) -> Check | None:
     if old is None or old <= 1.0:
         return None  # the proven config was not drafting (or accepted nothing): nothing to collapse
     values = [v for v in runs if v is not None]
     if not values:
-        return GateCheck("acceptance", True, f"proven mean acceptance length {old:.2f}; the candidate does not "
+        return Check("acceptance", True, f"proven mean acceptance length {old:.2f}; the candidate does not "
                          "draft (or its counters are missing): judged on decode alone")
     new = statistics.fmean(values)
     share = (new - 1) / (old - 1)
-    return GateCheck("acceptance", share >= ACCEPTANCE_COLLAPSE,
+    return Check("acceptance", share >= ACCEPTANCE_COLLAPSE,
                      f"mean acceptance length proven {old:.2f}, candidate {new:.2f}: accepted tokens per draft "
                      f"{old - 1:.2f} -> {new - 1:.2f} ({share:.0%} of the proven; below "
                      f"{ACCEPTANCE_COLLAPSE:.0%} is a collapse: check the drafter's --dtype)")
 
 
-def _caps(runs: Sequence[RunFigures], caps_w: dict[int, float]) -> GateCheck:
+def _caps(runs: Sequence[RunFigures], caps_w: dict[int, float]) -> Check:
     over = []
     for index, cap in sorted(caps_w.items()):
         powers = [r.gpu_power_w[index] for r in runs if index in r.gpu_power_w]
         if powers and max(powers) > cap * (1 + POWER_TOLERANCE):
             over.append(f"GPU {index} {max(powers):.0f} W under load, cap {cap:.0f} W")
-    return GateCheck("gpu_caps", not over, "; ".join(over) or
+    return Check("gpu_caps", not over, "; ".join(over) or
                      (f"every GPU under its cap ({', '.join(f'{i}: {c:.0f} W' for i, c in sorted(caps_w.items()))})"
                       if caps_w else "no caps configured"))
