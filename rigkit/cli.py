@@ -288,25 +288,14 @@ def _url_problem(url: str) -> str | None:
 
 
 def output_file(option: str, value: str | None) -> Path | None:
-    """A file a command writes its result to, checked before the run (so a run is never lost to a
-    path it cannot write): its folder exists and can be written, and it is not a folder or a FIFO."""
-    import os
+    """rigkit.config.output_path.output_file, its refusal as bad input (exit 2)."""
+    from rigkit.config.output_path import OutputPathError
+    from rigkit.config.output_path import output_file as checked
 
-    from rigkit.config.errors import shown
-
-    if value is None:
-        return None
-    path = Path(value)
-    if not value or re.search(r"[\x00-\x1f\x7f]", value):
-        raise BadInput(f"{option} {shown(value)}: give a file path (no control characters)")
-    if path.exists() and not path.is_file():
-        raise BadInput(f"{option} {shown(value)}: exists and is not a regular file; give a file path")
-    folder = path.parent
-    if not folder.is_dir():
-        raise BadInput(f"{option} {shown(value)}: its folder {folder} does not exist; create it or give another path")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise BadInput(f"{option} {shown(value)}: cannot be written here (permission denied); give another path")
-    return path
+    try:
+        return checked(option, value)
+    except OutputPathError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def _number(kind, low, high, unit: str = "", low_open: bool = False):

@@ -72,3 +72,25 @@ def test_a_bad_verify_switch_in_the_inventory_is_one_line(tmp_path):
     run = tune(str(inventory), "--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200")
     assert run.returncode == 2 and "rigkit_verify is 'nevr'; allowed: after-changes, always, never" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--power-limits", "٣00"), "--power-limits '٣00': '٣00' is not a whole number (ASCII digits)"),
+    (("--power-limits", "300", "--prompt-tokens", "٣"), "argument --prompt-tokens: '٣' is not a whole number"),
+    (("--power-limits", "300", "--json", "/nonexistent/x.json"), "--json '/nonexistent/x.json': its folder /nonexistent "
+                                                                 "does not exist"),
+])
+def test_non_ascii_digits_and_an_unwritable_json_path_are_refused_before_any_rig(flags, said, tmp_path):
+    """Offline: one line, exit 2, before the inventory's rig is reached (its SSH port is closed)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    inventory = tmp_path / "inv.py"
+    inventory.write_text("rigs = [('sim-rig', {'ssh_hostname': '127.0.0.1', 'ssh_port': 9})]\n")
+    run = subprocess.run([sys.executable, "-m", "rigkit.cli", "tune", str(inventory), "--rig", "sim-rig",
+                          "--model", "tune-sim", *flags], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert said in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr

@@ -34,7 +34,7 @@ def test_ranges_and_lists():
     ("--power-limits", "200:350", "--power-limits '200:350': a range is start:stop:step, e.g. 200:350:25"),
     ("--power-limits", "350:200:25", "--power-limits '350:200:25': start 350 is above stop 200"),
     ("--power-limits", "200:350:0", "--power-limits '200:350:0': the step must be positive, got 0"),
-    ("--power-limits", "200,25O", "--power-limits '200,25O': '25O' is not a whole number"),
+    ("--power-limits", "200,25O", "--power-limits '200,25O': '25O' is not a whole number (ASCII digits)"),
     ("--power-limits", "-50,200", "--power-limits '-50,200': values must be positive, got -50"),
     ("--core-offsets", "", "--core-offsets: empty value; give a list (200,250) or start:stop:step (200:350:25)"),
     ("--mem-offsets", "0,0", "--mem-offsets '0,0': a value is listed twice"),

@@ -9,13 +9,22 @@ restores it if this process disappears. `--hold` measures the setting in force a
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 
+from rigkit.config.output_path import OutputPathError, output_file
 from rigkit.tune.grid import GridError, parse_objective, parse_repeats, parse_threshold, parse_values, parse_workload
 from rigkit.tune.inputs import TuneInputError
 
 DEADMAN_MIN_S = 5
+
+
+def ascii_int(text: str) -> int:
+    """A whole number in ASCII digits: int() also reads '٣' (Arabic-Indic three), which nobody means here."""
+    if not re.fullmatch(r"-?[0-9]{1,30}", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (ASCII digits)")
+    return int(text)
 
 
 def add_parser(commands) -> None:
@@ -31,9 +40,9 @@ def add_parser(commands) -> None:
     p.add_argument("--objective", default="efficiency", help="decode, response-time or efficiency")
     p.add_argument("--keep", default="0.95", help="efficiency: the share of the best decode to keep (0.95 or 95%%)")
     p.add_argument("--workload", help="response-time: input/output tokens per request, e.g. 8000/640")
-    p.add_argument("--prompt-tokens", type=int, default=512, help="per measurement")
-    p.add_argument("--output-tokens", type=int, default=128, help="per measurement")
-    p.add_argument("--deadman-s", type=int, default=0,
+    p.add_argument("--prompt-tokens", type=ascii_int, default=512, help="per measurement")
+    p.add_argument("--output-tokens", type=ascii_int, default=128, help="per measurement")
+    p.add_argument("--deadman-s", type=ascii_int, default=0,
                    help="the rig restores its policy this long after the last cell began (default: 60 s + 3x a measurement)")
     p.add_argument("--write", action="store_true", help="apply the proposed change to the rig file (comments kept)")
     p.add_argument("--json", help="write the result here (default: results/<rig>/<model>/tune-<time>.json, + .png)")
@@ -76,6 +85,10 @@ def parse_options(args) -> Options:
         raise TuneInputError(f"--deadman-s {args.deadman_s}: at least {DEADMAN_MIN_S} s (a cell must fit inside it)")
     if args.hold and args.write:
         raise TuneInputError("--hold changes nothing, so there is nothing to --write")
+    try:
+        output_file("--json", args.json)  # before the run: a sweep is never lost to a path it cannot write
+    except OutputPathError as exc:
+        raise TuneInputError(str(exc)) from None
     return options
 
 

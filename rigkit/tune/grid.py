@@ -4,6 +4,7 @@ names the option and the value, for the person typing the command."""
 from __future__ import annotations
 
 import itertools
+import re
 
 from rigkit.tune.cells import OBJECTIVES, Cell, Workload
 
@@ -54,10 +55,10 @@ def parse_values(option: str, text: str, *, allow_negative: bool = False, allow_
 
 
 def _integer(option: str, text: str, part: str) -> int:
-    try:
-        return int(part.strip())
-    except ValueError:
-        raise GridError(f"{option} {text!r}: {part.strip()!r} is not a whole number") from None
+    # ASCII digits only: int() also reads '٣' (Arabic-Indic three), which nobody means here.
+    if not re.fullmatch(r"-?[0-9]{1,30}", part.strip()):
+        raise GridError(f"{option} {text!r}: {part.strip()!r} is not a whole number (ASCII digits)")
+    return int(part.strip())
 
 
 def parse_repeats(text: str) -> int:
