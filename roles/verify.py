@@ -30,8 +30,10 @@ from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.facts_once import Read
 from rigkit.files import FileStates, put
 from rigkit.render import module_source
+from rigkit.rigside.names import RUN_DIR, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH, SAMPLER_PATH
 from rigkit.serving.api_key import read_api_key
-from rigkit.serving.compose import served_name, vllm_args
+from rigkit.rigside.names import served_name
+from rigkit.serving.compose import vllm_args
 from rigkit.sshforward import forward
 from rigkit.weights.engine import dial_command, rig_engine
 
@@ -39,10 +41,7 @@ if TYPE_CHECKING:
     from rigkit.verify.result import VerificationResult
 
 # Defaults
-REMOTE_DIR = "/usr/local/lib/rigkit"
-SAMPLER = f"{REMOTE_DIR}/rigkit-telemetry.py"
-SHIPPED_NVML_DIR = f"{REMOTE_DIR}/nvml"
-SHIPPED_NVML = f"{SHIPPED_NVML_DIR}/pynvml.py"
+SAMPLER, SHIPPED_NVML_DIR, SHIPPED_NVML = SAMPLER_PATH, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH  # rigkit.rigside.names
 SAMPLE_HZ = 50
 PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small share of TTFT
 OUTPUT_TOKENS = 256
@@ -50,7 +49,6 @@ REQUEST_TIMEOUT_S = 120
 SAMPLER_START_S = 20
 SAMPLER_MAX_S = 900  # a sampler left behind stops itself
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
-RUN_DIR = "/run/rigkit"  # the sampler's output, root-only
 TELEMETRY_FILES = (SAMPLER, SHIPPED_NVML)  # read in one command
 SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}
 

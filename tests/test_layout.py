@@ -156,3 +156,50 @@ def test_every_package_ships_in_the_wheel():
     packages = {module_name(p.parent) if p.parent != REPO / "rigkit" else "rigkit"
                 for p in (REPO / "rigkit").rglob("__init__.py") if "_templates" not in p.parts}
     assert packages <= listed, f"add to pyproject.toml's packages: {sorted(packages - listed)}"
+
+
+# Rig paths and names both sides use have one home (STYLE.md, "The rig side"). These are the
+# literals that were once retyped in several modules; prose (docstrings, comments) may name them.
+NAMES_HOME = "rigkit/rigside/names.py"
+RIG_LITERALS = (
+    "/etc/rigkit", "/usr/local/sbin/rigkit", "/usr/local/lib/rigkit", "/var/lib/rigkit", "/run/rigkit",
+    "/run/lock", "rigkit-gpu-policy.service", "rigkit-watchdog.service", "rigkit-watchdog.timer",
+    "rigkit-stack-", "rigkit-weights-{",
+)
+
+
+def code_strings(source: str) -> list[tuple[int, str]]:
+    """Every string constant of a module's code (f-string parts included), docstrings left out."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):  # f"rigkit-weights-{x}": the literal around the holes, as typed
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{" for v in node.values)
+            found.append((node.lineno, text))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def retyped_rig_names(source: str) -> list[str]:
+    return [f"line {line}: {literal!r} in {text[:80]!r}" for line, text in code_strings(source)
+            for literal in RIG_LITERALS if literal in text and not text.endswith(".j2")]  # a template's name
+
+
+def test_rig_paths_and_names_live_in_one_module():
+    found = {str(path.relative_to(REPO)): hits for path in sources().values()
+             if str(path.relative_to(REPO)) != NAMES_HOME and (hits := retyped_rig_names(path.read_text()))}
+    assert not found, f"import these from {NAMES_HOME} instead: {found}"
+
+
+@pytest.mark.parametrize("planted", [
+    'UNIT = "rigkit-gpu-policy.service"',
+    'HELPER = f"/usr/local/sbin/rigkit-stack {name}"',
+    'def volume(m):\n    return f"rigkit-weights-{m.name}"',
+])
+def test_the_names_rule_sees_a_planted_copy(planted):
+    assert retyped_rig_names(f'"""Docstrings may say /etc/rigkit/stacks."""\n{planted}\n')
+    assert not retyped_rig_names('"""Installs /usr/local/sbin/rigkit-stack (rigkit-gpu-policy.service)."""\n')

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from rigkit.config.schema import GatewaySpec, ModelConfig, RigConfig
-from rigkit.serving.compose import served_name
+from rigkit.rigside.names import served_name
 
 _ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 

@@ -19,18 +19,15 @@ import paramiko
 
 from rigkit.config.inventory import SshTarget
 from rigkit.render import module_source
+from rigkit.rigside.names import GPU_POLICY_UNIT, RUN_DIR, TUNE_HELPER_PATH, TUNE_NVML_DIR, TUNE_SAMPLER_PATH
 from rigkit.sshforward import forward
 from rigkit.tune.cells import Cell, Enforced, Figures
 from rigkit.tune.measure import BenchSettings, MeasurementError, measure_once
 from rigkit.tune.rigside import DEADMAN_UNIT
 from rigkit.tune.safety import OffsetRange
 
-REMOTE_DIR = "/usr/local/lib/rigkit/tune"
-HELPER = f"{REMOTE_DIR}/rigkit-tune.py"
-SAMPLER = f"{REMOTE_DIR}/rigkit-telemetry.py"
-NVML_DIR = f"{REMOTE_DIR}/nvml"
-RUN_DIR = "/run/rigkit"  # root-only: the sampler's output
-POLICY_UNIT = "rigkit-gpu-policy.service"
+HELPER, SAMPLER, NVML_DIR = TUNE_HELPER_PATH, TUNE_SAMPLER_PATH, TUNE_NVML_DIR  # rigkit.rigside.names
+POLICY_UNIT = GPU_POLICY_UNIT
 SAMPLE_HZ = 50
 COMMAND_TIMEOUT_S = 60
 SAMPLER_START_S = 20

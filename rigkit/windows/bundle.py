@@ -15,7 +15,8 @@ from pathlib import Path, PureWindowsPath
 
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
-from rigkit.serving.compose import render_compose, served_name
+from rigkit.rigside.names import served_name
+from rigkit.serving.compose import render_compose
 from rigkit.windows.install_dir import INSTALL_DIR, secure_install_script
 from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
 from rigkit.windows.watchdog import TASK_WATCHDOG, watchdog_files
