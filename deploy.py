@@ -29,8 +29,9 @@ use_fast_paths()
 
 from pyinfra import host, inventory  # noqa: E402
 
-from rigkit.config.inventory import gateway_plan, rig_config, run_options, validate_inventory  # noqa: E402
+from rigkit.config.inventory import rig_config, run_options, validate_inventory  # noqa: E402
 from rigkit.facts_once import read_ahead  # noqa: E402
+from rigkit.gateway.topology import gateway_plan  # noqa: E402
 from rigkit.ssh import tcp_nodelay  # noqa: E402
 from roles.base import base  # noqa: E402
 from roles.gateway import gateway  # noqa: E402

@@ -114,7 +114,8 @@ def _hosts(inventory: str) -> list:
 
 def gateway_config(args: argparse.Namespace) -> int:
     """The LiteLLM config of the inventory's gateway, offline: no rig is reached."""
-    from rigkit.config.inventory import RigConfigError, gateway_plan
+    from rigkit.config.inventory import RigConfigError
+    from rigkit.gateway.topology import gateway_plan
     from rigkit.gateway.config import render_config
 
     try:
@@ -135,7 +136,8 @@ def rollout(args: argparse.Namespace) -> int:
     """Rolling rollout: each rig gets the whole deploy (and its rollback) before the next starts.
     With a gateway in the inventory, each rig's replicas are drained from it first (bounded wait for
     their in-flight requests) and put back once the rig deployed; a rig that fails stays out."""
-    from rigkit.config.inventory import RigConfigError, gateway_plan
+    from rigkit.config.inventory import RigConfigError
+    from rigkit.gateway.topology import gateway_plan
 
     names = rig_names(args.inventory)
     try:

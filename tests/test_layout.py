@@ -82,6 +82,45 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     assert find_cycle(edges) == ["a", "b", "c", "a"]
 
 
+def package_of(module: str) -> str:
+    """rigkit.gpu.facts -> rigkit.gpu; a module right under rigkit/ (rigkit.render) is its own node."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "rigkit" and len(parts) > 1 else parts[0]
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Edges between rigkit's packages, from the edges between their modules."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        if module.startswith("rigkit."):
+            packages.setdefault(package_of(module), set()).update(
+                package_of(t) for t in targets if t.startswith("rigkit.") and package_of(t) != package_of(module))
+    return packages
+
+
+def test_no_import_cycles_between_packages():
+    """A package may use another only if that one does not use it back, at any distance
+    (config <- gateway once ran both ways: config.inventory built the gateway's plan)."""
+    cycle = find_cycle(package_graph(graph(sources())))
+    assert cycle is None, "packages import each other in a circle: " + " -> ".join(cycle or [])
+
+
+def test_the_package_cycle_check_sees_a_planted_cycle():
+    """Module edges with no cycle between modules, but one between their packages."""
+    edges = {"rigkit.config.inventory": {"rigkit.gateway.topology"}, "rigkit.gateway.topology": {"rigkit.config.schema"},
+             "rigkit.config.schema": set(), "rigkit.render": {"rigkit.config.schema"}}
+    assert find_cycle(edges) is None
+    assert find_cycle(package_graph(edges)) == ["rigkit.config", "rigkit.gateway", "rigkit.config"]
+
+
+def test_the_rig_side_runtime_imports_nothing_of_rigkit():
+    """rigkit.rigside runs on rigs as it is (standard library only); every package may import it."""
+    for name, path in sources().items():
+        if name.startswith("rigkit.rigside"):
+            ours = {i for i in imports(path) if i.split(".")[0] in ("rigkit", "roles", "pyinfra")}
+            assert not ours, f"{path.relative_to(REPO)} imports {sorted(ours)}: the rig side has only the standard library"
+
+
 def test_no_role_imports_another_role():
     for name, path in sources().items():
         if name.startswith("roles."):

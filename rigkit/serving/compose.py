@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from rigkit.config.lint import is_windows_path
+from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
 from rigkit.render import render
 from rigkit.rigside.names import SECRETS_ENV_FILE, project_name, served_name, volume_name
