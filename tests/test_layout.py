@@ -242,3 +242,24 @@ def test_rig_paths_and_names_live_in_one_module():
 def test_the_names_rule_sees_a_planted_copy(planted):
     assert retyped_rig_names(f'"""Docstrings may say /etc/rigkit/stacks."""\n{planted}\n')
     assert not retyped_rig_names('"""Installs /usr/local/sbin/rigkit-stack (rigkit-gpu-policy.service)."""\n')
+
+
+# The rig's own Python scripts import the shipped runtime (rigkit/rigside) from names.LIB_DIR: that
+# one folder is the only rig path they may spell, in the line that finds the runtime.
+RIG_SCRIPTS = ("templates/serving/rigkit-stack", "templates/serving/rigkit-watchdog",
+               "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway")
+
+
+@pytest.mark.parametrize("script", RIG_SCRIPTS)
+def test_each_rig_script_takes_names_and_protocols_from_the_runtime(script):
+    from rigkit.rigside.names import LIB_DIR
+
+    source = (REPO / script).read_text()
+    tree = ast.parse(source)
+    runtime = {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "rigside" in runtime, f"{script} does not import the rig-side runtime"
+    hits = [hit for hit in retyped_rig_names(source) if f"{LIB_DIR!r} in {LIB_DIR!r}" not in hit]
+    assert not hits, f"{script}: take these from rigside.names: {hits}"
+    assert f'os.environ.get("RIGKIT_LIB_DIR", "{LIB_DIR}")' in source, f"{script} looks for the runtime elsewhere"
+    for protocol in ("fcntl.flock", "/v1/completions", "os.fsync", '"VLLM_API_KEY'):
+        assert protocol not in source, f"{script} writes {protocol} again: use the runtime's"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import importlib.machinery
 import importlib.util
+import os
 import threading
 from urllib.parse import urlparse
 
@@ -23,7 +24,11 @@ from tests.standin import standin
 SCRIPT = REPO / "templates" / "serving" / "rigkit-watchdog"
 
 
-def load_watchdog():
+def load_watchdog(lib_dir):
+    """The script as the rig runs it, with the runtime it imports (rigkit/rigside) found in `lib_dir`
+    as on the rig in /usr/local/lib/rigkit."""
+    (lib_dir / "rigside").symlink_to(REPO / "rigkit" / "rigside", target_is_directory=True)
+    os.environ["RIGKIT_LIB_DIR"] = str(lib_dir)
     loader = importlib.machinery.SourceFileLoader("rigkit_watchdog_under_test", str(SCRIPT))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)
@@ -32,8 +37,10 @@ def load_watchdog():
 
 
 @pytest.fixture
-def wd(tmp_path):
-    module = load_watchdog()
+def wd(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGKIT_LIB_DIR", "")  # restored after the test
+    (tmp_path / "lib").mkdir()
+    module = load_watchdog(tmp_path / "lib")
     module.LOCK_DIR = str(tmp_path / "lock")
     (tmp_path / "lock").mkdir()
     (tmp_path / "state").mkdir()

@@ -59,6 +59,7 @@ GATEWAY_PROJECT = "rigkit-gateway"
 GATEWAY_HELPER_PATH = f"{SBIN_DIR}/rigkit-gateway"
 GATEWAY_DIR = f"{ETC_DIR}/gateway"
 GATEWAY_SECRETS_ENV_FILE = f"{SECRETS_DIR}/gateway.env"
+GATEWAY_SETTINGS_PATH = f"{GATEWAY_DIR}/gateway.json"  # what the rig-side helper reads
 
 
 def project_name(model) -> str:

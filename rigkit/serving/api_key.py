@@ -9,8 +9,9 @@ import stat
 from pathlib import Path
 
 from rigkit.config.schema import RigConfig
+from rigkit.rigside.keyfile import API_KEY_ENV_NAME
 
-ENV_NAME = "VLLM_API_KEY"
+ENV_NAME = API_KEY_ENV_NAME  # the rig side reads it by this name (rigkit.rigside.keyfile)
 
 
 class SecretFileError(Exception):
