@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 # The rig-side runtime (rigkit/rigside), shipped by rigkit's rigside role; this folder is
 # rigkit.rigside.names.LIB_DIR (tests/test_layout.py keeps them equal).
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
+sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 try:
     from rigside import keyfile
     from rigside.probe import NoAnswer, one_token
