@@ -263,3 +263,22 @@ def test_each_rig_script_takes_names_and_protocols_from_the_runtime(script):
     assert f'os.environ.get("RIGKIT_LIB_DIR", "{LIB_DIR}")' in source, f"{script} looks for the runtime elsewhere"
     for protocol in ("fcntl.flock", "/v1/completions", "os.fsync", '"VLLM_API_KEY'):
         assert protocol not in source, f"{script} writes {protocol} again: use the runtime's"
+
+
+# On Windows one PowerShell include plays the runtime's part: the helpers every script needs
+# (the log line, a native call under 'Stop', the API key's env file) are written once, in
+# templates/windows/_helpers.ps1.j2, and rendered into each script (a task runs one file).
+WINDOWS_HELPERS = ("function Write-Log", "function Invoke-Native", "function Read-ApiKey")
+WINDOWS_SCRIPTS = ("llm-bootstrap.ps1.j2", "rigkit-watchdog.ps1.j2", "gpu-power-policy.ps1.j2")
+
+
+def test_the_windows_helpers_are_written_once_and_included_by_each_script():
+    folder = REPO / "templates" / "windows"
+    include = (folder / "_helpers.ps1.j2").read_text()
+    assert all(helper in include for helper in WINDOWS_HELPERS)
+    for path in folder.glob("*.j2"):
+        if path.name != "_helpers.ps1.j2":
+            again = [h for h in WINDOWS_HELPERS if h in path.read_text()]
+            assert not again, f"{path.name} defines {again} again: use templates/windows/_helpers.ps1.j2"
+    for name in WINDOWS_SCRIPTS:
+        assert '{% include "windows/_helpers.ps1.j2" %}' in (folder / name).read_text(), name
