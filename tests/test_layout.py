@@ -113,6 +113,30 @@ def test_the_package_cycle_check_sees_a_planted_cycle():
     assert find_cycle(package_graph(edges)) == ["rigkit.config", "rigkit.gateway", "rigkit.config"]
 
 
+FEATURES = {"rigkit.preflight", "rigkit.base", "rigkit.gpu", "rigkit.weights", "rigkit.serving", "rigkit.verify",
+            "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune"}
+BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.render", "rigkit.files", "rigkit.private_file",
+                    "rigkit.units", "rigkit.facts_once", "rigkit.ssh", "rigkit.sshforward", "rigkit.pyinfra_start",
+                    "rigkit.pyinfra_fastpaths"}
+
+
+def against_the_flow(packages: dict[str, set[str]]) -> list[str]:
+    return [f"{low} -> {sorted(packages[low] & FEATURES)}" for low in sorted(BENEATH_FEATURES & set(packages))
+            if packages[low] & FEATURES]
+
+
+def test_config_plumbing_and_the_rig_side_use_no_feature():
+    """Data flows one way (docs/architecture.md): the layers beneath the features never reach up."""
+    assert sorted(set(package_graph(graph(sources())))) and against_the_flow(package_graph(graph(sources()))) == []
+    planted = {"rigkit.config.inventory": {"rigkit.gateway.topology"}, "rigkit.gateway.topology": set()}
+    assert against_the_flow(package_graph(planted)) == ["rigkit.config -> ['rigkit.gateway']"]
+
+
+def test_every_package_is_placed_in_the_flow():
+    placed = FEATURES | BENEATH_FEATURES | {"rigkit.cli", "rigkit"}
+    assert set(package_graph(graph(sources()))) <= placed, "add the new package to FEATURES or BENEATH_FEATURES"
+
+
 def test_the_rig_side_runtime_imports_nothing_of_rigkit():
     """rigkit.rigside runs on rigs as it is (standard library only); every package may import it."""
     for name, path in sources().items():
