@@ -42,12 +42,12 @@ if TYPE_CHECKING:
 
 # Defaults
 SAMPLER, SHIPPED_NVML_DIR, SHIPPED_NVML = SAMPLER_PATH, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH  # rigkit.rigside.names
-SAMPLE_HZ = 50
+SAMPLE_HZ = sampler.SAMPLE_HZ
 PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small share of TTFT
 OUTPUT_TOKENS = 256
 REQUEST_TIMEOUT_S = 120
 SAMPLER_START_S = sampler.START_WAIT_S
-SAMPLER_MAX_S = 900  # a sampler left behind stops itself
+SAMPLER_MAX_S = sampler.MAX_S
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
 TELEMETRY_FILES = (SAMPLER, SHIPPED_NVML)  # read in one command
 SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}

@@ -1,8 +1,10 @@
 """Replacing a file on the rig atomically: a reader sees the old file or the new one, whole, never a
-part; the new content is on disk (fsync) before it takes the old one's place."""
+part; the new content is on disk (fsync) before it takes the old one's place. And reading such a
+file back, where missing or broken means None."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -24,3 +26,12 @@ def write_text(path: str, text: str) -> None:
     with open(path + ".tmp", "w") as f:
         f.write(text)
     _replace(path + ".tmp", path)
+
+
+def read_json(path: str):
+    """The JSON document at `path`, or None when it is missing or not whole JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

@@ -8,7 +8,9 @@ import shlex
 
 from .names import RUN_DIR
 
+SAMPLE_HZ = 50
 START_WAIT_S = 20  # the sampler says "sampling" in its log once NVML answered
+MAX_S = 900  # a sampler left behind stops itself
 
 
 def python_with_nvml(nvml_dir: str, nohup: bool = False) -> str:

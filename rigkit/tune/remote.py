@@ -29,10 +29,10 @@ from rigkit.tune.safety import OffsetRange
 
 HELPER, SAMPLER, NVML_DIR = TUNE_HELPER_PATH, TUNE_SAMPLER_PATH, TUNE_NVML_DIR  # rigkit.rigside.names
 POLICY_UNIT = GPU_POLICY_UNIT
-SAMPLE_HZ = 50
+SAMPLE_HZ = sampler.SAMPLE_HZ
 COMMAND_TIMEOUT_S = 60
 SAMPLER_START_S = sampler.START_WAIT_S
-SAMPLER_MAX_S = 900  # a sampler left behind stops itself
+SAMPLER_MAX_S = sampler.MAX_S
 # Prefer the rig's own nvidia-ml-py; fall back to the copy shipped here.
 PY = sampler.python_with_nvml(NVML_DIR)
 

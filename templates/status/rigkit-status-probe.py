@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 try:
-    from rigside import keyfile
+    from rigside import atomic, keyfile
     from rigside.probe import NoAnswer, one_token
 except ImportError as exc:  # a rig rigkit has not deployed yet
     print(json.dumps({"error": f"rigkit's rig-side runtime is not on this rig ({exc}): deploy the rig first"}))
@@ -121,11 +121,7 @@ def ready(port, served, key, deadline_s):
 
 
 def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    return atomic.read_json(path)
 
 
 def stack(args, model):
