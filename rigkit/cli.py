@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from rigkit.config.defaults import DEFAULT_CATALOG_DIR
 # pyinfra's command line, with rigkit's shorter start (rigkit/pyinfra_start.py). The rig file
 # schema and everything else heavy is imported by the command that needs it, not here.
 PYINFRA = [sys.executable, "-m", "rigkit.pyinfra_start"]
+# Bad input of any command (a flag, a rig or catalog file, an inventory): one line, nothing done.
+CONFIG_ERROR = 2
 
 
 def check(args: argparse.Namespace) -> int:
@@ -65,7 +68,7 @@ def check(args: argparse.Namespace) -> int:
             continue
         models = ", ".join(m.name for m in rig.models) or "no models"
         print(f"{rig_file}: ok ({rig.spec.os}, {len(rig.spec.gpus)} GPUs, {models}; catalog {catalog})")
-    return 1 if failed else 0
+    return CONFIG_ERROR if failed else 0
 
 
 def _check_windows(rig) -> None:
@@ -89,30 +92,33 @@ def default_catalog_dir(rig_file: Path) -> Path:
     return beside if rig_file.resolve().parent.name == "rigs" and beside.is_dir() else Path(DEFAULT_CATALOG_DIR)
 
 
-def rig_names(inventory: str) -> list[str]:
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    with ctx_state.use(State()):
-        return [host.name for host in make_inventory(inventory, cwd=".")]
-
-
 def _hosts(inventory: str) -> list:
     """The inventory's hosts with their data (group_data included), read offline."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from rigkit.config.inventory import load_inventory
 
-    from rigkit.config.inventory import RigConfigError
+    return list(load_inventory(inventory))
 
-    if not Path(inventory).is_file():
-        raise RigConfigError(f"{inventory}: no such inventory file")
+
+def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool) -> list[str] | int:
+    """Everything about an inventory command that can be known offline, before pyinfra connects to any
+    rig: the inventory loads, --limit selects a rig, each selected rig's files are valid (and, for a
+    deploy or a verification, every rig's, which the gateway's config reads). The selected rigs' names,
+    or CONFIG_ERROR after one line on stderr."""
+    from rigkit.config.inventory import RigConfigError, load_inventory, select_hosts, ssh_target, validate_host
+    from rigkit.gateway.topology import gateway_plan
+
     try:
-        with ctx_state.use(State()):
-            return list(make_inventory(inventory, cwd="."))
-    except Exception as exc:  # the inventory is the user's Python: any error is theirs to see in one line
-        raise RigConfigError(f"{inventory}: cannot be loaded: {type(exc).__name__}: {exc}") from None
+        loaded = load_inventory(inventory)
+        selected = select_hosts(loaded, inventory, limit)
+        rigs = {host.name: validate_host(host) for host in selected}
+        for host in selected:
+            ssh_target(host)  # the port and key file pyinfra would use
+        if whole_fleet:
+            gateway_plan(list(loaded), rigs)
+    except RigConfigError as exc:
+        print(f"rigkit {command}: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
+    return [host.name for host in selected]
 
 
 def gateway_config(args: argparse.Namespace) -> int:
@@ -126,11 +132,11 @@ def gateway_config(args: argparse.Namespace) -> int:
         plan = gateway_plan(hosts)
     except RigConfigError as exc:
         print(f"rigkit gateway-config: {exc}", file=sys.stderr)
-        return 1
+        return CONFIG_ERROR
     if plan is None:
         print(f"rigkit gateway-config: no host of {args.inventory} has `gateway` data; add it to the host "
               "that runs the gateway (docs/gateway.md)", file=sys.stderr)
-        return 1
+        return CONFIG_ERROR
     print(render_config(plan, drain=False), end="")
     return 0
 
@@ -142,12 +148,19 @@ def rollout(args: argparse.Namespace) -> int:
     from rigkit.config.inventory import RigConfigError
     from rigkit.gateway.topology import gateway_plan
 
-    names = rig_names(args.inventory)
+    deploy_file = Path(args.deploy)
+    if not deploy_file.is_file() or deploy_file.suffix != ".py":
+        print(f"rigkit rollout: --deploy {args.deploy!r}: no such deploy file; give a pyinfra deploy .py file "
+              "(default deploy.py, in the current directory)", file=sys.stderr)
+        return CONFIG_ERROR
+    names = _refused("rollout", args.inventory, None, whole_fleet=True)
+    if isinstance(names, int):
+        return names
     try:
         plan = gateway_plan(_hosts(args.inventory))
     except RigConfigError as exc:
         print(f"rigkit rollout: {exc}", file=sys.stderr)
-        return 1
+        return CONFIG_ERROR
     for position, name in enumerate(names, 1):
         print(f"rigkit rollout: rig {position}/{len(names)}: {name}", flush=True)
         drained = False
@@ -217,42 +230,120 @@ def _api_key(path: str | None) -> str | None:
         raise BadInput(str(exc)) from None
 
 
+MAX_CONCURRENCY = 256
+MAX_TOKENS = 200_000  # as `rigkit tune`: a prompt is built in memory (1e9 tokens would be ~2.7 GB)
+
+
 def _positive_ints(option: str, text: str | None) -> tuple[int, ...]:
+    from rigkit.config.errors import shown
+
     values = []
     for part in (text or "").split(",") if text else []:
-        if not part.strip().isdigit() or int(part) < 1:
-            raise BadInput(f"{option} {text}: {part.strip()!r} is not a positive integer")
+        # ASCII digits only: int() also reads '٣' (Arabic-Indic three), which nobody means here.
+        if not re.fullmatch(r"[0-9]{1,6}", part.strip()) or not 1 <= int(part) <= MAX_CONCURRENCY:
+            raise BadInput(f"{option} {shown(text)}: {shown(part.strip())} is not a whole number from 1 to "
+                           f"{MAX_CONCURRENCY} (ASCII digits, comma-separated, e.g. 4,8)")
         values.append(int(part))
     return tuple(values)
 
 
+def _url_problem(url: str) -> str | None:
+    """Why `url` cannot be a server's base URL, or None."""
+    from urllib.parse import urlsplit
+
+    if re.search(r"[\s\x00-\x1f\x7f]", url):
+        return "has a space, a line break or another control character"
+    if not url.startswith(("http://", "https://")):
+        return "give the scheme too, e.g. http://127.0.0.1:8000"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port out of range or not a number)
+        import httpx
+
+        httpx.URL(url)
+    except Exception as exc:  # urllib and httpx each raise their own kind
+        return f"not a URL ({exc}); e.g. http://127.0.0.1:8000 or http://[::1]:8000"
+    if not parts.hostname:
+        return "has no host; e.g. http://127.0.0.1:8000"
+    return None
+
+
+def output_file(option: str, value: str | None) -> Path | None:
+    """A file a command writes its result to, checked before the run (so a run is never lost to a
+    path it cannot write): its folder exists and can be written, and it is not a folder or a FIFO."""
+    import os
+
+    from rigkit.config.errors import shown
+
+    if value is None:
+        return None
+    path = Path(value)
+    if not value or re.search(r"[\x00-\x1f\x7f]", value):
+        raise BadInput(f"{option} {shown(value)}: give a file path (no control characters)")
+    if path.exists() and not path.is_file():
+        raise BadInput(f"{option} {shown(value)}: exists and is not a regular file; give a file path")
+    folder = path.parent
+    if not folder.is_dir():
+        raise BadInput(f"{option} {shown(value)}: its folder {folder} does not exist; create it or give another path")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise BadInput(f"{option} {shown(value)}: cannot be written here (permission denied); give another path")
+    return path
+
+
+def _number(kind, low, high, unit: str = "", low_open: bool = False):
+    """An argparse type: a number of `kind` from `low` to `high` (above `low` when `low_open`),
+    finite, written in ASCII digits; the message names the value and the range."""
+    def parse(text: str):
+        from rigkit.config.errors import shown
+
+        pattern = r"[+-]?[0-9]{1,12}" if kind is int else r"[+-]?([0-9]{1,12}(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?"
+        value = kind(text) if re.fullmatch(pattern, text.strip()) else None
+        inside = value is not None and (low < value if low_open else low <= value) and value <= high
+        if not inside:
+            what = "a whole number" if kind is int else "a number"
+            bound = f"above {low:g}" if low_open else f"from {low:g}"
+            raise argparse.ArgumentTypeError(f"{shown(text)}: give {what} {bound} to {high:g}{unit} (ASCII digits)")
+        return value
+    return parse
+
+
+def _text(what: str, limit: int = 256):
+    def parse(text: str) -> str:
+        from rigkit.config.errors import shown
+
+        if not text or len(text) > limit or re.search(r"[\x00-\x1f\x7f]", text):
+            raise argparse.ArgumentTypeError(f"{shown(text)}: give {what} (1-{limit} characters, no control characters)")
+        return text
+    return parse
+
+
 def bench(args: argparse.Namespace) -> int:
+    from rigkit.config.errors import shown
     from rigkit.verify.client import run_bench
     from rigkit.verify.table import bench_table
 
     try:
-        api_key = _api_key(args.api_key_file)
+        if problem := _url_problem(args.url):
+            raise BadInput(f"--url {shown(args.url)}: {problem}")
         levels = tuple(c for c in _positive_ints("--concurrency", args.concurrency) if c > 1)
-        for option, value in (("--prompt-tokens", args.prompt_tokens), ("--output-tokens", args.output_tokens)):
-            if value < 1:
-                raise BadInput(f"{option} {value}: must be a positive integer")
-        if not args.url.startswith(("http://", "https://")):
-            raise BadInput(f"--url {args.url}: give the scheme too, e.g. http://127.0.0.1:8000")
-        if args.timeout <= 0:
-            raise BadInput(f"--timeout {args.timeout:g}: must be more than 0 seconds")
+        json_path = output_file("--json", args.json)
+        api_key = _api_key(args.api_key_file)
     except BadInput as exc:
         print(f"rigkit bench: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR
     result = run_bench(args.url, args.model, args.prompt_tokens, args.output_tokens, levels, args.timeout, api_key,
                        args.expect_decode, roofline_tok_s=args.roofline_tok_s,
                        draft_tokens_per_step=args.draft_tokens, endpoint=args.endpoint)
     print(bench_table(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if json_path:
+        json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return 0 if result.passed else 1
 
 
 def deploy(args: argparse.Namespace) -> int:
+    refused = _refused("deploy", args.inventory, args.limit, whole_fleet=True)
+    if isinstance(refused, int):
+        return refused
     # `-y` skips pyinfra's confirmation prompt, and with it the change detection that `--dry`
     # is for; a dry run exits before the prompt.
     command = ["--dry"] if args.dry else ["-y"]
@@ -266,6 +357,9 @@ def deploy(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
+    refused = _refused("verify", args.inventory, args.limit, whole_fleet=True)
+    if isinstance(refused, int):
+        return refused
     command = ["-y", "--data", "rigkit_verify=always"]
     if args.limit:
         command += ["--limit", args.limit]
@@ -300,11 +394,10 @@ def _pyinfra_here(argv: list[str], command: str) -> int:
     of a ~1.5 s converged deploy); it ends this command, so it is the last thing `rigkit` does."""
     from rigkit.pyinfra_start import main as pyinfra_main
 
-    inventory = argv[-2]
-    if inventory.endswith(".py") and not Path(inventory).is_file():
-        # pyinfra would take the name for a host, find none, and report success on zero rigs.
-        print(f"rigkit {command}: {inventory}: no such inventory file", file=sys.stderr)
-        return 2
+    if not Path(argv[-1]).is_file():
+        print(f"rigkit {command}: no {argv[-1]} in {Path.cwd()}: run `rigkit {command}` from the rigkit checkout "
+              f"(its {argv[-1]} and roles/ are not in the installed package)", file=sys.stderr)
+        return CONFIG_ERROR
     here = Path("rigkit")
     if here.is_dir() and here.resolve() != Path(__file__).resolve().parent:
         # This folder has its own rigkit (another checkout): deploy.py and roles/ come from here,
@@ -319,7 +412,6 @@ def _pyinfra_here(argv: list[str], command: str) -> int:
 
 def status(args: argparse.Namespace) -> int:
     """Fleet status: status.py on every rig at once (read-only), one table per rig, one JSON document."""
-    import fnmatch
     import tempfile
     import time
     from datetime import datetime, timezone
@@ -328,10 +420,14 @@ def status(args: argparse.Namespace) -> int:
     from rigkit.status.report import unreachable
     from rigkit.status.table import status_table
 
-    names = [n for n in rig_names(args.inventory) if not args.limit or fnmatch.fnmatch(n, args.limit)]
-    if not names:
-        print(f"rigkit status: no rig in {args.inventory} matches --limit {args.limit}", file=sys.stderr)
-        return 2
+    names = _refused("status", args.inventory, args.limit, whole_fleet=False)
+    if isinstance(names, int):
+        return names
+    try:
+        json_path = output_file("--json", args.json)
+    except BadInput as exc:
+        print(f"rigkit status: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rigkit-status-") as folder:
         command = [*PYINFRA, "-y", "--data", f"rigkit_status_dir={folder}",
@@ -356,8 +452,8 @@ def status(args: argparse.Namespace) -> int:
     failed = sum(len(r["failures"]) for r in rigs)
     print(f"rigkit status: {len(rigs)} rig(s), {sum(not r['reachable'] for r in rigs)} unreachable, "
           f"{drift} drift, {failed} failure(s) in {document['wall_s']:.1f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+    if json_path:
+        json_path.write_text(json.dumps(document, indent=2) + "\n")
     return 0 if document["ok"] else 1
 
 
@@ -376,12 +472,15 @@ def windows_bundle(args: argparse.Namespace) -> int:
         rig = load_rig(args.rig_file, args.catalog or default_catalog_dir(Path(args.rig_file)))
         if rig.spec.os != "windows":
             print(f"{args.rig_file}: os is {rig.spec.os}; the bundle is for Windows rigs", file=sys.stderr)
-            return 1
+            return CONFIG_ERROR
         _check_windows(rig)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
-        return 1
+        return CONFIG_ERROR
     out = Path(args.out)
+    if problem := bundle_folder_problem(args.out):
+        print(f"rigkit windows-bundle: --out {args.out!r}: {problem}", file=sys.stderr)
+        return CONFIG_ERROR
     try:
         if out.exists() and not out.is_dir():
             raise NotADirectoryError("it is a file, not a folder")
@@ -401,9 +500,30 @@ def windows_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def bundle_folder_problem(out: str) -> str | None:
+    """Why `--out` cannot take a bundle, or None: it must be named, and be new, empty, or an earlier
+    bundle (install.ps1 and scripts/ in it; write_bundle then replaces its stacks)."""
+    from rigkit.windows.bundle import is_bundle
+
+    if not out.strip() or re.search(r"[\x00-\x1f\x7f]", out):
+        return "give the folder to write the bundle to (not empty, no control characters), e.g. --out bundle-win"
+    folder = Path(out)
+    if folder.is_dir() and any(folder.iterdir()) and not is_bundle(folder):
+        return ("a folder with other files in it, not an earlier bundle (no install.ps1 and scripts/); give a new or "
+                "empty folder")
+    return None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line: `rigkit bench: argument --timeout: 'nan': ...`, exit 2."""
+
+    def error(self, message: str):
+        self.exit(CONFIG_ERROR, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rigkit", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="rigkit", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     check_parser = commands.add_parser("check", help="validate rig files and their model catalog entries")
     check_parser.add_argument("rig_files", nargs="+")
     check_parser.add_argument("--catalog", help="model catalog folder (default: ../models beside the rig file's "
@@ -437,16 +557,20 @@ def main(argv: list[str] | None = None) -> int:
     status_parser.set_defaults(func=status)
     bench_parser = commands.add_parser("bench", help="benchmark any OpenAI-compatible server, no rig config needed")
     bench_parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    bench_parser.add_argument("--model", required=True, help="the served model name")
-    bench_parser.add_argument("--prompt-tokens", type=int, default=512)
-    bench_parser.add_argument("--output-tokens", type=int, default=128)
-    bench_parser.add_argument("--concurrency", help="extra concurrency levels, e.g. 4,8 (single stream always runs)")
-    bench_parser.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
-    bench_parser.add_argument("--expect-decode", type=float, help="fail below this decode tok/s")
+    bench_parser.add_argument("--model", required=True, type=_text("the served model name"),
+                              help="the served model name")
+    bench_parser.add_argument("--prompt-tokens", type=_number(int, 1, MAX_TOKENS, " tokens"), default=512)
+    bench_parser.add_argument("--output-tokens", type=_number(int, 1, MAX_TOKENS, " tokens"), default=128)
+    bench_parser.add_argument("--concurrency", help=f"extra concurrency levels, e.g. 4,8 (single stream always runs; "
+                              f"each 1-{MAX_CONCURRENCY})")
+    bench_parser.add_argument("--timeout", type=_number(float, 0, 86_400, " s", low_open=True), default=120.0,
+                              help="per request, seconds")
+    bench_parser.add_argument("--expect-decode", type=_number(float, 0, 1e6, " tok/s", low_open=True),
+                              help="fail below this decode tok/s")
     bench_parser.add_argument("--api-key-file", help="file holding the server's API key")
-    bench_parser.add_argument("--roofline-tok-s", type=float,
+    bench_parser.add_argument("--roofline-tok-s", type=_number(float, 0, 1e6, " tok/s", low_open=True),
                               help="memory-bandwidth bound on decode; a rate far above it fails as a burst")
-    bench_parser.add_argument("--draft-tokens", type=int,
+    bench_parser.add_argument("--draft-tokens", type=_number(int, 1, 16, " tokens"),
                               help="num_speculative_tokens, for acceptance length from servers without num_drafts")
     bench_parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                               help="/v1/completions (default) or /v1/chat/completions, for chat-only servers and gateways")

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     # paramiko (imported above) keeps its stand-in; anything else importing invoke gets the real one.
     if isinstance(sys.modules.get("invoke"), _LoadedOnFirstUse):
         del sys.modules["invoke"]
+    _name_connect_waits()
     sys.argv = ["pyinfra", *(sys.argv[1:] if argv is None else argv)]
     interrupted = _noting_interrupts()
     try:
@@ -105,6 +106,34 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _original_signal = signal.signal
+
+
+def _name_connect_waits() -> None:
+    """A port that accepts TCP but never sends an SSH banner: pyinfra says "SSH error (No existing
+    session)" after CONNECT_TIMEOUT, and paramiko's thread logs a traceback. Say which wait ran out
+    instead, in pyinfra's one line, and keep paramiko's traceback off stderr."""
+    import pyinfra.connectors.ssh as ssh_connector
+
+    from rigkit.ssh import named_connect_error, quiet_paramiko
+
+    quiet_paramiko()
+    original = ssh_connector.raise_connect_error
+    if getattr(original, "rigkit", False):
+        return
+
+    def raise_connect_error(host, message, data):
+        from rigkit.config.inventory import ssh_address
+
+        timeout_s = getattr(getattr(host.state, "config", None), "CONNECT_TIMEOUT", 10)
+        named = named_connect_error(ssh_address(host), timeout_s, data)
+        if named:
+            from pyinfra.api.exceptions import ConnectError
+
+            raise ConnectError(named)
+        return original(host, message, data)
+
+    raise_connect_error.rigkit = True
+    ssh_connector.raise_connect_error = raise_connect_error
 
 
 def _noting_interrupts() -> list[bool]:

@@ -10,6 +10,7 @@ timing: the bytes sent are the same.
 
 from __future__ import annotations
 
+import logging
 import socket
 
 
@@ -23,3 +24,18 @@ def tcp_nodelay(host) -> bool:
         return False
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return True
+
+
+def quiet_paramiko() -> None:
+    """paramiko's transport thread logs a failed handshake (a port that accepts TCP but sends no SSH
+    banner) with a traceback on stderr; the caller already reports the failure in one line."""
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+def named_connect_error(address: str, timeout_s: float, error: object) -> str | None:
+    """One line for an SSH handshake that never began, naming the wait; None for other errors."""
+    text = str(error)
+    if "banner" in text.lower() or "No existing session" in text:
+        return (f"no SSH banner from {address} within {timeout_s:g} s: the port accepts TCP connections "
+                "but nothing answers as an SSH server there (a wrong ssh_port, or sshd hung?)")
+    return None

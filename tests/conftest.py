@@ -102,6 +102,11 @@ def _changed(output: str) -> int:
     return total
 
 
+# What pyinfra prints when it starts running operations (pyinfra_cli/cli.py). Tests that a bad input
+# stops a deploy before any operation assert its absence; test_deploy asserts a good deploy prints it,
+# so a rewording in pyinfra fails there instead of making those assertions pass vacuously.
+OPERATIONS_STARTED = "--> Beginning operation run..."
+
 DATA = REPO / "tests" / "data"
 POLICY_RIG = DATA / "rigs" / "policy.yml"
 SERVING_RIG = DATA / "rigs" / "serving.yml"
@@ -148,7 +153,8 @@ ENGINE_FIXTURES = {"simrig"}
 
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
-    marked simrig, so `./run quick` (-m "not simrig") leaves out exactly what needs an engine."""
+    marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
+    runs those alone, `./run test` runs them beside the simrig tests, in a second process."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)

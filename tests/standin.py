@@ -36,13 +36,16 @@ def standin(tmp_path, *flags: str, name: str = "m", **env: str):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(100):
+        deadline = time.monotonic() + 20
+        while True:  # until it answers /health (a fault may make it answer slowly or badly, never not at all)
             try:
                 httpx.get(f"{url}/health", timeout=1)
                 break
             except httpx.HTTPError:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"stand-in exited: {proc.stdout.read()}")
+                    raise RuntimeError(f"stand-in exited: {proc.stdout.read()}") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"stand-in on {url} did not answer /health within 20 s") from None
                 time.sleep(0.1)
         yield url
     finally:

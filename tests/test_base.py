@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.conftest import POLICY_RIG, copy_catalog, run_deploy
+from tests.conftest import OPERATIONS_STARTED, POLICY_RIG, copy_catalog, run_deploy
 from tests.simrig.aptrepo import AptRepos
 from tests.simrig.rig import SimGpu, SimRig
 
@@ -99,7 +99,7 @@ def test_refused_before_anything_changes(bare, repos, tmp_path, case, message):
     assert run.returncode != 0
     assert message in run.output, run.output[-3000:]
     assert "nothing was changed" in run.output
-    assert "Beginning operation run" not in run.output
+    assert OPERATIONS_STARTED not in run.output
     assert bare.exec(RIG_STATE)[1] == before
 
 

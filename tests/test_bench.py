@@ -8,6 +8,7 @@ traps are reproduced). Real: httpx streaming over loopback, the client's arithme
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -98,7 +99,9 @@ def test_rigkit_bench_cli_writes_the_documented_json(tmp_path, capsys):
                 "checks"):
         assert key in result
     assert result["acceptance_length"] is None  # not drafting
-    assert "decode" in capsys.readouterr().out
+    printed = capsys.readouterr().out  # the table shows the figures of the JSON, not only its headers
+    assert "decode (client)" in printed and f"{result['decode_tok_s']:.1f} tok/s" in printed, printed
+    assert re.search(rf"completion tokens \(asked / from usage\) +16 / {result['completion_tokens']},", printed), printed
 
 
 def test_the_printed_table_and_the_json_agree(tmp_path, capsys):

@@ -29,6 +29,7 @@ FLAGS = [
 def pyinfra_argv(monkeypatch):
     """The argv `rigkit deploy`/`verify` hand to pyinfra, instead of running it."""
     seen: list[list[str]] = []
+    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet: ["rig1"])  # offline checks
     monkeypatch.setattr(cli, "_pyinfra_here", lambda argv, command: seen.append(argv) or 0)
     return seen
 
@@ -53,7 +54,7 @@ def test_dry_and_the_run_switches_keep_their_place(pyinfra_argv):
 @pytest.mark.parametrize(("given", "passed"), FLAGS)
 def test_rollout_passes_pyinfra_flags_to_each_rig_s_deploy(monkeypatch, given, passed):
     ran: list[list[str]] = []
-    monkeypatch.setattr(cli, "rig_names", lambda inventory: ["rig-a", "rig-b"])
+    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet: ["rig-a", "rig-b"])
     monkeypatch.setattr(cli, "_hosts", lambda inventory: [])  # no host has `gateway`: nothing to drain
     monkeypatch.setattr(cli.subprocess, "run", lambda command: ran.append(command) or SimpleNamespace(returncode=0))
     assert cli.main(["rollout", "inv.py", *given]) == 0
@@ -81,7 +82,8 @@ def test_pyinfra_takes_the_flags(tmp_path, command):
     and refuses a flag it does not know: so the run proves the flags reached it."""
     inventory = tmp_path / "inv.py"
     inventory.write_text('rigs = [("rig-x", {"ssh_hostname": "127.0.0.1", "ssh_port": 1, '
-                         f'"rig_file": "{REPO / "tests/data/rigs/serving.yml"}"}})]\n')
+                         f'"rig_file": "{REPO / "tests/data/rigs/serving.yml"}", '
+                         f'"catalog_dir": "{REPO / "tests/data/models"}"}})]\n')
     run = subprocess.run([sys.executable, "-m", "rigkit.cli", command, str(inventory), "--diff", "-vv", "--parallel", "2"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     out = run.stdout + run.stderr

@@ -134,7 +134,7 @@ def test_rigkit_check_cli(tmp_path, capsys):
 
     assert main(["check", str(REPO / "inventory/rigs/sim.yml"), "--catalog", str(CATALOG)]) == 0
     bad = write(tmp_path, GOOD_RIG.replace("os: linux", "os: linx"))
-    assert main(["check", str(bad), "--catalog", str(CATALOG)]) == 1
+    assert main(["check", str(bad), "--catalog", str(CATALOG)]) == 2
     assert "os: 'linx'" in capsys.readouterr().err
 
 

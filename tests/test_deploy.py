@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import POLICY_RIG, run_deploy
+from tests.conftest import OPERATIONS_STARTED, POLICY_RIG, run_deploy
 
 SIM_RIG = POLICY_RIG.read_text()
 
@@ -18,6 +18,7 @@ def test_deploy_reads_gpu_facts_over_ssh(simrig):
     run = run_deploy(simrig)
     assert run.returncode == 0, run.output
     assert "[sim-rig] Connected" in run.output
+    assert OPERATIONS_STARTED in run.output  # the line the refusal tests look for, as pyinfra prints it
     assert "GPU 0: NVIDIA GeForce RTX 4090" in run.output
     assert "GPU 1: NVIDIA GeForce RTX 4090" in run.output
 
@@ -29,7 +30,7 @@ def test_bad_config_stops_before_any_operation(simrig, tmp_path):
     assert run.returncode != 0
     assert "gpus[0].power_limit_w: 900: 900 W is outside 150-600 W" in run.output
     assert "nothing was changed on any rig" in run.output
-    assert "Beginning operation run" not in run.output
+    assert OPERATIONS_STARTED not in run.output
 
 
 def test_deploy_refuses_a_rig_whose_gpus_differ_from_its_file(simrig, tmp_path):

@@ -138,7 +138,7 @@ def test_remote_loopback_models_are_refused_with_the_way_out(fleet):
     rig_b = Path(text.split('"rig_file": "')[2].split('"')[0])
     rig_b.write_text(rig_b.read_text().replace("serve_address: 0.0.0.0\n", ""))
     run = cli("gateway-config", str(fleet))
-    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "Traceback" not in run.stderr
     assert f"{rig_b}: serve_address: '127.0.0.1'" in run.stderr
     assert "gateway_address" in run.stderr and "rig-a cannot reach them" in run.stderr
 
@@ -147,11 +147,11 @@ def test_unknown_fallback_and_bad_gateway_fields_are_refused(fleet):
     catalog = Path(fleet.read_text().split('"catalog_dir": "')[1].split('"')[0])
     model_file(catalog, "coder", 18103, fallbacks=["nope"])
     run = cli("gateway-config", str(fleet))
-    assert run.returncode == 1 and "coder.yml: gateway_fallbacks[0]: 'nope': no rig" in run.stderr
+    assert run.returncode == 2 and "coder.yml: gateway_fallbacks[0]: 'nope': no rig" in run.stderr
     model_file(catalog, "coder", 18103)
     fleet.write_text(fleet.read_text().replace('"num_retries": 3', '"num_retrys": 3').replace('"port": 4111', '"port": 80'))
     run = cli("gateway-config", str(fleet))
-    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "gateway.num_retrys: unknown key" in run.stderr and "gateway.port: 80:" in run.stderr
 
 
@@ -177,7 +177,7 @@ def test_health_check_interval_is_set_or_turned_off_and_bad_values_are_refused(f
     assert all("health_check_max_tokens" not in d["model_info"] for d in config["model_list"])
     fleet.write_text(text.replace('"cooldown_s": 20', '"cooldown_s": 20, "health_check_interval_s": -5'))
     run = cli("gateway-config", str(fleet))
-    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "gateway.health_check_interval_s: -5:" in run.stderr and "greater than or equal to 0" in run.stderr
 
 
@@ -185,7 +185,7 @@ def test_two_gateways_or_one_address_twice_are_refused(fleet):
     two = fleet.read_text().replace('"catalog_dir": "', '"gateway": {"master_key_file": "/x"}, "catalog_dir": "', 2)
     fleet.write_text(two)
     run = cli("gateway-config", str(fleet))
-    assert run.returncode == 1 and "one host runs the gateway" in run.stderr
+    assert run.returncode == 2 and "one host runs the gateway" in run.stderr
 
 
 def test_serve_address_beyond_loopback_needs_a_key(tmp_path):
@@ -195,7 +195,7 @@ def test_serve_address_beyond_loopback_needs_a_key(tmp_path):
         load_rig(rig, CATALOG)
     assert f"{rig}: serve_address: '0.0.0.0': models listening on every interface need an API key" in str(caught.value)
     run = cli("check", str(rig), "--catalog", str(CATALOG))
-    assert run.returncode == 1 and "serve_address: '0.0.0.0'" in run.stderr and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "serve_address: '0.0.0.0'" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_vllm_listens_where_the_rig_says(fleet):
@@ -272,9 +272,9 @@ def test_gateway_config_names_a_missing_or_broken_inventory_in_one_line(tmp_path
 
     broken = tmp_path / "inventory.py"
     broken.write_text("rigs = [(\n")
-    assert main(["gateway-config", str(broken)]) == 1
+    assert main(["gateway-config", str(broken)]) == 2
     assert f"{broken}: cannot be loaded: SyntaxError" in capsys.readouterr().err
-    assert main(["gateway-config", str(tmp_path / "none.py")]) == 1
+    assert main(["gateway-config", str(tmp_path / "none.py")]) == 2
     assert "no such inventory file" in capsys.readouterr().err
 
 

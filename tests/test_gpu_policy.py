@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import POLICY_RIG, run_deploy
+from tests.conftest import OPERATIONS_STARTED, POLICY_RIG, run_deploy
 
 pytestmark = pytest.mark.simrig
 
@@ -56,7 +56,7 @@ def test_bad_input_is_refused_before_any_file_is_written(rig, tmp_path, replacem
     run = run_deploy(rig, variant(tmp_path, "bad", text))
     assert run.returncode != 0
     assert message in run.output
-    assert "Beginning operation run" not in run.output
+    assert OPERATIONS_STARTED not in run.output
     assert rig.exec("test -e /etc/rigkit || test -e /etc/systemd/system/rigkit-gpu-policy.service")[0] != 0
     assert rig.exec("test -e /run/nvidia-sim/calls.log")[0] != 0  # no GPU setting was touched
 

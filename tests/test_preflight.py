@@ -132,14 +132,14 @@ def test_driver_fact_parses_what_nvidia_smi_and_the_kernel_say():
 
 def test_rigkit_check_refuses_an_image_without_the_gpus_arch(tmp_path, capsys):
     rig_file, catalog = rig_with(tmp_path, "RTX 5090")
-    assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 1
+    assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 2
     err = capsys.readouterr().err
     assert "GPU 0 (RTX 5090, compute capability 12.0 for this model) needs sm_120" in err
 
 
 def test_rigkit_check_refuses_a_driver_too_old_and_notes_the_minimum(tmp_path, capsys):
     rig_file, catalog = rig_with(tmp_path, extra='base: {install: false, driver_version: "550.54.15"}\n')
-    assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 1
+    assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 2
     assert "driver 550.54.15 is older than 570.26" in capsys.readouterr().err
     rig_file, catalog = rig_with(tmp_path)
     assert main(["check", str(rig_file), "--catalog", str(catalog)]) == 0

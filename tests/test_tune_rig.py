@@ -190,7 +190,7 @@ def test_hold_measures_the_setting_in_force_and_changes_nothing(tune_rig, tmp_pa
     doc = json.loads(out.read_text())["hold"]
     assert doc["n"] == 4 and doc["decode_cv"] is not None
     assert doc["decode_tok_s"]["mean"] == pytest.approx(33.0 * 1.07 * 1.01, rel=0.05)  # the curve at 300 W
-    assert "CV" in run.stdout
+    assert f"CV {doc['decode_cv']:.2%}" in run.stdout, run.stdout  # the figure the JSON holds, printed
     assert tune_rig.gpu_calls() == before  # only reads
 
 

@@ -175,7 +175,7 @@ def test_windows_bundle_cli_writes_crlf_scripts_with_a_bom(tmp_path, capsys):
     assert (tmp_path / "scripts/stacks/qwen3-27b-awq/compose.yml").is_file()
     assert (tmp_path / "install.ps1").is_file() and (tmp_path / f"tasks/{TASK_POWER}.xml").is_file()
     assert main(["windows-bundle", str(REPO / "inventory/rigs/linux-4x3090.yml"), "--out", str(tmp_path / "x"),
-                 "--catalog", str(CATALOG)]) == 1
+                 "--catalog", str(CATALOG)]) == 2
 
 
 def test_a_keyed_rigs_bundle_names_the_key_file_but_never_carries_the_key(tmp_path):
@@ -267,10 +267,10 @@ def test_rigkit_check_shows_the_bootstrap_arithmetic_when_it_does_not_fit(capsys
     assert main(["check", str(WIN_RIG), "--catalog", str(CATALOG)]) == 0
     assert "warning: " in capsys.readouterr().err
     monkeypatch.setattr("rigkit.windows.timing.TASK_LIMIT_MAX_S", 600)
-    assert main(["check", str(WIN_RIG), "--catalog", str(CATALOG)]) == 1
+    assert main(["check", str(WIN_RIG), "--catalog", str(CATALOG)]) == 2
     err = capsys.readouterr().err
     assert "Docker wait 180 s + ready_timeout_s 900 s (qwen3-27b-awq) + margin 180 s = 1260 s" in err
-    assert main(["windows-bundle", str(WIN_RIG), "--out", "/nonexistent-never-written", "--catalog", str(CATALOG)]) == 1
+    assert main(["windows-bundle", str(WIN_RIG), "--out", "/nonexistent-never-written", "--catalog", str(CATALOG)]) == 2
 
 
 def test_a_model_marked_after_a_new_copy_is_recreated_by_the_bootstrap_and_the_mark_removed_after():

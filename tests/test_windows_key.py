@@ -95,7 +95,7 @@ def test_a_missing_key_file_is_refused_at_check_and_deploy_before_any_change(rig
     rig_file = keyed_rig(tmp_path, key=None)
     check = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig_file), "--catalog", str(TEST_CATALOG)],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert check.returncode == 1, check.stdout + check.stderr
+    assert check.returncode == 2, check.stdout + check.stderr
     assert f"api_key_file {tmp_path / 'win.yml.key'} does not exist" in check.stderr
 
     run = deploy(rig, rig_file)

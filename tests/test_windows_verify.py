@@ -93,6 +93,7 @@ def test_a_gpu_off_its_cap_fails_verification_and_says_so(rig):
         run = verify(rig)
         assert run.returncode != 0
         assert "verification of test-alpha failed" in run.output
-        assert "450" in run.output
+        assert "gpu0_enforced_power_limit: enforced limit 450 W, policy 330 W: the requested limit is not in force" \
+            in run.output, run.output[-4000:]
     finally:
         rig.exec("nvidia-smi -i 0 -pl 330")

@@ -93,21 +93,96 @@ def connector_os(host) -> str:
 def validate_inventory(inventory) -> dict[str, RigConfig]:
     """Validate every active host's config up front, so one bad file stops all rigs; a
     Windows rig must be reached through the Windows connector, a Linux rig must not."""
-    rigs = {}
-    for host in inventory.get_active_hosts():
-        rig = rigs[host.name] = rig_config(host)
-        speaks = connector_os(host)
-        if rig.spec.os == "windows" and speaks != "windows":
-            raise RigConfigError(
-                f"rig {host.name} ({rig.file}) has os: windows, but its inventory entry uses the "
-                f"{host.connector_cls.__name__}; name it @winssh/<address> to use rigkit's Windows connector"
-            )
-        if rig.spec.os == "linux" and speaks == "windows":
-            raise RigConfigError(
-                f"rig {host.name} ({rig.file}) has os: linux, but its inventory entry uses the Windows "
-                "connector (@winssh/); name it by its address"
-            )
-    return rigs
+    return {host.name: validate_host(host) for host in inventory.get_active_hosts()}
+
+
+def validate_host(host) -> RigConfig:
+    """One host's rig config, its run switches, and its connector against the rig file's os."""
+    rig = rig_config(host)
+    run_options(host)
+    speaks = connector_os(host)
+    if rig.spec.os == "windows" and speaks != "windows":
+        raise RigConfigError(
+            f"rig {host.name} ({rig.file}) has os: windows, but its inventory entry uses the "
+            f"{host.connector_cls.__name__}; name it @winssh/<address> to use rigkit's Windows connector"
+        )
+    if rig.spec.os == "linux" and speaks == "windows":
+        raise RigConfigError(
+            f"rig {host.name} ({rig.file}) has os: linux, but its inventory entry uses the Windows "
+            "connector (@winssh/); name it by its address"
+        )
+    return rig
+
+
+MAX_INVENTORY_BYTES = 1024 * 1024  # an inventory is a short Python file
+
+
+def load_inventory(path: str):
+    """The inventory file's pyinfra `Inventory`, read offline (no rig is reached). A missing file,
+    one that is not a regular .py file, or one whose Python raises is a RigConfigError of one line
+    (the file, the line of the inventory where it raised, the exception): never a traceback.
+    A relative path is taken from the current directory, as pyinfra takes it."""
+    import stat
+
+    from rigkit.config.errors import one_line
+
+    try:
+        info = Path(path).stat()
+    except FileNotFoundError:
+        raise RigConfigError(f"{path}: no such inventory file; give the path of an inventory .py file "
+                             "(a relative path is taken from the current directory)") from None
+    except OSError as exc:
+        raise RigConfigError(f"{path}: cannot read the inventory file: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode) or not path.endswith(".py"):
+        raise RigConfigError(f"{path}: not an inventory file; an inventory is a regular Python file (.py) "
+                             "listing the rigs (inventory/sim.py)")
+    if info.st_size > MAX_INVENTORY_BYTES:
+        raise RigConfigError(f"{path}: {info.st_size} bytes; an inventory file has at most {MAX_INVENTORY_BYTES}")
+    # Imported only now: pyinfra_cli patches the standard library with gevent on import.
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    try:
+        with ctx_state.use(State()):
+            return make_inventory(path, cwd=".")
+    except (Exception, SystemExit) as exc:  # the inventory is the user's Python: its error, in one line
+        inner = getattr(exc, "exception", None) or exc  # pyinfra wraps it (UnexpectedExternalError)
+        line = _raised_at(inner, path)
+        raise RigConfigError(f"{path}{line}: cannot be loaded: {type(inner).__name__}: {one_line(str(inner))}"
+                             + (" (an environment variable it reads is not set?)" if isinstance(inner, KeyError)
+                                else "")) from None
+
+
+def _raised_at(exc: BaseException, path: str) -> str:
+    import traceback
+
+    tb = getattr(exc, "_traceback", None) or exc.__traceback__
+    target = Path(path).resolve()
+    lines = [frame.lineno for frame in traceback.extract_tb(tb) if Path(frame.filename).resolve() == target]
+    return f", line {lines[-1]}" if lines else ""
+
+
+def select_hosts(inventory, path: str, limit: str | None, option: str = "--limit") -> list:
+    """The hosts `limit` selects as pyinfra's --limit does (a group's name, else a glob on host
+    names); RigConfigError naming the inventory's rigs when it selects none."""
+    from fnmatch import fnmatch
+
+    from pyinfra.api.exceptions import NoGroupError
+
+    from rigkit.config.errors import shown
+
+    hosts = list(inventory)
+    if limit is None:
+        return hosts
+    try:
+        selected = list(inventory.get_group(limit)) if limit else []
+    except NoGroupError:
+        selected = [host for host in hosts if fnmatch(host.name, limit)]
+    if not selected:
+        raise RigConfigError(f"{option} {shown(limit)}: no rig or group of {path} matches; its rigs: "
+                             f"{', '.join(h.name for h in hosts) or 'none'}")
+    return selected
 
 
 @dataclass(frozen=True)
@@ -122,11 +197,27 @@ class SshTarget:
     strict_host_key_checking: str = "yes"  # pyinfra's `ssh_strict_host_key_checking`: yes, off, accept-new
 
 
+def ssh_address(host) -> str:
+    """`hostname:port` as pyinfra's SSH connector reaches the host, for messages."""
+    return f"{host.data.get('ssh_hostname') or host.name}:{host.data.get('ssh_port') or 22}"
+
+
 def ssh_target(host) -> SshTarget:
     data = host.data
+    port = data.get("ssh_port") or 22
+    if isinstance(port, str) and port.isascii() and port.isdigit():
+        port = int(port)
+    if type(port) is not int or not 1 <= port <= 65535:
+        from rigkit.config.errors import shown
+
+        raise RigConfigError(f"host {host.name}: ssh_port {shown(port)}: give a TCP port, 1-65535")
+    key = data.get("ssh_key")
+    if key and not Path(str(key)).expanduser().is_file():
+        raise RigConfigError(f"host {host.name}: ssh_key {key}: no such private key file; give the path of the key "
+                             "(a relative path is taken from the current directory)")
     return SshTarget(
         hostname=str(data.get("ssh_hostname") or host.name),
-        port=int(data.get("ssh_port") or 22),
+        port=port,
         user=data.get("ssh_user"),
         key_file=data.get("ssh_key"),
         known_hosts_file=data.get("ssh_known_hosts_file"),

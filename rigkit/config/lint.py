@@ -85,6 +85,12 @@ def _check_model(rig, rig_file, model, errors, warnings) -> None:
         # field; Windows PowerShell 5.1 does not escape a double quote in a native argument.
         error("weights.source", spec.weights.source,
               "a Windows source copied onto a volume may not contain a comma, a double quote or a control character")
+    source = spec.weights.source
+    windows_style = re.match(r"^([A-Za-z]:|\\\\|//)", source)
+    if rig.os == "linux" and (windows_style or not source.startswith("/")):
+        why = "a Windows path" if windows_style else "a relative path"
+        error("weights.source", source, f"{why} on a Linux rig; give the folder's absolute path on the rig, "
+                                        "e.g. /srv/models/qwen3-8b")
     rig_gpus = {g.index: g for g in rig.gpus}
     missing = [i for i in spec.gpus if i not in rig_gpus]
     if missing:

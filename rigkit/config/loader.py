@@ -27,7 +27,7 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
     models, problems = [], _file_name_problems(rig_file, "rig") + _serve_address_problems(spec, rig_file)
     for position, name in enumerate(spec.models):
         model_file = catalog_dir / f"{name}.yml"
-        if not model_file.is_file():
+        if not (model_file.is_file() or model_file.is_symlink() or model_file.exists()):
             available = ", ".join(sorted(p.stem for p in catalog_dir.glob("*.yml"))) or "none"
             problems.append(
                 Problem(rig_file, f"models[{position}]", name, f"no catalog file {model_file}; available: {available}")
@@ -52,7 +52,7 @@ def _serve_address_problems(spec: RigSpec, rig_file: Path) -> list[Problem]:
         return []
     if spec.os == "windows":
         return [Problem(rig_file, "serve_address", spec.serve_address,
-                        "Windows rigs serve on 127.0.0.1 only (their models have no API key yet); remove the field")]
+                        "Windows rigs serve on 127.0.0.1 only (the gateway sends no key to their models yet); remove the field")]
     if not spec.api_key_file:
         return [Problem(rig_file, "serve_address", spec.serve_address,
                         "models listening on every interface need an API key: set api_key_file (a file of mode 600 "
@@ -80,10 +80,19 @@ def _validate(schema: type[BaseModel], path: Path) -> Any:
     data, lines = load_yaml(path)
     if data is None:
         data = {}
+    if not isinstance(data, dict):
+        # Not echoed: a file that is not YAML (a symlink to /etc/passwd) must not be printed back.
+        what = "rig" if schema is RigSpec else "model catalog"
+        raise ConfigError([Problem(path, "", None, f"not a YAML mapping (it is {_yaml_kind(data)}); a {what} "
+                                                   "file is `key: value` lines, e.g. `os: linux`", 1)])
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise ConfigError([_problem(schema, path, error, lines) for error in exc.errors()]) from None
+
+
+def _yaml_kind(data: Any) -> str:
+    return {str: "text", list: "a list", int: "a number", float: "a number", bool: "true/false"}.get(type(data), "a value")
 
 
 def _problem(schema: type[BaseModel], path: Path, error: dict, lines: dict[Location, int]) -> Problem:
@@ -98,8 +107,8 @@ def _problem(schema: type[BaseModel], path: Path, error: dict, lines: dict[Locat
     elif error["type"] == "missing":
         message = "required field is missing"
         value = None
-    elif isinstance(value, (dict, list)) and error["type"] != "value_error":
-        value = None  # the field names it; a whole mapping in the message helps nobody
+    elif isinstance(value, dict) and error["type"] != "value_error":
+        value = None  # the field names it; a whole mapping in the message helps nobody (a list is cut)
     return Problem(path, format_location(loc), value, message, line)
 
 

@@ -30,10 +30,35 @@ MAX_GPUS_PER_RIG = 8
 
 class _Strict(BaseModel):
     # strict: a quoted "330" is a typo, not a number; extra=forbid: unknown keys are errors.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan=False: `.inf` and `.nan` are YAML floats, never a limit or a rate.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # ----- rig file ---------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A vLLM option value that names something (quantization method, parser, speculative method): vLLM's
+# own names are lowercase words with '_' or '-' (awq_marlin, compressed-tensors, deepseek_r1, mtp).
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _no_control(value: str | None) -> str | None:
+    if value is not None and _CONTROL.search(value):
+        raise ValueError("may not contain a line break or another control character")
+    return value
+
+
+def _token(value: str | None) -> str | None:
+    if value is not None and not _TOKEN.fullmatch(value):
+        raise ValueError("expected one of vLLM's names: letters, digits, '_', '-' and '.', at most 64 characters, "
+                         "no spaces (e.g. awq_marlin, gptq, fp8, compressed-tensors)")
+    return value
+
+
+def _single_word(value: str | None) -> str | None:
+    if value is not None and (not value or re.search(r"[\s\x00-\x1f\x7f]", value)):
+        raise ValueError("expected a Hugging Face model id or a path on the rig, without spaces or control characters")
+    return value
 
 
 def _follows_name_rule(value: str | None) -> str | None:
@@ -155,7 +180,15 @@ class RigSpec(_Strict):
     # Where the vLLM servers listen: loopback only (default), or every interface so a gateway on another
     # rig can reach them (then api_key_file is required: rigkit.config.loader refuses it without one).
     serve_address: Literal["127.0.0.1", "0.0.0.0"] = "127.0.0.1"
-    base: BaseSpec = BaseSpec()  # Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
+    base: BaseSpec = BaseSpec()  # Linux: Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
+
+    @field_validator("base")
+    @classmethod
+    def _base_linux_only(cls, value: BaseSpec, info: ValidationInfo) -> BaseSpec:
+        if info.data.get("os") == "windows":
+            raise ValueError("the base role (apt packages, Docker, driver holds) runs on Linux rigs only; a Windows "
+                             "rig brings Docker Desktop and its driver itself: remove `base` from this Windows rig")
+        return value
 
     @field_validator("gpus")
     @classmethod
@@ -179,14 +212,54 @@ class RigSpec(_Strict):
 
 # ----- model catalog ----------------------------------------------------------
 
-_PINNED_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}|@sha256:[0-9a-f]{64})")
+# Docker's reference grammar (distribution/reference): [registry[:port]/]path[:tag][@digest], the path of
+# lowercase components. Pinned: a tag (not `latest`), a digest, or both.
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+# A first component is a registry only with a '.', a port, or as localhost (Docker's rule).
+_REGISTRY = rf"(?:(?:localhost|{_LABEL}(?:\.{_LABEL})+)(?::[0-9]{{1,5}})?/|{_LABEL}:[0-9]{{1,5}}/)"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"(?P<name>{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*)"
+                    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?")
+PIN_EXAMPLE = "e.g. vllm/vllm-openai:v0.11.0 or registry.local:5000/vllm/vllm-openai:v0.11.0@sha256:<64 hex>"
+
+
+def image_problem(value: str) -> str | None:
+    """Why `value` is not a pinned Docker image reference, or None."""
+    match = _IMAGE.fullmatch(value)
+    if match is None:
+        reference = value.split("@", 1)[0]
+        head, _, tail = reference.rpartition(":")
+        name = head if head and "/" not in tail else reference
+        if name != name.lower() and _IMAGE.fullmatch(value.replace(name, name.lower(), 1)):
+            return (f"Docker image names must be lowercase (the tag may have capitals); {PIN_EXAMPLE}")
+        return (f"not a Docker image reference ([registry[:port]/]name[:tag][@sha256:digest], lowercase name, no "
+                f"spaces); {PIN_EXAMPLE}")
+    if match["digest"] is None and match["tag"] in (None, "latest"):
+        return f"pin the image to a tag or digest (not :latest, not untagged); {PIN_EXAMPLE}"
+    return None
+
+
+def _pinned_image(value: str | None) -> str | None:
+    if value is not None and (problem := image_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
+def _weights_source(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("may not contain a line break or another control character")
+    if ".." in re.split(r"[\\/]", value):
+        raise ValueError("may not contain a '..' component; give the folder's own absolute path")
+    return value
 
 
 class WeightsSpec(_Strict):
-    source: str = Field(min_length=1)  # directory on the rig, or a Windows path as Docker Desktop sees it
+    # directory on the rig, or a Windows path as Docker Desktop sees it (rigkit.config.lint checks which)
+    source: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_weights_source)]
     storage: Literal["volume", "bind"] = "volume"
     volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{1,127}$")  # Docker's volume rule
-    helper_image: str | None = None  # image with python3 that copies; default: the serving image
+    # image with python3 that copies; default: the serving image. Pinned like it.
+    helper_image: Annotated[str | None, AfterValidator(_pinned_image)] = None
 
 
 class ParallelSpec(_Strict):
@@ -196,14 +269,14 @@ class ParallelSpec(_Strict):
 
 
 class SpeculativeSpec(_Strict):
-    method: str = Field(min_length=1)
-    model: str | None = None
+    method: Annotated[str, AfterValidator(_token)]
+    model: Annotated[str | None, Field(max_length=4096), AfterValidator(_single_word)] = None
     num_speculative_tokens: int = Field(ge=1, le=16)
 
 
 class VllmOptions(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "half", "float32"] = "auto"
-    quantization: str | None = None
+    quantization: Annotated[str | None, AfterValidator(_token)] = None
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     max_model_len: int | None = Field(default=None, ge=128)
     gpu_memory_utilization: float = Field(default=0.90, gt=0.0, le=1.0)
@@ -211,10 +284,10 @@ class VllmOptions(_Strict):
     enforce_eager: bool = False
     speculative: SpeculativeSpec | None = None
     served_model_name: Annotated[str | None, AfterValidator(_follows_name_rule)] = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
+    reasoning_parser: Annotated[str | None, AfterValidator(_token)] = None
+    tool_call_parser: Annotated[str | None, AfterValidator(_token)] = None
     safetensors_load_strategy: Literal["lazy", "eager", "prefetch"] | None = None
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[Annotated[str, Field(max_length=4096), AfterValidator(_no_control)]] = Field(default_factory=list)
 
 
 class WatchdogSpec(_Strict):
@@ -266,15 +339,15 @@ class ModelSpec(_Strict):
                 raise ValueError(f"{key!r} is not an environment variable name")
             if re.search(r"KEY|TOKEN|SECRET|PASSWORD", key, re.I):
                 raise ValueError(f"{key} looks like a secret; compose files are not secret stores: use the rig's api_key_file")
+            if _CONTROL.search(value[key]):
+                raise ValueError(f"{key}: the value may not contain a line break or another control character")
         return value
 
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str) -> str:
         # fullmatch: `re.match(...$)` would also accept a tag with a trailing newline.
-        if not _PINNED_IMAGE.fullmatch(value) or value.endswith(":latest"):
-            raise ValueError("pin the image to a tag or digest, e.g. vllm/vllm-openai:v0.11.0 (not :latest, not untagged)")
-        return value
+        return _pinned_image(value)
 
 
 # ----- inventory: the gateway (docs/gateway.md) -------------------------------
@@ -310,8 +383,7 @@ class GatewaySpec(_Strict):
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str) -> str:
-        if not _PINNED_IMAGE.fullmatch(value) or value.endswith(":latest"):
-            raise ValueError("pin the image to a tag or digest (not :latest, not untagged)")
+        _pinned_image(value)
         if "1.107.0" in value:
             raise ValueError("LiteLLM 1.107.0 was a compromised release; use the pinned default")
         return value

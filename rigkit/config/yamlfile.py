@@ -2,10 +2,17 @@
 
 PyYAML silently keeps the last of two equal keys; a repeated key in a rig file
 is almost always a typo, so it is an error here.
+
+A hostile file is refused before anything walks it: only a regular file of at most
+MAX_FILE_BYTES is read (not a FIFO, a device or a symlink to one), and the node tree is
+measured with aliases expanded, without recursion, before the data is built (nine levels of
+ten aliases are a billion values for any walk that follows them).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +22,43 @@ from rigkit.config.errors import ConfigError, Problem
 
 Location = tuple[str | int, ...]
 MAX_DEPTH = 32  # a rig file nests 4 levels; a deeper document is not one
+MAX_FILE_BYTES = 1024 * 1024  # a rig or model file is a few KiB
+MAX_NODES = 20_000  # values in the document with every alias expanded; a rig file has a few hundred
+
+
+def read_small_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; OSError (with strerror) otherwise.
+    Opened without blocking, so a FIFO neither hangs the open nor gets read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else \
+                "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket or special file"
+            raise OSError(0, f"not a regular file ({kind}); give the path of a regular file", str(path))
+        if info.st_size > limit:
+            raise OSError(0, f"{info.st_size} bytes; at most {limit} bytes are read", str(path))
+        os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # it grew while being read
+                raise OSError(0, f"more than {limit} bytes; at most {limit} bytes are read", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
     """Return the document and a map from field location to 1-based line number."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data_bytes = read_small_file(path)
+        text = data_bytes.decode("utf-8")
     except OSError as exc:
-        raise ConfigError([Problem(path, "", None, f"cannot read the file: {exc.strerror}")]) from None
+        raise ConfigError([Problem(path, "", None, f"cannot read the file: {exc.strerror or exc}")]) from None
     except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        line = data_bytes[: exc.start].count(b"\n") + 1
         raise ConfigError([Problem(path, "", None, f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
                                                    f"{exc.start}); save the file as UTF-8", line)]) from None
     try:
@@ -33,6 +67,8 @@ def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
         loader = yaml.SafeLoader(text)
         try:
             root = loader.get_single_node()
+            if root is not None:
+                _check_size(root, path)
             data = loader.construct_document(root) if root is not None else None
         finally:
             loader.dispose()
@@ -49,28 +85,31 @@ def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
     lines: dict[Location, int] = {}
     problems: list[Problem] = []
     if root is not None:
-        if _depth(root) > MAX_DEPTH:
-            raise ConfigError([Problem(path, "", None, f"nested more than {MAX_DEPTH} levels deep; "
-                                                       "not a rig or model file")])
         _walk(root, (), lines, problems, path)
     if problems:
         raise ConfigError(problems)
     return data, lines
 
 
-def _depth(root: yaml.Node) -> int:
-    """Nesting depth, without recursion (a hostile file must not exhaust the stack here)."""
-    deepest, stack = 0, [(root, 1)]
+def _check_size(root: yaml.Node, path: Path) -> None:
+    """Refuse a document deeper than MAX_DEPTH or of more than MAX_NODES values with its aliases
+    expanded, without recursion and stopping at the first value over either bound: the walks
+    that follow (line numbers, the data's validation) visit every expanded value."""
+    count, stack = 0, [(root, 1)]
     while stack:
         node, depth = stack.pop()
-        deepest = max(deepest, depth)
+        count += 1
         if depth > MAX_DEPTH:
-            break
+            raise ConfigError([Problem(path, "", None, f"nested more than {MAX_DEPTH} levels deep; "
+                                                       "not a rig or model file", node.start_mark.line + 1)])
+        if count > MAX_NODES:
+            raise ConfigError([Problem(path, "", None, f"more than {MAX_NODES} values with its aliases expanded "
+                                                       "(an alias bomb?); a rig or model file has a few hundred",
+                                       node.start_mark.line + 1)])
         if isinstance(node, yaml.MappingNode):
-            stack.extend((v, depth + 1) for _, v in node.value)
+            stack.extend((v, depth + 1) for pair in node.value for v in pair)
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((v, depth + 1) for v in node.value)
-    return deepest
 
 
 def _walk(node: yaml.Node, loc: Location, lines: dict, problems: list, path: Path) -> None:

@@ -86,6 +86,10 @@ def plan(views: list[RigView]) -> GatewayPlan | None:
             keyed.append((view.host, env))
         for model in view.rig.models:
             replicas.append(Replica(view.host, model, f"http://{host}:{model.spec.port}/v1", env if has_key else None))
+    if not replicas:
+        raise GatewayConfigError(f"host {runner.host} runs the gateway, but no rig of the inventory serves a model "
+                                 f"(every rig file's `models` is empty): the gateway would route nothing; list "
+                                 "models in a rig file, or remove `gateway` from the inventory")
     _check_distinct(replicas)
     _check_fallbacks(replicas)
     return GatewayPlan(runner.host, runner.gateway, tuple(replicas), tuple(keyed))

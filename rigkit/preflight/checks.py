@@ -111,9 +111,10 @@ def offline_findings(rig: RigConfig) -> tuple[list[str], list[str]]:
     for gpu in rig.spec.gpus:
         info = gpu_models.lookup(gpu.model)
         gpus.append(GpuArch(gpu.index, gpu.model, info.compute_capability if info else None))
-        if info is None and any(m.spec.image_requires and m.spec.image_requires.archs for m in rig.models):
-            notes.append(f"GPU {gpu.index} ({gpu.model}): compute capability unknown offline; "
-                         "the deploy checks what the rig reports")
+        if info is None:
+            notes.append(f"GPU {gpu.index} ({gpu.model!r}): not in rigkit's GPU table (rigkit/config/gpu_models.py), "
+                         "so its power-limit range and architecture checks were skipped here; the deploy checks "
+                         "what the rig reports")
     problems = arch_problems(rig, gpus, "for this model")
     needs = [m for m in _with_requirements(rig)]
     if needs and rig.spec.base.driver_version:
@@ -121,8 +122,9 @@ def offline_findings(rig: RigConfig) -> tuple[list[str], list[str]]:
                                                      rig.spec.base.driver_version, tuple(gpus)))
     elif needs:
         lowest = max(version_tuple(m.spec.image_requires.driver_min) for m in needs)
+        advice = " (set base.driver_version to check it here)" if rig.spec.os == "linux" else ""
         notes.append(f"driver {'.'.join(map(str, lowest))} or newer is needed by this rig's images; the deploy "
-                     "checks the rig's driver (set base.driver_version to check it here)")
+                     f"checks the rig's driver{advice}")
     return problems, notes
 
 

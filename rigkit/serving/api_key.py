@@ -9,9 +9,11 @@ import stat
 from pathlib import Path
 
 from rigkit.config.schema import RigConfig
+from rigkit.config.yamlfile import read_small_file
 from rigkit.rigside.keyfile import API_KEY_ENV_NAME
 
 ENV_NAME = API_KEY_ENV_NAME  # the rig side reads it by this name (rigkit.rigside.keyfile)
+MAX_KEY_FILE_BYTES = 4096  # one key on one line; /dev/zero or a log file is not a key file
 
 
 class SecretFileError(Exception):
@@ -24,13 +26,14 @@ def read_key_file(path: Path | str, what: str) -> str:
     path = Path(path).expanduser()
     try:
         mode = path.stat().st_mode
-        data = path.read_bytes()
+        if not stat.S_ISREG(mode):
+            raise SecretFileError(f"{what} {path} is not a regular file; give the path of a file (mode 600) "
+                                  "holding the key")
+        data = read_small_file(path, MAX_KEY_FILE_BYTES)
     except FileNotFoundError:
         raise SecretFileError(f"{what} {path} does not exist; create it (mode 600) or remove the field") from None
     except OSError as exc:
-        raise SecretFileError(f"{what} {path} cannot be read: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise SecretFileError(f"{what} {path} is not a regular file")
+        raise SecretFileError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise SecretFileError(f"{what} {path} is readable by others; run chmod 600 {path}")
     try:
@@ -53,11 +56,20 @@ def read_key_file(path: Path | str, what: str) -> str:
     return key
 
 
-def read_api_key(rig: RigConfig) -> str | None:
-    """The rig's API key from its `api_key_file` (mode 600), or None when the rig has none."""
+def api_key_path(rig: RigConfig) -> Path | None:
+    """The rig's `api_key_file`: `~` expanded, and a relative path taken from the rig file's folder
+    (as the catalog is found beside it), whatever the current directory."""
     if not rig.spec.api_key_file:
         return None
-    return read_key_file(rig.spec.api_key_file, f"{rig.file}: api_key_file")
+    return Path(rig.file).parent / Path(rig.spec.api_key_file).expanduser()
+
+
+def read_api_key(rig: RigConfig) -> str | None:
+    """The rig's API key from its `api_key_file` (mode 600), or None when the rig has none."""
+    path = api_key_path(rig)
+    if path is None:
+        return None
+    return read_key_file(path, f"{rig.file}: api_key_file")
 
 
 def api_key_env_file(key: str) -> bytes:

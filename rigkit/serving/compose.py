@@ -5,6 +5,7 @@ compose file and the readiness settings the rig-side helper reads. Pure function
 from __future__ import annotations
 
 import json
+import re
 
 from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
@@ -65,6 +66,12 @@ def vllm_args(model: ModelConfig, host: str = "127.0.0.1") -> list[str]:
     return args + list(v.extra_args)
 
 
+def comment_text(text: str) -> str:
+    """`text` safe inside a one-line YAML comment: every control character and YAML line break
+    (a catalog folder named with a newline would otherwise start a key) written as its escape."""
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], text)
+
+
 def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE,
                    host: str = "127.0.0.1") -> str:
     """`env_file`: where the rig keeps the API key's env file (a Windows rig: under C:\\ProgramData\\rigkit).
@@ -79,7 +86,7 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         volumes = {}
     return render(
         "serving/compose.yml.j2",
-        model_file=str(model.file),
+        model_file=comment_text(str(model.file)),
         project=project_name(model),
         image=spec.image,
         command=vllm_args(model, host),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from rigkit.tune.grid import GridError, parse_objective, parse_repeats, parse_threshold, parse_values, parse_workload
 from rigkit.tune.inputs import TuneInputError
@@ -81,17 +80,12 @@ def parse_options(args) -> Options:
 
 
 def _host(inventory: str, name: str):
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from rigkit.config.inventory import RigConfigError, load_inventory
 
-    if not Path(inventory).is_file():
-        raise TuneInputError(f"{inventory}: no such inventory file")
     try:
-        with ctx_state.use(State()):
-            hosts = list(make_inventory(inventory, cwd="."))
-    except Exception as exc:  # the inventory is the user's Python: any error is theirs to see in one line
-        raise TuneInputError(f"{inventory}: cannot be loaded: {type(exc).__name__}: {exc}") from None
+        hosts = list(load_inventory(inventory))
+    except RigConfigError as exc:  # one line: the file, the line of it that raised, the error
+        raise TuneInputError(str(exc)) from None
     names = [h.name for h in hosts]
     for host in hosts:
         if host.name == name:

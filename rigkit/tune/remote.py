@@ -21,6 +21,7 @@ from rigkit.config.inventory import SshTarget
 from rigkit.render import module_source
 from rigkit.rigside import sampler
 from rigkit.rigside.names import GPU_POLICY_UNIT, RUN_DIR, TUNE_HELPER_PATH, TUNE_NVML_DIR, TUNE_SAMPLER_PATH
+from rigkit.ssh import named_connect_error, quiet_paramiko
 from rigkit.sshforward import forward
 from rigkit.tune.cells import Cell, Enforced, Figures
 from rigkit.tune.measure import BenchSettings, MeasurementError, measure_once
@@ -41,7 +42,7 @@ class RigError(Exception):
     """The rig did something the sweep cannot go on from; str() says what."""
 
 
-def connect(target: SshTarget, timeout_s: float = 20.0) -> paramiko.SSHClient:
+def connect(target: SshTarget, timeout_s: float = 10.0) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     if target.known_hosts_file and target.known_hosts_file != "/dev/null":
         client.load_host_keys(str(Path(target.known_hosts_file).expanduser()))
@@ -49,12 +50,15 @@ def connect(target: SshTarget, timeout_s: float = 20.0) -> paramiko.SSHClient:
         client.load_system_host_keys()
     trusting = target.strict_host_key_checking in ("off", "no", "accept-new")
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if trusting else paramiko.RejectPolicy())
+    quiet_paramiko()
     try:
         client.connect(target.hostname, port=target.port, username=target.user, key_filename=target.key_file,
                        timeout=timeout_s, banner_timeout=timeout_s, auth_timeout=timeout_s)
-    except (paramiko.SSHException, OSError) as exc:
-        raise RigError(f"cannot reach {target.user + '@' if target.user else ''}{target.hostname}:{target.port} "
-                       f"over SSH: {exc}") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        client.close()
+        named = named_connect_error(f"{target.hostname}:{target.port}", timeout_s, exc)
+        raise RigError(named or f"cannot reach {target.user + '@' if target.user else ''}{target.hostname}:"
+                                f"{target.port} over SSH: {exc}") from None
     client.get_transport().sock.setsockopt(6, 1, 1)  # TCP_NODELAY (rigkit/ssh.py says why)
     return client
 

@@ -82,7 +82,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
         **watchdog_files(rig, INSTALL_DIR, LOG_PATH.parent, str(ROLLOUT_LOCK), key_file),
     }
     for model in rig.models:
-        files[f"scripts/stacks/{model.name}/compose.yml"] = render_compose(
+        files[f"{STACKS_DIR}/{model.name}/compose.yml"] = render_compose(
             model, with_api_key=key_file is not None, env_file=str(API_KEY_FILE))
     return files
 
@@ -98,7 +98,22 @@ def file_bytes(relative: str, content: str) -> bytes:
     return (b"\xef\xbb\xbf" if relative.endswith(".ps1") else b"") + data
 
 
+STACKS_DIR = "scripts/stacks"  # install.ps1 installs every stack it finds here
+
+
+def is_bundle(folder: Path) -> bool:
+    """Whether `folder` holds a bundle written earlier (rewritten in place; other folders are not)."""
+    return (folder / "install.ps1").is_file() and (folder / "scripts").is_dir()
+
+
 def write_bundle(rig: RigConfig, out_dir: Path) -> list[Path]:
+    """Write the bundle into `out_dir` (new, empty, or an earlier bundle). An earlier bundle's stacks
+    go first: a model the rig file no longer serves must not be installed by install.ps1."""
+    import shutil
+
+    stacks = Path(out_dir) / STACKS_DIR
+    if is_bundle(Path(out_dir)) and stacks.is_dir() and not stacks.is_symlink():
+        shutil.rmtree(stacks)
     written = []
     for relative, content in render_bundle(rig).items():
         path = Path(out_dir) / relative
