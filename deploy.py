@@ -6,6 +6,7 @@ Linux rigs (systemd, over SSH):
 2. preflight: driver installed, its module and library agree, new enough for every image,
    every GPU's architecture in every image, disk for the weights (reads only; stops the rig);
 3. base: Docker Engine + Compose v2, NVIDIA Container Toolkit, nvidia-persistenced, driver holds;
+   then rigkit's rig-side runtime (rigkit/rigside), which the rig's own scripts import;
 4. read the GPUs and check they are the ones the rig file describes;
 5. GPU policy: power caps and clock locks, at boot and now;
 6. weights: each model's weights copied onto its Docker volume, verified;
@@ -29,8 +30,9 @@ use_fast_paths()
 
 from pyinfra import host, inventory  # noqa: E402
 
-from rigkit.config.inventory import gateway_plan, rig_config, run_options, validate_inventory  # noqa: E402
+from rigkit.config.inventory import rig_config, run_options, validate_inventory  # noqa: E402
 from rigkit.facts_once import read_ahead  # noqa: E402
+from rigkit.gateway.topology import gateway_plan  # noqa: E402
 from rigkit.ssh import tcp_nodelay  # noqa: E402
 from roles.base import base  # noqa: E402
 from roles.gateway import gateway  # noqa: E402
@@ -38,6 +40,7 @@ from roles.gateway_verify import gateway_verify  # noqa: E402
 from roles.gpu_policy import gpu_policy, gpu_policy_reads  # noqa: E402
 from roles.gpu_report import gpu_report, gpu_report_reads  # noqa: E402
 from roles.preflight import preflight, preflight_reads  # noqa: E402
+from roles.rigside import rigside, rigside_reads  # noqa: E402
 from roles.serving import serving, serving_reads  # noqa: E402
 from roles.verify import verify, verify_reads  # noqa: E402
 from roles.weights import weights  # noqa: E402
@@ -54,14 +57,15 @@ if rig.spec.os == "linux":
     # now and at once; each role gets its answers from memory (rigkit/facts_once.py). They only
     # read: nothing changes before the preflight has passed. (tests/test_serving.py checks that
     # a converged deploy asks nothing else.)
-    read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *serving_reads(rig),
-                *([] if options.verify_never else verify_reads(rig))])
+    read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *rigside_reads(rig),
+                *serving_reads(rig), *([] if options.verify_never else verify_reads(rig))])
     driver = preflight(rig)
     base_changes = base(rig, driver)
+    runtime_changes = rigside(rig)  # the rig-side scripts below import it
     gpus = gpu_report(rig)
     policy_changes = gpu_policy(rig, gpus)
     copied = weights(rig, verify=options.verify_weights)
-    changes = base_changes + policy_changes + list(copied.values()) + serving(rig, copied)
+    changes = base_changes + runtime_changes + policy_changes + list(copied.values()) + serving(rig, copied)
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
     if fleet_gateway is not None and fleet_gateway.host == host.name:

@@ -8,7 +8,8 @@ each model through it (roles/gateway_verify.py).
 
 from pyinfra import host, inventory
 
-from rigkit.config.inventory import gateway_plan, rig_config, run_options, validate_inventory
+from rigkit.config.inventory import rig_config, run_options, validate_inventory
+from rigkit.gateway.topology import gateway_plan
 from rigkit.ssh import tcp_nodelay
 from roles.gateway_verify import gateway_verify
 from roles.verify import verify

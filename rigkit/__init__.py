@@ -1,7 +1,12 @@
 """rigkit: provision, re-apply and verify local LLM inference rigs with pyinfra.
 
-One package per feature, named like its role (roles/<name>.py) and its template
-folder (templates/<name>/): `config` (what a rig file may say, the only reader of
-pyinfra's host.data), `gpu`, `weights`, `serving`, `verify`, `windows`. Shared
-helpers stay here: `render` (templates and shipped files), `sshforward`, `cli`.
+One package per feature, named like its role (roles/<name>.py) and its template folder
+(templates/<name>/): `preflight`, `base`, `gpu`, `weights`, `serving`, `verify`, `gateway`,
+`windows` (Windows only); the commands `status` and `tune`. Beneath them: `config` (what a rig
+file may say; the only reader of pyinfra's host.data) and `rigside` (the runtime shipped to every
+Linux rig, and the one home of the names and paths both sides use). Plumbing stays here: `cli`
+(the `rigkit` command), `render` (templates and shipped files), `files`, `private_file`, `units`
+and `facts_once` (file and unit states read in one command, facts read once), `ssh` and
+`sshforward` (TCP_NODELAY, port forwards), `pyinfra_start` and `pyinfra_fastpaths` (a faster
+pyinfra start). docs/architecture.md shows what flows where.
 """

@@ -1,15 +1,18 @@
 """The `rigkit` command.
 
     rigkit check RIG_FILE [RIG_FILE ...] [--catalog DIR]   validate rig files offline
-    rigkit deploy INVENTORY [--limit RIG] [--verify-weights] [--no-verify] [--dry]   pyinfra -y INVENTORY deploy.py
+    rigkit deploy INVENTORY [--limit RIG] [--verify-weights] [--no-verify] [--dry] [PYINFRA_FLAGS]
+                                                           pyinfra -y INVENTORY deploy.py
     rigkit status INVENTORY [--limit RIG] [--json FILE]   read every rig's state (changes nothing), report drift
-    rigkit rollout INVENTORY [--deploy FILE]               deploy one rig at a time, stop at the first failure
-    rigkit verify INVENTORY [--limit NAME]                 benchmark each served model, check GPUs under load
+    rigkit rollout INVENTORY [--deploy FILE] [PYINFRA_FLAGS]   deploy one rig at a time, stop at the first failure
+    rigkit verify INVENTORY [--limit NAME] [PYINFRA_FLAGS]  benchmark each served model, check GPUs under load
     rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
     rigkit tune INVENTORY --rig NAME --model NAME [--power-limits 200:350:25 ...] [--hold] [--write]
                                                            measure GPU settings live on a loaded model; propose one
     rigkit windows-bundle RIG_FILE --out DIR               scheduled tasks + scripts + install.ps1 for a Windows rig
     rigkit gateway-config INVENTORY                        print the LiteLLM config of the inventory's gateway
+
+PYINFRA_FLAGS, passed to pyinfra as they are: --diff, -v/-vv/-vvv, --serial or --parallel N.
 """
 
 from __future__ import annotations
@@ -124,9 +127,8 @@ def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool)
     rig: the inventory loads, --limit selects a rig, each selected rig's files are valid (and, for a
     deploy or a verification, every rig's, which the gateway's config reads). The selected rigs' names,
     or CONFIG_ERROR after one line on stderr."""
-    from rigkit.config.inventory import (
-        RigConfigError, gateway_plan, load_inventory, select_hosts, ssh_target, validate_host,
-    )
+    from rigkit.config.inventory import RigConfigError, load_inventory, select_hosts, ssh_target, validate_host
+    from rigkit.gateway.topology import gateway_plan
 
     try:
         loaded = load_inventory(inventory)
@@ -144,7 +146,8 @@ def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool)
 
 def gateway_config(args: argparse.Namespace) -> int:
     """The LiteLLM config of the inventory's gateway, offline: no rig is reached."""
-    from rigkit.config.inventory import RigConfigError, gateway_plan
+    from rigkit.config.inventory import RigConfigError
+    from rigkit.gateway.topology import gateway_plan
     from rigkit.gateway.config import render_config
 
     try:
@@ -165,7 +168,8 @@ def rollout(args: argparse.Namespace) -> int:
     """Rolling rollout: each rig gets the whole deploy (and its rollback) before the next starts.
     With a gateway in the inventory, each rig's replicas are drained from it first (bounded wait for
     their in-flight requests) and put back once the rig deployed; a rig that fails stays out."""
-    from rigkit.config.inventory import RigConfigError, gateway_plan
+    from rigkit.config.inventory import RigConfigError
+    from rigkit.gateway.topology import gateway_plan
 
     deploy_file = Path(args.deploy)
     if not deploy_file.is_file() or deploy_file.suffix != ".py":
@@ -190,7 +194,7 @@ def rollout(args: argparse.Namespace) -> int:
                       f"{name}); rigs not started: {', '.join(names[position - 1:])}", file=sys.stderr)
                 return 1
             drained = code == 0
-        command = [*PYINFRA, "-y", "--limit", name, args.inventory, args.deploy]
+        command = [*PYINFRA, "-y", *pyinfra_flags(args), "--limit", name, args.inventory, args.deploy]
         if subprocess.run(command).returncode != 0:
             untouched = ", ".join(names[position:]) or "none"
             out = f"; {name} stays out of the gateway" if drained else ""
@@ -361,7 +365,7 @@ def deploy(args: argparse.Namespace) -> int:
         command += ["--data", "rigkit_verify=never"]
     if args.limit:
         command += ["--limit", args.limit]
-    return _pyinfra_here(command + [args.inventory, "deploy.py"], "deploy")
+    return _pyinfra_here(command + pyinfra_flags(args) + [args.inventory, "deploy.py"], "deploy")
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -371,7 +375,30 @@ def verify(args: argparse.Namespace) -> int:
     command = ["-y", "--data", "rigkit_verify=always"]
     if args.limit:
         command += ["--limit", args.limit]
-    return _pyinfra_here(command + [args.inventory, "verify.py"], "verify")
+    return _pyinfra_here(command + pyinfra_flags(args) + [args.inventory, "verify.py"], "verify")
+
+
+def add_pyinfra_flags(parser: argparse.ArgumentParser) -> None:
+    """pyinfra's own flags that `rigkit deploy`, `verify` and `rollout` pass through as they are."""
+    flags = parser.add_argument_group("pyinfra's flags, passed through")
+    flags.add_argument("--diff", action="store_true", help="show the differences of each changed text file")
+    flags.add_argument("-v", dest="verbose", action="count", default=0,
+                       help="pyinfra's verbosity: -v meta, -vv input, -vvv output of each command")
+    order = flags.add_mutually_exclusive_group()
+    order.add_argument("--serial", action="store_true", help="run operations host by host")
+    order.add_argument("--parallel", type=int, metavar="N", help="run operations on at most N hosts at once")
+
+
+def pyinfra_flags(args: argparse.Namespace) -> list[str]:
+    """The pass-through flags as pyinfra's command line takes them."""
+    flags = ["--diff"] if args.diff else []
+    if args.verbose:
+        flags.append("-" + "v" * args.verbose)
+    if args.serial:
+        flags.append("--serial")
+    if args.parallel is not None:
+        flags += ["--parallel", str(args.parallel)]
+    return flags
 
 
 def _pyinfra_here(argv: list[str], command: str) -> int:
@@ -526,14 +553,17 @@ def main(argv: list[str] | None = None) -> int:
                                help="skip the benchmark and GPU checks after a deploy that changed the rig")
     deploy_parser.add_argument("--dry", action="store_true",
                                help="only read: show what would change, change nothing on any rig")
+    add_pyinfra_flags(deploy_parser)
     deploy_parser.set_defaults(func=deploy)
     rollout_parser = commands.add_parser("rollout", help="deploy one rig at a time, stop at the first failure")
     rollout_parser.add_argument("inventory")
     rollout_parser.add_argument("--deploy", default="deploy.py")
+    add_pyinfra_flags(rollout_parser)
     rollout_parser.set_defaults(func=rollout)
     verify_parser = commands.add_parser("verify", help="benchmark each served model and check GPUs under load")
     verify_parser.add_argument("inventory")
     verify_parser.add_argument("--limit", help="only this rig (inventory name)")
+    add_pyinfra_flags(verify_parser)
     verify_parser.set_defaults(func=verify)
     status_parser = commands.add_parser("status", help="read every rig's state without changing it; report drift")
     status_parser.add_argument("inventory")

@@ -25,15 +25,19 @@ from rigkit.gpu.gate import check_policy
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.gpu.policy import power_drift
 from rigkit.render import module_source, render, template_text
+from rigkit.rigside.names import (
+    GPU_OFFSETS_TOOL_PATH,
+    GPU_POLICY_NVML_PATH,
+    GPU_POLICY_PATH,
+    GPU_POLICY_SCRIPT_PATH,
+    GPU_POLICY_UNIT,
+    GPU_POLICY_UNIT_PATH,
+)
 from rigkit.units import UnitStates
 
-# Defaults: where things go on the rig, and how long the unit waits for GPUs at boot.
-UNIT = "rigkit-gpu-policy.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT}"
-SCRIPT_PATH = "/usr/local/sbin/rigkit-gpu-policy"
-POLICY_PATH = "/etc/rigkit/gpu-policy.conf"
-OFFSETS_TOOL_PATH = "/usr/local/sbin/rigkit-gpu-offsets"  # NVML clock offsets (clock_offsets_mhz)
-NVML_COPY_PATH = "/usr/local/lib/rigkit/gpu-policy/pynvml.py"  # for rigs without nvidia-ml-py
+# Defaults: how long the unit waits for GPUs at boot. Where things go on the rig: rigkit.rigside.names.
+UNIT, UNIT_PATH, SCRIPT_PATH, POLICY_PATH = GPU_POLICY_UNIT, GPU_POLICY_UNIT_PATH, GPU_POLICY_SCRIPT_PATH, GPU_POLICY_PATH
+OFFSETS_TOOL_PATH, NVML_COPY_PATH = GPU_OFFSETS_TOOL_PATH, GPU_POLICY_NVML_PATH
 WAIT_FOR_GPUS_S = 120
 FILES = (SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, POLICY_PATH, UNIT_PATH)  # read in one command
 

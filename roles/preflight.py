@@ -30,7 +30,7 @@ from rigkit.preflight.checks import (
     driver_problems,
 )
 from rigkit.preflight.facts import DockerDiskFree, WeightsBytes
-from rigkit.serving.compose import volume_name
+from rigkit.rigside.names import volume_name
 from rigkit.weights.facts import volume_states, volume_states_reads
 
 

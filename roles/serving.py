@@ -31,28 +31,29 @@ from rigkit.files import FileStates, put
 from rigkit.private_file import private_file
 from rigkit.render import template_text
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
-from rigkit.serving.compose import (
+from rigkit.rigside.names import (
     SECRETS_ENV_FILE,
+    STACK_HELPER_PATH,
     STACKS_DIR,
-    render_compose,
-    stack_settings,
+    UNIT_DIR,
+    WATCHDOG_CONFIG_PATH,
+    WATCHDOG_PATH,
+    WATCHDOG_SERVICE,
+    WATCHDOG_TIMER,
 )
+from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.serving.facts import RigkitStacks
 from rigkit.units import UnitStates
 from rigkit.serving.watchdog import (
-    CONFIG_PATH,
-    SERVICE,
-    TIMER,
-    UNIT_DIR,
-    WATCHDOG_PATH,
     service_unit,
     timer_unit,
     watchdog_config,
     watched,
 )
 
-# Defaults: where the helper lives on the rig.
-HELPER_PATH = "/usr/local/sbin/rigkit-stack"
+# Where things live on the rig: rigkit.rigside.names.
+HELPER_PATH = STACK_HELPER_PATH
+CONFIG_PATH, SERVICE, TIMER = WATCHDOG_CONFIG_PATH, WATCHDOG_SERVICE, WATCHDOG_TIMER
 WATCHDOG_FILES = (WATCHDOG_PATH, CONFIG_PATH, f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}")  # read in one command
 
 

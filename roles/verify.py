@@ -1,6 +1,6 @@
 """Role verify: benchmark each served model and check the GPUs under load.
 
-Installs the telemetry sampler (rigkit/telemetry.py, with a copy of pynvml.py
+Installs the telemetry sampler (rigkit/verify/telemetry.py, with a copy of pynvml.py
 for rigs without nvidia-ml-py), then per model: starts the sampler on the rig
 for the model's GPUs (on a Windows rig: the same sampler in a short-lived
 container with GPU access, through Docker Desktop's Engine;
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import shlex
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,8 +29,11 @@ from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.facts_once import Read
 from rigkit.files import FileStates, put
 from rigkit.render import module_source
+from rigkit.rigside import sampler
+from rigkit.rigside.names import RUN_DIR, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH, SAMPLER_PATH
 from rigkit.serving.api_key import read_api_key
-from rigkit.serving.compose import served_name, vllm_args
+from rigkit.rigside.names import served_name
+from rigkit.serving.compose import vllm_args
 from rigkit.sshforward import forward
 from rigkit.weights.engine import dial_command, rig_engine
 
@@ -39,18 +41,14 @@ if TYPE_CHECKING:
     from rigkit.verify.result import VerificationResult
 
 # Defaults
-REMOTE_DIR = "/usr/local/lib/rigkit"
-SAMPLER = f"{REMOTE_DIR}/rigkit-telemetry.py"
-SHIPPED_NVML_DIR = f"{REMOTE_DIR}/nvml"
-SHIPPED_NVML = f"{SHIPPED_NVML_DIR}/pynvml.py"
-SAMPLE_HZ = 50
+SAMPLER, SHIPPED_NVML_DIR, SHIPPED_NVML = SAMPLER_PATH, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH  # rigkit.rigside.names
+SAMPLE_HZ = sampler.SAMPLE_HZ
 PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small share of TTFT
 OUTPUT_TOKENS = 256
 REQUEST_TIMEOUT_S = 120
-SAMPLER_START_S = 20
-SAMPLER_MAX_S = 900  # a sampler left behind stops itself
+SAMPLER_START_S = sampler.START_WAIT_S
+SAMPLER_MAX_S = sampler.MAX_S
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
-RUN_DIR = "/run/rigkit"  # the sampler's output, root-only
 TELEMETRY_FILES = (SAMPLER, SHIPPED_NVML)  # read in one command
 SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}
 
@@ -127,25 +125,15 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
 def _sampling_on_host(model: ModelConfig):
     """The sampler as a process on the rig (Linux), started and stopped over the deploy's shell;
     yields a dict that holds {"telemetry": ...} after the block."""
-    # A root-only folder, not /tmp: a local user could plant a symlink at a predictable /tmp path.
     remote_path = f"{RUN_DIR}/telemetry-{model.name}.json"
-    remote_out = shlex.quote(remote_path)
-    gpus = ",".join(str(i) for i in model.spec.gpus)
-    # Prefer the rig's own nvidia-ml-py; fall back to the copy rigkit ships.
-    start = (
-        f"mkdir -p -m 700 {RUN_DIR}; rm -f {remote_out}; if python3 -c 'import pynvml' 2>/dev/null; then P=; else P={SHIPPED_NVML_DIR}; fi; "
-        f"PYTHONPATH=$P nohup python3 {SAMPLER} --gpus {gpus} --hz {SAMPLE_HZ} --out {remote_out} "
-        f"--max-seconds {SAMPLER_MAX_S} > {remote_out}.log 2>&1 & echo $!"
-    )
-    pid = _run(start).strip().splitlines()[-1]
-    _run(f"for i in $(seq 1 {SAMPLER_START_S * 10}); do grep -q sampling {remote_out}.log && exit 0; "
-         f"kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; cat {remote_out}.log; exit 1")
+    pid = _run(sampler.start_command(SAMPLER, SHIPPED_NVML_DIR, model.spec.gpus, SAMPLE_HZ, remote_path,
+                                     SAMPLER_MAX_S)).strip().splitlines()[-1]
+    _run(sampler.started_command(pid, remote_path, SAMPLER_START_S))
     held: dict = {}
     try:
         yield held
     finally:
-        _run(f"kill -TERM {pid}; for i in $(seq 1 100); do [ -f {remote_out} ] && exit 0; sleep 0.1; done; "
-             f"cat {remote_out}.log; exit 1")
+        _run(sampler.stop_command(pid, remote_path))
     buffer = io.BytesIO()
     if not host.get_file(remote_path, buffer):
         raise OperationError(f"could not fetch {remote_path} from the rig")

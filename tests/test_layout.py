@@ -82,6 +82,69 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     assert find_cycle(edges) == ["a", "b", "c", "a"]
 
 
+def package_of(module: str) -> str:
+    """rigkit.gpu.facts -> rigkit.gpu; a module right under rigkit/ (rigkit.render) is its own node."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "rigkit" and len(parts) > 1 else parts[0]
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Edges between rigkit's packages, from the edges between their modules."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        if module.startswith("rigkit."):
+            packages.setdefault(package_of(module), set()).update(
+                package_of(t) for t in targets if t.startswith("rigkit.") and package_of(t) != package_of(module))
+    return packages
+
+
+def test_no_import_cycles_between_packages():
+    """A package may use another only if that one does not use it back, at any distance
+    (config <- gateway once ran both ways: config.inventory built the gateway's plan)."""
+    cycle = find_cycle(package_graph(graph(sources())))
+    assert cycle is None, "packages import each other in a circle: " + " -> ".join(cycle or [])
+
+
+def test_the_package_cycle_check_sees_a_planted_cycle():
+    """Module edges with no cycle between modules, but one between their packages."""
+    edges = {"rigkit.config.inventory": {"rigkit.gateway.topology"}, "rigkit.gateway.topology": {"rigkit.config.schema"},
+             "rigkit.config.schema": set(), "rigkit.render": {"rigkit.config.schema"}}
+    assert find_cycle(edges) is None
+    assert find_cycle(package_graph(edges)) == ["rigkit.config", "rigkit.gateway", "rigkit.config"]
+
+
+FEATURES = {"rigkit.preflight", "rigkit.base", "rigkit.gpu", "rigkit.weights", "rigkit.serving", "rigkit.verify",
+            "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune"}
+BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.render", "rigkit.files", "rigkit.private_file",
+                    "rigkit.units", "rigkit.facts_once", "rigkit.ssh", "rigkit.sshforward", "rigkit.pyinfra_start",
+                    "rigkit.pyinfra_fastpaths"}
+
+
+def against_the_flow(packages: dict[str, set[str]]) -> list[str]:
+    return [f"{low} -> {sorted(packages[low] & FEATURES)}" for low in sorted(BENEATH_FEATURES & set(packages))
+            if packages[low] & FEATURES]
+
+
+def test_config_plumbing_and_the_rig_side_use_no_feature():
+    """Data flows one way (docs/architecture.md): the layers beneath the features never reach up."""
+    assert sorted(set(package_graph(graph(sources())))) and against_the_flow(package_graph(graph(sources()))) == []
+    planted = {"rigkit.config.inventory": {"rigkit.gateway.topology"}, "rigkit.gateway.topology": set()}
+    assert against_the_flow(package_graph(planted)) == ["rigkit.config -> ['rigkit.gateway']"]
+
+
+def test_every_package_is_placed_in_the_flow():
+    placed = FEATURES | BENEATH_FEATURES | {"rigkit.cli", "rigkit"}
+    assert set(package_graph(graph(sources()))) <= placed, "add the new package to FEATURES or BENEATH_FEATURES"
+
+
+def test_the_rig_side_runtime_imports_nothing_of_rigkit():
+    """rigkit.rigside runs on rigs as it is (standard library only); every package may import it."""
+    for name, path in sources().items():
+        if name.startswith("rigkit.rigside"):
+            ours = {i for i in imports(path) if i.split(".")[0] in ("rigkit", "roles", "pyinfra")}
+            assert not ours, f"{path.relative_to(REPO)} imports {sorted(ours)}: the rig side has only the standard library"
+
+
 def test_no_role_imports_another_role():
     for name, path in sources().items():
         if name.startswith("roles."):
@@ -156,3 +219,90 @@ def test_every_package_ships_in_the_wheel():
     packages = {module_name(p.parent) if p.parent != REPO / "rigkit" else "rigkit"
                 for p in (REPO / "rigkit").rglob("__init__.py") if "_templates" not in p.parts}
     assert packages <= listed, f"add to pyproject.toml's packages: {sorted(packages - listed)}"
+
+
+# Rig paths and names both sides use have one home (STYLE.md, "The rig side"). These are the
+# literals that were once retyped in several modules; prose (docstrings, comments) may name them.
+NAMES_HOME = "rigkit/rigside/names.py"
+RIG_LITERALS = (
+    "/etc/rigkit", "/usr/local/sbin/rigkit", "/usr/local/lib/rigkit", "/var/lib/rigkit", "/run/rigkit",
+    "/run/lock", "rigkit-gpu-policy.service", "rigkit-watchdog.service", "rigkit-watchdog.timer",
+    "rigkit-stack-", "rigkit-weights-{",
+)
+
+
+def code_strings(source: str) -> list[tuple[int, str]]:
+    """Every string constant of a module's code (f-string parts included), docstrings left out."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):  # f"rigkit-weights-{x}": the literal around the holes, as typed
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{" for v in node.values)
+            found.append((node.lineno, text))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def retyped_rig_names(source: str) -> list[str]:
+    return [f"line {line}: {literal!r} in {text[:80]!r}" for line, text in code_strings(source)
+            for literal in RIG_LITERALS if literal in text and not text.endswith(".j2")]  # a template's name
+
+
+def test_rig_paths_and_names_live_in_one_module():
+    found = {str(path.relative_to(REPO)): hits for path in sources().values()
+             if str(path.relative_to(REPO)) != NAMES_HOME and (hits := retyped_rig_names(path.read_text()))}
+    assert not found, f"import these from {NAMES_HOME} instead: {found}"
+
+
+@pytest.mark.parametrize("planted", [
+    'UNIT = "rigkit-gpu-policy.service"',
+    'HELPER = f"/usr/local/sbin/rigkit-stack {name}"',
+    'def volume(m):\n    return f"rigkit-weights-{m.name}"',
+])
+def test_the_names_rule_sees_a_planted_copy(planted):
+    assert retyped_rig_names(f'"""Docstrings may say /etc/rigkit/stacks."""\n{planted}\n')
+    assert not retyped_rig_names('"""Installs /usr/local/sbin/rigkit-stack (rigkit-gpu-policy.service)."""\n')
+
+
+# The rig's own Python scripts import the shipped runtime (rigkit/rigside) from names.LIB_DIR: that
+# one folder is the only rig path they may spell, in the line that finds the runtime.
+RIG_SCRIPTS = ("templates/serving/rigkit-stack", "templates/serving/rigkit-watchdog",
+               "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway")
+
+
+@pytest.mark.parametrize("script", RIG_SCRIPTS)
+def test_each_rig_script_takes_names_and_protocols_from_the_runtime(script):
+    from rigkit.rigside.names import LIB_DIR
+
+    source = (REPO / script).read_text()
+    tree = ast.parse(source)
+    runtime = {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "rigside" in runtime, f"{script} does not import the rig-side runtime"
+    hits = [hit for hit in retyped_rig_names(source) if f"{LIB_DIR!r} in {LIB_DIR!r}" not in hit]
+    assert not hits, f"{script}: take these from rigside.names: {hits}"
+    assert f'os.environ.get("RIGKIT_LIB_DIR", "{LIB_DIR}")' in source, f"{script} looks for the runtime elsewhere"
+    for protocol in ("fcntl.flock", "/v1/completions", "os.fsync", '"VLLM_API_KEY'):
+        assert protocol not in source, f"{script} writes {protocol} again: use the runtime's"
+
+
+# On Windows one PowerShell include plays the runtime's part: the helpers every script needs
+# (the log line, a native call under 'Stop', the API key's env file) are written once, in
+# templates/windows/_helpers.ps1.j2, and rendered into each script (a task runs one file).
+WINDOWS_HELPERS = ("function Write-Log", "function Invoke-Native", "function Read-ApiKey")
+WINDOWS_SCRIPTS = ("llm-bootstrap.ps1.j2", "rigkit-watchdog.ps1.j2", "gpu-power-policy.ps1.j2")
+
+
+def test_the_windows_helpers_are_written_once_and_included_by_each_script():
+    folder = REPO / "templates" / "windows"
+    include = (folder / "_helpers.ps1.j2").read_text()
+    assert all(helper in include for helper in WINDOWS_HELPERS)
+    for path in folder.glob("*.j2"):
+        if path.name != "_helpers.ps1.j2":
+            again = [h for h in WINDOWS_HELPERS if h in path.read_text()]
+            assert not again, f"{path.name} defines {again} again: use templates/windows/_helpers.ps1.j2"
+    for name in WINDOWS_SCRIPTS:
+        assert '{% include "windows/_helpers.ps1.j2" %}' in (folder / name).read_text(), name

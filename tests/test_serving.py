@@ -86,6 +86,39 @@ def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
     assert loaded.count("rigkit.files.FileStates") == 1, second.output
 
 
+RUNTIME_USERS = {  # each rig-side script, run so that it stops right after its imports
+    "rigkit-stack": "/usr/local/sbin/rigkit-stack",  # usage: exit 2
+    "rigkit-watchdog": "/usr/local/sbin/rigkit-watchdog /nonexistent.json",  # cannot read it: exit 2
+    "rigkit-gateway": None,  # installed on a gateway's rig only: its template, as python3 -c
+    "status probe": None,  # sent as python3 -c by `rigkit status`
+}
+SOURCES = {"rigkit-gateway": "gateway/rigkit-gateway", "status probe": "status/rigkit-status-probe.py"}
+
+
+@pytest.mark.parametrize("script", sorted(RUNTIME_USERS))
+def test_each_rig_script_imports_the_runtime_from_the_shipped_copy(rig, script):
+    """The deploy shipped rigkit/rigside to /usr/local/lib/rigkit/rigside (roles/rigside.py); each
+    script imports every runtime module from there (python3 -v names each file it loads), and
+    without that copy it does not start: nothing else on the rig stands in for it."""
+    import re
+    import shlex
+
+    from rigkit.render import template_text
+    from rigkit.rigside.names import RUNTIME_DIR
+
+    command = RUNTIME_USERS[script] or f"python3 -c {shlex.quote(template_text(SOURCES[script]))} '{{}}'"
+    code, out = rig.exec(f"python3 -v {command.removeprefix('python3 ')} 2>&1"
+                         if command.startswith("python3") else f"python3 -v {command} 2>&1")
+    loaded = set(re.findall(r"(/\S*/rigside/\w+\.py)", out))
+    assert loaded, out[-2000:]
+    assert {path.rsplit("/", 1)[0] for path in loaded} == {RUNTIME_DIR}, loaded
+    assert {"keyfile.py", "names.py"} & {path.rsplit("/", 1)[1] for path in loaded}, loaded
+    code, out = rig.exec(f"mv {RUNTIME_DIR} {RUNTIME_DIR}.away && {{ {command} 2>&1; echo exit=$?; }}; "
+                         f"mv {RUNTIME_DIR}.away {RUNTIME_DIR}")
+    assert "No module named 'rigside'" in out, out[-2000:]
+    assert rig.exec(f"test -f {RUNTIME_DIR}/probe.py")[0] == 0
+
+
 def test_changing_one_model_restarts_only_that_stack(rig, tmp_path):
     before = {name: started(name) for name in PORTS}
     changed = copy_catalog(tmp_path, test_beta=[("STANDIN_DECODE_TOK_S: \"60\"", "STANDIN_DECODE_TOK_S: \"70\"")])

@@ -11,7 +11,10 @@ from __future__ import annotations
 import fcntl
 import importlib.machinery
 import importlib.util
+import os
+import tempfile
 import threading
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
@@ -24,10 +27,22 @@ SCRIPT = REPO / "templates" / "serving" / "rigkit-watchdog"
 
 
 def load_watchdog():
-    loader = importlib.machinery.SourceFileLoader("rigkit_watchdog_under_test", str(SCRIPT))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    """The script as the rig runs it, with the runtime it imports (rigkit/rigside) found in a folder
+    of its own, as on the rig in /usr/local/lib/rigkit (RIGKIT_LIB_DIR names it while it loads)."""
+    lib_dir = Path(tempfile.mkdtemp(prefix="rigkit-lib-"))
+    (lib_dir / "rigside").symlink_to(REPO / "rigkit" / "rigside", target_is_directory=True)
+    before = os.environ.get("RIGKIT_LIB_DIR")
+    os.environ["RIGKIT_LIB_DIR"] = str(lib_dir)
+    try:
+        loader = importlib.machinery.SourceFileLoader("rigkit_watchdog_under_test", str(SCRIPT))
+        spec = importlib.util.spec_from_loader(loader.name, loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    finally:
+        if before is None:
+            del os.environ["RIGKIT_LIB_DIR"]
+        else:
+            os.environ["RIGKIT_LIB_DIR"] = before
     return module
 
 

@@ -251,18 +251,24 @@ def gateway_spec(host) -> GatewaySpec | None:
         raise RigConfigError(f"host {host.name}: " + "; ".join(lines)) from None
 
 
-def gateway_plan(inventory, rigs: dict[str, RigConfig] | None = None):
-    """The inventory's gateway (rigkit.gateway.topology.GatewayPlan), or None when no host runs one.
-    Every host of the inventory counts, active or not: a rollout limited to one rig keeps the others."""
-    from rigkit.gateway.topology import GatewayConfigError, RigView, plan
+@dataclass(frozen=True)
+class RigView:
+    """One inventory host, as the gateway needs it (rigkit.gateway.topology plans from these)."""
 
+    host: str  # inventory name
+    rig: RigConfig
+    address: str  # how the control machine reaches it (ssh_hostname, else the inventory name)
+    gateway: GatewaySpec | None = None  # set on the host that runs the gateway
+    gateway_address: str | None = None  # where the gateway reaches this rig's models, if not `address`
+
+
+def gateway_views(inventory, rigs: dict[str, RigConfig] | None = None) -> list[RigView]:
+    """Every host of the inventory as the gateway sees it, active or not: a rollout limited to one
+    rig keeps the others (rigkit.gateway.topology.gateway_plan turns them into the gateway)."""
     views = []
     for host in inventory:
         rig = (rigs or {}).get(host.name) or rig_config(host)
         address = host.data.get(GATEWAY_ADDRESS_KEY)
         views.append(RigView(host=host.name, rig=rig, address=str(host.data.get("ssh_hostname") or host.name),
                              gateway=gateway_spec(host), gateway_address=None if address is None else str(address)))
-    try:
-        return plan(views)
-    except GatewayConfigError as exc:
-        raise RigConfigError(str(exc)) from None
+    return views

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from rigkit.config import gpu_models as gpu_table
 from rigkit.config.errors import Problem
+from rigkit.config.paths import is_windows_path
 
 if TYPE_CHECKING:
     from rigkit.config.schema import ModelConfig, RigSpec
@@ -56,14 +57,6 @@ KNOWN_EXTRA_FLAGS = frozenset("""
 --default-chat-template-kwargs --enable-prompt-tokens-details --allowed-local-media-path
 --max-num-partial-prefills --long-prefill-token-threshold --kv-cache-memory-bytes
 """.split())
-
-_WINDOWS_PATH = re.compile(r"^([A-Za-z]:[\\/]|\\\\|//|/mnt/[a-z]/|/run/desktop/mnt/host/)")
-
-
-def is_windows_path(path: str) -> bool:
-    """A Windows folder as Docker Desktop sees it (reads go through 9P: slow for many small reads)."""
-    return bool(_WINDOWS_PATH.match(path))
-
 
 def serving_findings(rig: RigSpec, rig_file: Path, models: list[ModelConfig]) -> tuple[list[Problem], list[str]]:
     errors: list[Problem] = []

@@ -15,12 +15,17 @@ from rigkit.gateway.config import MASTER_KEY_ENV, render_config
 from rigkit.gateway.topology import GatewayPlan
 from rigkit.render import template_text
 
-PROJECT = "rigkit-gateway"
-HELPER_PATH = "/usr/local/sbin/rigkit-gateway"  # templates/gateway/rigkit-gateway
-GATEWAY_DIR = "/etc/rigkit/gateway"
+from rigkit.rigside.names import (
+    GATEWAY_DIR,
+    GATEWAY_HELPER_PATH,
+    GATEWAY_PROJECT,
+    GATEWAY_SECRETS_ENV_FILE,
+    GATEWAY_SETTINGS_PATH,
+)
+
+PROJECT, HELPER_PATH, SECRETS_ENV_FILE = GATEWAY_PROJECT, GATEWAY_HELPER_PATH, GATEWAY_SECRETS_ENV_FILE
 COMPOSE_PATH = f"{GATEWAY_DIR}/compose.yml"
-SETTINGS_PATH = f"{GATEWAY_DIR}/gateway.json"
-SECRETS_ENV_FILE = "/etc/rigkit/secrets/gateway.env"
+SETTINGS_PATH = GATEWAY_SETTINGS_PATH
 CONTAINER_DIR = "/etc/litellm"  # config.yaml, rigkit_drain.py and drained.json inside the container
 DRAINED_FILE = f"{CONTAINER_DIR}/drained.json"
 

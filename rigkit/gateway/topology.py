@@ -12,25 +12,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rigkit.config.schema import GatewaySpec, ModelConfig, RigConfig
-from rigkit.serving.compose import served_name
+from rigkit.config.inventory import RigConfigError, RigView, gateway_views  # noqa: F401 (RigView re-exported)
+from rigkit.config.schema import GatewaySpec, ModelConfig
+from rigkit.rigside.names import served_name
 
 _ADDRESS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 
 
 class GatewayConfigError(Exception):
     """The inventory's gateway cannot be built as written; nothing was touched."""
-
-
-@dataclass(frozen=True)
-class RigView:
-    """One inventory host, as the gateway needs it (rigkit.config.inventory builds these)."""
-
-    host: str  # inventory name
-    rig: RigConfig
-    address: str  # how the control machine reaches it (ssh_hostname, else the inventory name)
-    gateway: GatewaySpec | None = None  # set on the host that runs the gateway
-    gateway_address: str | None = None  # where the gateway reaches this rig's models, if not `address`
 
 
 @dataclass(frozen=True)
@@ -103,6 +93,15 @@ def plan(views: list[RigView]) -> GatewayPlan | None:
     _check_distinct(replicas)
     _check_fallbacks(replicas)
     return GatewayPlan(runner.host, runner.gateway, tuple(replicas), tuple(keyed))
+
+
+def gateway_plan(inventory, rigs=None) -> GatewayPlan | None:
+    """The inventory's gateway, or None when no host runs one (hosts read by rigkit.config.inventory);
+    a gateway that cannot be built is a RigConfigError, like any other bad inventory entry."""
+    try:
+        return plan(gateway_views(inventory, rigs))
+    except GatewayConfigError as exc:
+        raise RigConfigError(str(exc)) from None
 
 
 def _backend_host(view: RigView, runner: RigView) -> str:

@@ -1,14 +1,16 @@
-"""pyinfra facts about a Linux rig's GPUs."""
+"""pyinfra facts about a Linux rig's GPUs and its NVIDIA driver (read-only, POSIX shell only)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pyinfra.api import FactBase
 
+from rigkit.gpu.driver import DriverState, GpuArch
 from rigkit.gpu.nvsmi import EXIT_MARK, QUERY_FIELDS, GpuReport, parse_query, query_arguments, query_command
-from rigkit.preflight.checks import DriverState
-from rigkit.preflight.facts import NvidiaDriver
+
+_EXIT = "rigkit-exit="
 
 
 class NvidiaGpus(FactBase):
@@ -25,6 +27,68 @@ class NvidiaGpus(FactBase):
 
     def process(self, output) -> GpuReport:
         return parse_query(list(output))
+
+
+class NvidiaDriver(FactBase):
+    """The driver's library and kernel module versions and each GPU's compute capability.
+
+    The library's version is nvidia-smi's `driver_version`; when NVML refuses to start
+    ("Driver/library version mismatch", exit 18) it is the `NVML library version` nvidia-smi
+    prints with that error. The module's is /sys/module/nvidia/version, else the version in
+    /proc/driver/nvidia/version (absent when the module is not loaded).
+    """
+
+    def command(self) -> str:
+        return (
+            "command -v nvidia-smi >/dev/null 2>&1 || { echo rigkit-no-nvidia-smi; exit 0; }; "
+            'echo "module-sys=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
+            'echo "module-proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
+            # One nvidia-smi start (50-300 ms on a rig) where the driver knows compute_cap (2021 on).
+            # Drivers without it refuse the whole query; they are asked again without it, and the
+            # rig file's GPU model then says what the architecture is.
+            "if out=$(nvidia-smi --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader 2>/dev/null); "
+            'then printf "%s\\n" "$out" | sed "s/^/gpu-cc=/"; echo "' + _EXIT + '0"; '
+            "else nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1; "
+            f'echo "{_EXIT}$?"; fi; exit 0'
+        )
+
+    def process(self, output) -> DriverState:
+        lines = [line.rstrip() for line in output]
+        if "rigkit-no-nvidia-smi" in lines:
+            return DriverState(installed=False)
+        module, body, exit_code, caps = None, [], 0, {}
+        for line in lines:
+            if line.startswith("module-sys="):
+                module = line.split("=", 1)[1].strip() or module
+            elif line.startswith("module-proc="):
+                found = re.search(r"Kernel Module.*?\s([0-9]+\.[0-9]+(?:\.[0-9]+)?)\s", line + " ")
+                module = module or (found[1] if found else None)
+            elif line.startswith(_EXIT):
+                exit_code = int(line[len(_EXIT):])
+            elif line.startswith("gpu-cc="):  # index, name, driver_version, compute_cap
+                line = line[len("gpu-cc="):]
+                if line.count(",") >= 3:  # else not a GPU row (a warning): kept whole, as before
+                    line, _, cc = line.rpartition(",")
+                    index = line.split(",", 1)[0].strip()
+                    if re.fullmatch(r"\s*[0-9]+\.[0-9]+\s*", cc) and index.isdigit():
+                        major, minor = cc.strip().split(".")
+                        caps[int(index)] = (int(major), int(minor))
+                if line.strip():
+                    body.append(line.strip())
+            elif line.strip():
+                body.append(line.strip())
+        if exit_code != 0:
+            nvml = re.search(r"NVML library version:\s*([0-9.]+)", " ".join(body))
+            return DriverState(True, nvml[1] if nvml else None, module, (), exit_code,
+                               " ".join(body) or f"nvidia-smi exited {exit_code}")
+        gpus, versions = [], set()
+        for line in body:
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) != 3 or not cells[0].isdigit():
+                return DriverState(True, None, module, (), exit_code, f"unexpected nvidia-smi line: {line!r}")
+            gpus.append(GpuArch(int(cells[0]), cells[1], caps.get(int(cells[0]))))
+            versions.add(cells[2])
+        return DriverState(True, min(versions) if versions else None, module, tuple(gpus))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rigkit.config import gpu_models
 from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.gpu.driver import DriverState, GpuArch
 
 NVML_MISMATCH_EXIT = 18  # nvidia-smi: "Failed to initialize NVML: Driver/library version mismatch"
 
@@ -21,25 +22,6 @@ INSTALL_DRIVER = (
     "install the NVIDIA driver first (Debian: `apt install nvidia-driver` from contrib non-free non-free-firmware; "
     "Ubuntu: `ubuntu-drivers install`), reboot, and deploy again; rigkit does not install the driver"
 )
-
-
-@dataclass(frozen=True)
-class GpuArch:
-    index: int
-    name: str
-    compute_capability: tuple[int, int] | None  # as the rig reports it; None when it could not say
-
-
-@dataclass(frozen=True)
-class DriverState:
-    """The rig's NVIDIA driver as nvidia-smi and the kernel report it (rigkit.preflight.facts)."""
-
-    installed: bool  # nvidia-smi is on the rig
-    library_version: str | None = None  # user-space: nvidia-smi's driver_version, or NVML's own
-    module_version: str | None = None  # kernel: /sys/module/nvidia/version or /proc/driver/nvidia/version
-    gpus: tuple[GpuArch, ...] = ()
-    exit_code: int = 0
-    error: str | None = None  # nvidia-smi's own words when it failed
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from rigkit.config.schema import RigConfig
 from rigkit.config.yamlfile import read_small_file
+from rigkit.rigside.keyfile import API_KEY_ENV_NAME
 
-ENV_NAME = "VLLM_API_KEY"
+ENV_NAME = API_KEY_ENV_NAME  # the rig side reads it by this name (rigkit.rigside.keyfile)
 MAX_KEY_FILE_BYTES = 4096  # one key on one line; /dev/zero or a log file is not a key file
 
 

@@ -7,25 +7,12 @@ from __future__ import annotations
 import json
 import re
 
-from rigkit.config.lint import is_windows_path
+from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
 from rigkit.render import render
+from rigkit.rigside.names import SECRETS_ENV_FILE, project_name, served_name, volume_name
 
-STACKS_DIR = "/etc/rigkit/stacks"
-SECRETS_ENV_FILE = "/etc/rigkit/secrets/vllm-api-key.env"
 MODELS_MOUNT = "/models"
-
-
-def project_name(model: ModelConfig) -> str:
-    return f"rigkit-{model.name}"
-
-
-def served_name(model: ModelConfig) -> str:
-    return model.spec.vllm.served_model_name or model.name
-
-
-def volume_name(model: ModelConfig) -> str:
-    return model.spec.weights.volume or f"rigkit-weights-{model.name}"
 
 
 def container_model_path(model: ModelConfig) -> str:

@@ -6,6 +6,8 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigkit.rigside.names import PROJECT_PREFIX
+
 
 class RigkitStacks(FactBase):
     """Each vLLM stack rigkit manages on the rig: whether its wanted files (compose.next.yml,
@@ -27,7 +29,7 @@ class RigkitStacks(FactBase):
             "--format '{{.Label \"com.docker.compose.project\"}}' 2>/dev/null); }; "
             'p=0; { cmp -s "$d/compose.yml" "$d/compose.next.yml" && cmp -s "$d/stack.json" "$d/stack.next.json"; } '
             "2>/dev/null || p=1; "
-            'r=$(printf "%s\\n" "$running" | grep -cx "rigkit-$n"); '
+            f'r=$(printf "%s\\n" "$running" | grep -cx "{PROJECT_PREFIX}$n"); '
             'echo "$n $p $r"; done'
         )
 

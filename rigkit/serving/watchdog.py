@@ -9,14 +9,18 @@ import json
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
 from rigkit.serving.api_key import ENV_NAME
-from rigkit.serving.compose import SECRETS_ENV_FILE, project_name, served_name
+from rigkit.rigside.names import (
+    SECRETS_ENV_FILE,
+    WATCHDOG_CONFIG_PATH,
+    WATCHDOG_PATH,
+    WATCHDOG_SERVICE,
+    WATCHDOG_STATE_DIR,
+    WATCHDOG_TIMER,
+    project_name,
+    served_name,
+)
 
-WATCHDOG_PATH = "/usr/local/sbin/rigkit-watchdog"
-CONFIG_PATH = "/etc/rigkit/watchdog.json"
-STATE_DIR = "/var/lib/rigkit/watchdog"  # one JSON file per model: last sample, suspicion, restarts
-SERVICE = "rigkit-watchdog.service"
-TIMER = "rigkit-watchdog.timer"
-UNIT_DIR = "/etc/systemd/system"
+STATE_DIR = WATCHDOG_STATE_DIR
 
 
 def watched(rig: RigConfig) -> list:
@@ -58,8 +62,8 @@ def timer_interval_s(rig: RigConfig) -> int:
 
 
 def service_unit() -> str:
-    return render("serving/rigkit-watchdog.service.j2", script_path=WATCHDOG_PATH, config_path=CONFIG_PATH)
+    return render("serving/rigkit-watchdog.service.j2", script_path=WATCHDOG_PATH, config_path=WATCHDOG_CONFIG_PATH)
 
 
 def timer_unit(rig: RigConfig) -> str:
-    return render("serving/rigkit-watchdog.timer.j2", interval_s=timer_interval_s(rig), service=SERVICE)
+    return render("serving/rigkit-watchdog.timer.j2", interval_s=timer_interval_s(rig), service=WATCHDOG_SERVICE)

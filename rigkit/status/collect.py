@@ -17,15 +17,17 @@ from pyinfra import host
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.facts import NvidiaGpus
 from rigkit.serving.api_key import SecretFileError, read_api_key
-from rigkit.serving.compose import (
+from rigkit.rigside.names import (
+    GPU_POLICY_UNIT,
+    STACK_HELPER_PATH,
     STACKS_DIR,
+    WATCHDOG_STATE_DIR,
+    WATCHDOG_TIMER,
     project_name,
-    render_compose,
     served_name,
-    stack_settings,
     volume_name,
 )
-from rigkit.serving.watchdog import STATE_DIR, TIMER
+from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.status.facts import RigStatusProbe, probe_args
 from rigkit.status.report import Commands, build_status, sha256
 from rigkit.verify.result import latest_result, results_folder
@@ -33,8 +35,6 @@ from rigkit.weights.facts import volume_states
 
 # Defaults (docs/status.md)
 READY_DEADLINE_S = 15  # the one-token completion per model
-GPU_UNIT = "rigkit-gpu-policy.service"
-HELPER_PATH = "/usr/local/sbin/rigkit-stack"
 
 
 def document_path(status_dir: Path, host_name: str) -> Path:
@@ -67,7 +67,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
                "failures": [{"what": "status", "detail": "rigkit status is not built for Windows rigs yet", "repair": None}]}
     else:
         args = probe_args(
-            stacks_dir=STACKS_DIR, gpu_unit=GPU_UNIT, watchdog_timer=TIMER, watchdog_state_dir=STATE_DIR,
+            stacks_dir=STACKS_DIR, gpu_unit=GPU_POLICY_UNIT, watchdog_timer=WATCHDOG_TIMER, watchdog_state_dir=WATCHDOG_STATE_DIR,
             deadline_s=READY_DEADLINE_S,
             models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
                      "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
@@ -76,7 +76,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
         weights = volume_states(rig)
         results, skipped = latest_results(rig, results_dir)
         doc = build_status(rig, host.name, commands, host.get_fact(NvidiaGpus), host.get_fact(RigStatusProbe, probe_args=args),
-                           weights, wanted_files(rig), results, now, GPU_UNIT, HELPER_PATH, history_notes=skipped)
+                           weights, wanted_files(rig), results, now, GPU_POLICY_UNIT, STACK_HELPER_PATH, history_notes=skipped)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -17,7 +17,7 @@ from datetime import datetime
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.gpu.policy import wanted_limits_w
-from rigkit.serving.compose import volume_name
+from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
 
 ENFORCED_TOLERANCE_W = 0.5
 
@@ -110,7 +110,7 @@ def _gpus(doc, rig, report, probe, commands, drift, failure):
                     "limit (firmware, thermal, board) is in force; see `nvidia-smi -q -d POWER` on the rig")
         if rig.spec.gpu_policy == "apply" and not gpu.persistence_mode:
             drift(f"GPU {gpu.index} persistence mode", "off", "on",
-                  commands.on_rig("systemctl restart rigkit-gpu-policy.service"))
+                  commands.on_rig(f"systemctl restart {GPU_POLICY_UNIT}"))
     if probe.get("driver_error"):
         doc["notes"].append(f"driver version not read: {probe['driver_error']}")
 

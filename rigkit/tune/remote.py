@@ -19,6 +19,8 @@ import paramiko
 
 from rigkit.config.inventory import SshTarget
 from rigkit.render import module_source
+from rigkit.rigside import sampler
+from rigkit.rigside.names import GPU_POLICY_UNIT, RUN_DIR, TUNE_HELPER_PATH, TUNE_NVML_DIR, TUNE_SAMPLER_PATH
 from rigkit.ssh import named_connect_error, quiet_paramiko
 from rigkit.sshforward import forward
 from rigkit.tune.cells import Cell, Enforced, Figures
@@ -26,17 +28,14 @@ from rigkit.tune.measure import BenchSettings, MeasurementError, measure_once
 from rigkit.tune.rigside import DEADMAN_UNIT
 from rigkit.tune.safety import OffsetRange
 
-REMOTE_DIR = "/usr/local/lib/rigkit/tune"
-HELPER = f"{REMOTE_DIR}/rigkit-tune.py"
-SAMPLER = f"{REMOTE_DIR}/rigkit-telemetry.py"
-NVML_DIR = f"{REMOTE_DIR}/nvml"
-RUN_DIR = "/run/rigkit"  # root-only: the sampler's output
-POLICY_UNIT = "rigkit-gpu-policy.service"
-SAMPLE_HZ = 50
+HELPER, SAMPLER, NVML_DIR = TUNE_HELPER_PATH, TUNE_SAMPLER_PATH, TUNE_NVML_DIR  # rigkit.rigside.names
+POLICY_UNIT = GPU_POLICY_UNIT
+SAMPLE_HZ = sampler.SAMPLE_HZ
 COMMAND_TIMEOUT_S = 60
-SAMPLER_START_S = 20
+SAMPLER_START_S = sampler.START_WAIT_S
+SAMPLER_MAX_S = sampler.MAX_S
 # Prefer the rig's own nvidia-ml-py; fall back to the copy shipped here.
-PY = f"if python3 -c 'import pynvml' 2>/dev/null; then P=; else P={NVML_DIR}; fi; PYTHONPATH=$P python3"
+PY = sampler.python_with_nvml(NVML_DIR)
 
 
 class RigError(Exception):
@@ -122,18 +121,12 @@ class RemoteSampling:
             self.spent_s += time.monotonic() - started
 
     def _start(self) -> None:
-        out = shlex.quote(self.out)
-        gpus = ",".join(str(i) for i in self.gpus)
-        self.pid = self.shell.run(
-            f"rm -f {out}; {PY} {SAMPLER} --gpus {gpus} --hz {SAMPLE_HZ} --out {out} --max-seconds 900 "
-            f"> {out}.log 2>&1 & echo $!").strip().splitlines()[-1]
-        self.shell.run(f"for i in $(seq 1 {SAMPLER_START_S * 10}); do grep -q sampling {out}.log && exit 0; "
-                       f"kill -0 {self.pid} 2>/dev/null || break; sleep 0.1; done; cat {out}.log; exit 1")
+        self.pid = self.shell.run(sampler.start_command(SAMPLER, NVML_DIR, self.gpus, SAMPLE_HZ, self.out,
+                                                        SAMPLER_MAX_S)).strip().splitlines()[-1]
+        self.shell.run(sampler.started_command(self.pid, self.out, SAMPLER_START_S))
 
     def _stop(self) -> dict:
-        out = shlex.quote(self.out)
-        self.shell.run(f"kill -TERM {self.pid}; for i in $(seq 1 100); do [ -f {out} ] && exit 0; sleep 0.1; done; "
-                       f"cat {out}.log; exit 1")
+        self.shell.run(sampler.stop_command(self.pid, self.out))
         return json.loads(self.shell.get(self.out))
 
 

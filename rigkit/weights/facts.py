@@ -20,7 +20,7 @@ from pyinfra.api import FactBase
 from rigkit.config.schema import RigConfig
 from rigkit.facts_once import Read, read_once
 from rigkit.render import template_text
-from rigkit.serving.compose import volume_name
+from rigkit.rigside.names import volume_name
 from rigkit.weights.layout import source_layout
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath, PureWindowsPath
 
-from rigkit.config.lint import is_windows_path
+from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
 
 

@@ -19,7 +19,7 @@ from docker.types import Mount
 
 from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
-from rigkit.serving.compose import volume_name
+from rigkit.rigside.names import PROJECT_PREFIX, volume_name
 from rigkit.weights.layout import helper_image, source_layout
 
 COPY_TIMEOUT_S = 6 * 3600  # tens of GB over a slow mount still end
@@ -63,7 +63,7 @@ def _size(n: int) -> str:
 
 
 def helper_name(model: ModelConfig) -> str:
-    return f"rigkit-weights-{model.name}-helper"
+    return f"{PROJECT_PREFIX}weights-{model.name}-helper"
 
 
 def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> dict:

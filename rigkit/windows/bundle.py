@@ -15,7 +15,9 @@ from pathlib import Path, PureWindowsPath
 
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
-from rigkit.serving.compose import render_compose, served_name
+from rigkit.rigside.keyfile import API_KEY_ENV_NAME
+from rigkit.rigside.names import served_name
+from rigkit.serving.compose import render_compose
 from rigkit.windows.install_dir import INSTALL_DIR, secure_install_script
 from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
 from rigkit.windows.watchdog import TASK_WATCHDOG, watchdog_files
@@ -63,7 +65,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
         "scripts/llm-bootstrap.ps1": render(
             "windows/llm-bootstrap.ps1.j2", rig_name=rig.name, stacks=stacks, power_script=str(POWER_SCRIPT),
             docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S, budget_s=budget.total_s,
-            key_file=key_file, lock_path=str(ROLLOUT_LOCK), **logs),
+            key_file=key_file, api_key_env_name=API_KEY_ENV_NAME, lock_path=str(ROLLOUT_LOCK), **logs),
         f"tasks/{TASK_POWER}.xml": render(
             "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
             script_path=str(POWER_SCRIPT), execution_time_limit=POWER_TASK_LIMIT),

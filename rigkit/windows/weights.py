@@ -14,7 +14,7 @@ from pyinfra import host, logger
 
 from rigkit.config.schema import RigConfig
 from rigkit.render import template_text
-from rigkit.serving.compose import volume_name
+from rigkit.rigside.names import volume_name
 from rigkit.weights.layout import helper_image
 from rigkit.weights.operation import copy_operations
 from rigkit.windows import operations as winops

@@ -1,7 +1,8 @@
 """rigkit status probe: everything `rigkit status` reads on a Linux rig, in one read-only pass.
 
 Run by the control machine as `python3 -c "<this file>" '<json>'` (rigkit.status.facts); nothing
-is installed. Python 3 standard library only. It writes nothing and starts or stops nothing:
+is installed. Python 3 standard library and rigkit's rig-side runtime (the key file, the probe),
+as the deploy shipped it. It writes nothing and starts or stops nothing:
 it reads files (sha256 of the stacks' files, the weights volumes' manifests), asks systemd,
 journald, nvidia-smi and the docker CLI (ps, inspect, image inspect), and sends each served
 model one one-token completion with a deadline (vLLM's /health stays 200 on a stuck engine).
@@ -17,14 +18,22 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+
+# The rig-side runtime (rigkit/rigside), shipped by rigkit's rigside role; this folder is
+# rigkit.rigside.names.LIB_DIR (tests/test_layout.py keeps them equal).
+sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
+sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
+try:
+    from rigside import atomic, keyfile
+    from rigside.probe import NoAnswer, one_token
+except ImportError as exc:  # a rig rigkit has not deployed yet
+    print(json.dumps({"error": f"rigkit's rig-side runtime is not on this rig ({exc}): deploy the rig first"}))
+    sys.exit(0)
 
 COMMAND_TIMEOUT_S = 30
 JOURNAL_LINES = 15
 STACK_FILES = ("compose.yml", "compose.next.yml", "stack.json", "stack.next.json", "compose.failed.yml")
-ENV_KEY_PREFIX = "VLLM_API_KEY="
 
 
 def run(*command):
@@ -98,45 +107,21 @@ def image(reference):
     return {"id": info.get("Id"), "repo_digests": info.get("RepoDigests") or [], "error": None}
 
 
-def api_key(settings):
-    path = (settings or {}).get("api_key_env_file")
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(ENV_KEY_PREFIX):
-                    return line[len(ENV_KEY_PREFIX):].rstrip("\n")
-    except OSError:
-        return None
-    return None
-
-
 def ready(port, served, key, deadline_s):
-    body = json.dumps({"model": served, "prompt": "ping", "max_tokens": 1}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{int(port)}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    started = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=deadline_s) as response:
-            ok = bool(json.loads(response.read()).get("choices"))
-            return {"ok": ok, "seconds": round(time.monotonic() - started, 3),
-                    "error": None if ok else "answered without choices"}
-    except urllib.error.HTTPError as exc:
-        return {"ok": False, "seconds": round(time.monotonic() - started, 3), "error": f"HTTP {exc.code}"}
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return {"ok": False, "seconds": round(time.monotonic() - started, 3),
-                "error": f"no completion within {deadline_s} s ({getattr(exc, 'reason', exc)})"}
+        return {"ok": True, "seconds": round(one_token(port, served, key, deadline_s), 3), "error": None}
+    except NoAnswer as exc:
+        if exc.no_choices:
+            error = "answered without choices"
+        elif exc.http_status is not None:
+            error = f"HTTP {exc.http_status}"
+        else:
+            error = f"no completion within {deadline_s} s ({exc.reason})"
+        return {"ok": False, "seconds": round(exc.seconds, 3), "error": error}
 
 
 def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    return atomic.read_json(path)
 
 
 def stack(args, model):
@@ -148,7 +133,7 @@ def stack(args, model):
     found["catalog_image"] = image(model["image"])
     port = (settings or {}).get("port", model["port"])
     served = (settings or {}).get("served_model_name", model["served_model_name"])
-    found["ready"] = ready(port, served, api_key(settings), args["deadline_s"])
+    found["ready"] = ready(port, served, keyfile.api_key(settings), args["deadline_s"])
     found["ready"]["port"] = port
     return found
 

@@ -1,0 +1,37 @@
+"""Replacing a file on the rig atomically: a reader sees the old file or the new one, whole, never a
+part; the new content is on disk (fsync) before it takes the old one's place. And reading such a
+file back, where missing or broken means None."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+
+def _replace(tmp: str, target: str) -> None:
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def copy_over(source: str, target: str) -> None:
+    """Copy `source` over `target` (mode and times kept)."""
+    shutil.copy2(source, target + ".tmp")
+    _replace(target + ".tmp", target)
+
+
+def write_text(path: str, text: str) -> None:
+    """Write `text` to `path`."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    _replace(path + ".tmp", path)
+
+
+def read_json(path: str):
+    """The JSON document at `path`, or None when it is missing or not whole JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

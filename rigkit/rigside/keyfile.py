@@ -1,0 +1,33 @@
+"""Reading a key from an env file on the rig, as Docker Compose reads it in `raw` format: the value
+is everything after the first `NAME=` up to the end of its line, byte for byte (`$`, quotes, `#`
+and spaces included). The vLLM servers' API key and the gateway's keys are kept this way."""
+
+from __future__ import annotations
+
+API_KEY_ENV_NAME = "VLLM_API_KEY"
+
+
+def env_value(path: str, name: str) -> str | None:
+    """The value of `name` in the env file at `path`, or None when no line sets it.
+    An unreadable file raises OSError: the caller says what that means for it."""
+    prefix = f"{name}="
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(prefix):
+                return line[len(prefix):].rstrip("\n")
+    return None
+
+
+def api_key(settings: dict | None, unreadable_is_none: bool = True) -> str | None:
+    """The API key a stack's settings or the watchdog's config point at (`api_key_env_file`, and
+    `api_key_env_name`, VLLM_API_KEY when absent); None when they name no file. An unreadable
+    file is None too, unless `unreadable_is_none` is False (then OSError)."""
+    path = (settings or {}).get("api_key_env_file")
+    if not path:
+        return None
+    try:
+        return env_value(path, (settings or {}).get("api_key_env_name") or API_KEY_ENV_NAME)
+    except OSError:
+        if unreadable_is_none:
+            return None
+        raise

@@ -1,0 +1,82 @@
+"""Names and paths both sides use: where rigkit puts things on a Linux rig, the systemd units it
+installs, and the rules that turn a catalog model into a Compose project, a Docker volume and a
+served model name. Declared once here and imported by roles, status, tune, weights, serving,
+gateway and windows; rendered templates receive them as variables, and the rig-side scripts import
+this module from the shipped runtime. Standard library only (it runs on rigs too).
+
+The model rules take any object with a catalog model's shape (`model.name`, `model.spec.vllm`,
+`model.spec.weights`): rigkit.config.schema.ModelConfig on the control side.
+"""
+
+from __future__ import annotations
+
+# Folders
+ETC_DIR = "/etc/rigkit"
+SBIN_DIR = "/usr/local/sbin"
+LIB_DIR = "/usr/local/lib/rigkit"  # shipped Python: the runtime, the sampler, pynvml
+RUN_DIR = "/run/rigkit"  # root-only: the sampler's output
+LOCK_DIR = "/run/lock"  # the rollout lock of each stack (RIGKIT_LOCK_DIR on the rig overrides it)
+UNIT_DIR = "/etc/systemd/system"
+
+# The rig-side runtime (this package), as shipped
+RUNTIME_DIR = f"{LIB_DIR}/rigside"
+
+# Serving: one Compose stack per model, the helper that rolls it out, the API key's env file
+STACKS_DIR = f"{ETC_DIR}/stacks"
+SECRETS_DIR = f"{ETC_DIR}/secrets"
+SECRETS_ENV_FILE = f"{SECRETS_DIR}/vllm-api-key.env"
+STACK_HELPER_PATH = f"{SBIN_DIR}/rigkit-stack"
+PROJECT_PREFIX = "rigkit-"
+
+# The watchdog
+WATCHDOG_PATH = f"{SBIN_DIR}/rigkit-watchdog"
+WATCHDOG_CONFIG_PATH = f"{ETC_DIR}/watchdog.json"
+WATCHDOG_STATE_DIR = "/var/lib/rigkit/watchdog"  # one JSON file per model: last sample, suspicion, restarts
+WATCHDOG_SERVICE = "rigkit-watchdog.service"
+WATCHDOG_TIMER = "rigkit-watchdog.timer"
+
+# GPU policy
+GPU_POLICY_UNIT = "rigkit-gpu-policy.service"
+GPU_POLICY_UNIT_PATH = f"{UNIT_DIR}/{GPU_POLICY_UNIT}"
+GPU_POLICY_SCRIPT_PATH = f"{SBIN_DIR}/rigkit-gpu-policy"
+GPU_POLICY_PATH = f"{ETC_DIR}/gpu-policy.conf"
+GPU_OFFSETS_TOOL_PATH = f"{SBIN_DIR}/rigkit-gpu-offsets"  # NVML clock offsets (clock_offsets_mhz)
+GPU_POLICY_NVML_PATH = f"{LIB_DIR}/gpu-policy/pynvml.py"  # for rigs without nvidia-ml-py
+
+# The NVML sampler of verification (and the pynvml copy for rigs without nvidia-ml-py)
+SAMPLER_PATH = f"{LIB_DIR}/rigkit-telemetry.py"
+SAMPLER_NVML_DIR = f"{LIB_DIR}/nvml"
+SAMPLER_NVML_PATH = f"{SAMPLER_NVML_DIR}/pynvml.py"
+
+# Tune's own folder: its helper, its sampler copy, its pynvml copy
+TUNE_DIR = f"{LIB_DIR}/tune"
+TUNE_HELPER_PATH = f"{TUNE_DIR}/rigkit-tune.py"
+TUNE_SAMPLER_PATH = f"{TUNE_DIR}/rigkit-telemetry.py"
+TUNE_NVML_DIR = f"{TUNE_DIR}/nvml"
+
+# The gateway
+GATEWAY_PROJECT = "rigkit-gateway"
+GATEWAY_HELPER_PATH = f"{SBIN_DIR}/rigkit-gateway"
+GATEWAY_DIR = f"{ETC_DIR}/gateway"
+GATEWAY_SECRETS_ENV_FILE = f"{SECRETS_DIR}/gateway.env"
+GATEWAY_SETTINGS_PATH = f"{GATEWAY_DIR}/gateway.json"  # what the rig-side helper reads
+
+
+def project_name(model) -> str:
+    """The model's Compose project (and the prefix of its containers)."""
+    return f"{PROJECT_PREFIX}{model.name}"
+
+
+def served_name(model) -> str:
+    """The name clients ask for: the catalog's served_model_name, else the catalog name."""
+    return model.spec.vllm.served_model_name or model.name
+
+
+def volume_name(model) -> str:
+    """The Docker volume that holds the model's weights."""
+    return model.spec.weights.volume or f"{PROJECT_PREFIX}weights-{model.name}"
+
+
+def rollout_lock_path(model_name: str, lock_dir: str = LOCK_DIR) -> str:
+    """The one lock a stack's rollout holds (rigkit-stack takes it, the watchdog respects it)."""
+    return f"{lock_dir}/rigkit-stack-{model_name}.lock"

@@ -1,0 +1,59 @@
+"""A real completion from a vLLM server on the rig, with a deadline: readiness is a one-token
+completion answered, never /health (which stays 200 while a stuck engine answers nothing)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+
+class NoAnswer(Exception):
+    """No completion: str() is the cause's own words, `reason` its short form (URLError's reason),
+    `http_status` the HTTP status when the server refused, `no_choices` when it answered without
+    choices, `seconds` how long the attempt took."""
+
+    def __init__(self, cause: BaseException, seconds: float, http_status: int | None = None,
+                 no_choices: bool = False):
+        super().__init__(str(cause))
+        self.reason = str(getattr(cause, "reason", cause))
+        self.seconds, self.http_status, self.no_choices = seconds, http_status, no_choices
+
+
+def complete_at(base_url: str, model: str, key: str | None, prompt: str, max_tokens: int, timeout_s: float,
+                require_choices: bool = True):
+    """One /v1/completions request to `base_url` (a server, or the gateway in front of several)
+    answered within `timeout_s` (the bound on the connection and on each read), with choices unless
+    `require_choices` is False: the response's headers. Raises NoAnswer."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens}).encode()
+    request = urllib.request.Request(f"{base_url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            data, headers = response.read(), response.headers
+            payload = json.loads(data) if require_choices else {}
+    except urllib.error.HTTPError as exc:
+        raise NoAnswer(exc, time.monotonic() - started, http_status=exc.code) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise NoAnswer(exc, time.monotonic() - started) from None
+    if require_choices and not payload.get("choices"):
+        raise NoAnswer(RuntimeError(f"completion without choices: {payload}"), time.monotonic() - started,
+                       no_choices=True)
+    return headers
+
+
+def complete(port: int, served_model_name: str, key: str | None, prompt: str, max_tokens: int,
+             timeout_s: float) -> float:
+    """A completion from the model served on this rig's `port`: the seconds it took. Raises NoAnswer."""
+    started = time.monotonic()
+    complete_at(f"http://127.0.0.1:{int(port)}", served_model_name, key, prompt, max_tokens, timeout_s)
+    return time.monotonic() - started
+
+
+def one_token(port: int, served_model_name: str, key: str | None, timeout_s: float) -> float:
+    """The readiness probe: a one-token completion within `timeout_s`. Raises NoAnswer."""
+    return complete(port, served_model_name, key, "ping", 1, timeout_s)
