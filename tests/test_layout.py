@@ -114,7 +114,7 @@ def test_the_package_cycle_check_sees_a_planted_cycle():
 
 
 FEATURES = {"rigkit.preflight", "rigkit.base", "rigkit.gpu", "rigkit.weights", "rigkit.serving", "rigkit.verify",
-            "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune"}
+            "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune", "rigkit.topology"}
 BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.render", "rigkit.files", "rigkit.private_file",
                     "rigkit.units", "rigkit.facts_once", "rigkit.ssh", "rigkit.sshforward", "rigkit.pyinfra_start",
                     "rigkit.pyinfra_fastpaths"}
