@@ -35,6 +35,7 @@ POLICY_PATH = "/etc/rigkit/gpu-policy.conf"
 OFFSETS_TOOL_PATH = "/usr/local/sbin/rigkit-gpu-offsets"  # NVML clock offsets (clock_offsets_mhz)
 NVML_COPY_PATH = "/usr/local/lib/rigkit/gpu-policy/pynvml.py"  # for rigs without nvidia-ml-py
 WAIT_FOR_GPUS_S = 120
+RESET_WAIT_S = 30  # `gpu_policy: remove`: the GPUs answer already (the deploy just read them)
 FILES = (SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, POLICY_PATH, UNIT_PATH)  # read in one command
 
 
@@ -87,6 +88,7 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
     applied = server.shell(
         name="Apply the GPU policy now",
         commands=[_start_or_show_journal("restart")],
+        _timeout=WAIT_FOR_GPUS_S + 90,  # the unit's own TimeoutStartSec is WAIT_FOR_GPUS_S + 60
         _if=lambda: bool(drift) or script.did_change() or offsets_tool.did_change() or policy.did_change()
         or unit.did_change(),
     )
@@ -99,7 +101,8 @@ def _remove() -> list:
         return []
     reset = server.shell(
         name="Reset clocks and restore default power limits",
-        commands=[f"{SCRIPT_PATH} reset {POLICY_PATH}"],
+        commands=[f"RIGKIT_GPU_WAIT_S={RESET_WAIT_S} {SCRIPT_PATH} reset {POLICY_PATH}"],
+        _timeout=RESET_WAIT_S + 60,  # the script bounds each nvidia-smi call; this bounds the whole
     )
     systemd.service(name="Disable the GPU policy unit", service=UNIT, enabled=False, running=False)
     for path in (UNIT_PATH, POLICY_PATH, SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH):

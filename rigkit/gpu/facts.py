@@ -9,6 +9,7 @@ from pyinfra.api import FactBase
 from rigkit.gpu.nvsmi import EXIT_MARK, QUERY_FIELDS, GpuReport, parse_query, query_arguments, query_command
 from rigkit.preflight.checks import DriverState
 from rigkit.preflight.facts import NvidiaDriver
+from rigkit.rigread import NVIDIA_SMI_S, bounded
 
 
 class NvidiaGpus(FactBase):
@@ -55,15 +56,18 @@ class NvidiaDriverAndGpus(FactBase):
     def command(self) -> str:
         fields = ",".join(_BOTH_FIELDS)
         report = " ".join(query_arguments())
+        nvsmi = bounded("nvidia-smi", NVIDIA_SMI_S)
         return (
             "command -v nvidia-smi >/dev/null 2>&1 || { echo rigkit-no-nvidia-smi; exit 0; }; "
             'echo "module-sys=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
             'echo "module-proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
             # 2>&1 as NvidiaGpus alone: a warning nvidia-smi prints is a line that is not a GPU row.
-            f"if out=$(nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1); then "
+            f"out=$({nvsmi} --query-gpu={fields} --format=csv,noheader,nounits 2>&1); c=$?; if [ $c -eq 0 ]; then "
             f'printf "%s\\n" "$out" | sed "s/^/{_ROW}/"; echo rigkit-exit=0; echo "{_REPORT}{EXIT_MARK}0"; '
+            # A wedged driver (the time limit passed) is not asked twice more: both answers say so.
+            f'elif [ $c -eq 124 ] || [ $c -eq 137 ]; then echo "rigkit-exit=$c"; echo "{_REPORT}{EXIT_MARK}$c"; '
             f"else ( {NvidiaDriver().command()} ) | sed '/^module-/d'; "
-            f'out=$(nvidia-smi {report} 2>&1); code=$?; printf "%s\\n" "$out" | sed "s/^/{_REPORT}/"; '
+            f'out=$({nvsmi} {report} 2>&1); code=$?; printf "%s\\n" "$out" | sed "s/^/{_REPORT}/"; '
             f'echo "{_REPORT}{EXIT_MARK}$code"; fi; exit 0'
         )
 

@@ -8,8 +8,10 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigkit.preflight.checks import DriverState, GpuArch
+from rigkit.rigread import DOCKER_S, NVIDIA_SMI_S, TIMED_OUT_CODES, bounded, no_answer
 
 _EXIT = "rigkit-exit="
+NVSMI = bounded("nvidia-smi", NVIDIA_SMI_S)
 
 
 class NvidiaDriver(FactBase):
@@ -29,9 +31,11 @@ class NvidiaDriver(FactBase):
             # One nvidia-smi start (50-300 ms on a rig) where the driver knows compute_cap (2021 on).
             # Drivers without it refuse the whole query; they are asked again without it, and the
             # rig file's GPU model then says what the architecture is.
-            "if out=$(nvidia-smi --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader 2>/dev/null); "
-            'then printf "%s\\n" "$out" | sed "s/^/gpu-cc=/"; echo "' + _EXIT + '0"; '
-            "else nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1; "
+            # A wedged driver is asked once (the time limit, then its exit status), never again.
+            f"out=$({NVSMI} --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader 2>/dev/null); c=$?; "
+            'if [ $c -eq 0 ]; then printf "%s\\n" "$out" | sed "s/^/gpu-cc=/"; echo "' + _EXIT + '0"; '
+            f'elif [ $c -eq 124 ] || [ $c -eq 137 ]; then echo "{_EXIT}$c"; '
+            f"else {NVSMI} --query-gpu=index,name,driver_version --format=csv,noheader 2>&1; "
             f'echo "{_EXIT}$?"; fi; exit 0'
         )
 
@@ -60,6 +64,9 @@ class NvidiaDriver(FactBase):
                     body.append(line.strip())
             elif line.strip():
                 body.append(line.strip())
+        if exit_code in TIMED_OUT_CODES:
+            return DriverState(True, None, module, (), exit_code,
+                               no_answer("nvidia-smi", NVIDIA_SMI_S) + " (a wedged GPU or driver)")
         if exit_code != 0:
             nvml = re.search(r"NVML library version:\s*([0-9.]+)", " ".join(body))
             return DriverState(True, nvml[1] if nvml else None, module, (), exit_code,
@@ -81,7 +88,7 @@ class DockerDiskFree(FactBase):
 
     def command(self) -> str:
         return (
-            "d=$(timeout 30 docker info --format '{{.DockerRootDir}}' 2>/dev/null) || d=; "
+            f"d=$({bounded('docker', DOCKER_S)} info --format '{{{{.DockerRootDir}}}}' 2>/dev/null) || d=; "
             '[ -n "$d" ] || d=/var/lib/docker; [ -d "$d/volumes" ] && d="$d/volumes"; p="$d"; n=0; '
             'while [ ! -e "$p" ] && [ $n -lt 64 ]; do p=$(dirname "$p"); n=$((n+1)); done; '
             'echo "dir=$d"; df -P -B1 "$p" 2>/dev/null | tail -n 1'
@@ -102,7 +109,7 @@ class WeightsBytes(FactBase):
     def command(self, source: str, volume: str) -> str:
         return (
             f"s=$(du -s -b -L -- {shlex.quote(source)} 2>/dev/null | cut -f1); echo \"source=$s\"; "
-            f"mp=$(timeout 30 docker volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null) "
+            f"mp=$({bounded('docker', DOCKER_S)} volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null) "
             '&& [ -d "$mp" ] && echo "volume=$(du -s -b -- "$mp" 2>/dev/null | cut -f1)"; exit 0'
         )
 

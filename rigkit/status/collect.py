@@ -16,6 +16,8 @@ from pyinfra import host
 
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.facts import NvidiaGpus
+from rigkit.gpu.nvsmi import GpuReport
+from rigkit.rigread import TIMED_OUT_CODES
 from rigkit.serving.api_key import SecretFileError, read_api_key
 from rigkit.serving.compose import (
     STACKS_DIR,
@@ -73,9 +75,21 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
                      "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
                     for m in rig.models],
         )
-        weights = volume_states(rig)
+        # The probe first: where it found nvidia-smi or docker hung, they are not asked again (each
+        # would wait out its own time limit), and what they would have read says why it is missing.
+        probe = host.get_fact(RigStatusProbe, probe_args=args)
+        hung = probe.get("timed_out") or {}
+        if "nvidia-smi" in hung:
+            gpus = GpuReport((), f"{hung['nvidia-smi']} (a wedged GPU or driver)", TIMED_OUT_CODES[0])
+        else:
+            gpus = host.get_fact(NvidiaGpus)
+        if "docker" in hung:
+            weights = {m.name: {"status": "error", "error": hung["docker"], "timed_out": "docker"}
+                       for m in rig.models if m.spec.weights.storage == "volume"}
+        else:
+            weights = volume_states(rig)
         results, skipped = latest_results(rig, results_dir)
-        doc = build_status(rig, host.name, commands, host.get_fact(NvidiaGpus), host.get_fact(RigStatusProbe, probe_args=args),
+        doc = build_status(rig, host.name, commands, gpus, probe,
                            weights, wanted_files(rig), results, now, GPU_UNIT, HELPER_PATH, history_notes=skipped)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)

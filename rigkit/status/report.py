@@ -15,7 +15,7 @@ import math
 from datetime import datetime
 
 from rigkit.config.schema import RigConfig
-from rigkit.gpu.nvsmi import GpuReport
+from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.serving.compose import volume_name
 
@@ -83,6 +83,9 @@ def _w(value: float) -> float | None:
 def _gpus(doc, rig, report, probe, commands, drift, failure):
     if report is None:
         failure("GPUs", "nvidia-smi is not installed on the rig")
+        return
+    if report.error and timed_out(report.exit_code):
+        failure("GPUs", f"not read: {report.error}; on the rig: `dmesg`, then a GPU reset or a reboot")
         return
     if report.error:
         failure("GPUs", f"nvidia-smi failed (exit {report.exit_code}): {report.error}")
@@ -221,6 +224,8 @@ def _weights(doc, rig, weights, volumes, commands, drift, failure):
         elif status == "needed":
             found = "no completion marker" if not state.get("complete") else "manifest differs from the source"
             drift(f"weights volume {name}", found, f"complete copy of {model.spec.weights.source}", commands.deploy)
+        elif status == "error" and state.get("timed_out"):
+            failure(f"weights volume {name}", f"not read: {state.get('error')}")
         elif status == "error":
             failure(f"weights of {model.name}", f"{model.spec.weights.source}: {state.get('error')}")
         elif status == "unreachable":
