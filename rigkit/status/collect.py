@@ -16,6 +16,7 @@ from pyinfra import host
 
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.facts import NvidiaGpus
+from rigkit.gpu.keeper import KEEPER_STATE_PATH, KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.rigread import TIMED_OUT_CODES
 from rigkit.serving.api_key import SecretFileError, read_api_key
@@ -70,6 +71,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
     else:
         args = probe_args(
             stacks_dir=STACKS_DIR, gpu_unit=GPU_UNIT, watchdog_timer=TIMER, watchdog_state_dir=STATE_DIR,
+            gpu_keeper_unit=KEEPER_UNIT, gpu_keeper_state=KEEPER_STATE_PATH,
             deadline_s=READY_DEADLINE_S,
             models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
                      "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}

@@ -16,6 +16,7 @@ EXIT_NO_PERMISSION=4               # nvidia-smi's "Insufficient Permissions"
 OFFSETS_TOOL=${RIGKIT_GPU_OFFSETS_TOOL:-/usr/local/sbin/rigkit-gpu-offsets}
 NVML_COPY_DIR=/usr/local/lib/rigkit/gpu-policy   # pynvml for rigs without nvidia-ml-py
 NVSMI_S=${RIGKIT_NVSMI_S:-8}       # each nvidia-smi call's limit: a wedged driver hangs it
+APPLIED_STAMP=/run/rigkit/gpu-policy.applied
 TIMED_OUT=124                      # timeout(1)'s exit status (137: it had to SIGKILL)
 
 # nvidia-smi under a time limit: killed (nothing left running) and reported when it hangs.
@@ -115,8 +116,13 @@ for n in "${!INDEX[@]}"; do
     say "GPU $i: $did"
 done
 
+# The policy file's digest as applied: the keeper (rigkit-gpu-keeper) holds off while the file
+# differs from it (a deploy between writing a new policy and applying it).
+mkdir -p "${APPLIED_STAMP%/*}"
 if [[ $ACTION == apply ]]; then
+    sha256sum < "$POLICY" | cut -d' ' -f1 > "$APPLIED_STAMP.tmp" && mv -f "$APPLIED_STAMP.tmp" "$APPLIED_STAMP"
     say "applied; a clock lock cannot be read back, verify under load"
 else
+    rm -f "$APPLIED_STAMP"
     say "reset: clocks unlocked and default power limits restored"
 fi

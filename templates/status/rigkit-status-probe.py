@@ -9,6 +9,7 @@ Every command has a time limit (nvidia-smi and docker a short one; `timed_out` n
 ran out of it, and the others are then not asked). Prints one JSON document.
 
 The argument: {"stacks_dir", "gpu_unit", "watchdog_timer", "watchdog_state_dir", "deadline_s",
+"gpu_keeper_unit", "gpu_keeper_state",
 "models": [{"name", "project", "port", "served_model_name", "image", "volume"}]}
 """
 
@@ -221,6 +222,7 @@ def main(argv):
         version = pool.submit(driver_version)
         gpu_unit = pool.submit(unit, args["gpu_unit"])
         timer = pool.submit(unit, args["watchdog_timer"], False)
+        keeper = pool.submit(unit, args["gpu_keeper_unit"], False) if args.get("gpu_keeper_unit") else None
         report = {
             "driver_version": version.result()[0], "driver_error": version.result()[1],
             "gpu_unit": gpu_unit.result(),
@@ -230,6 +232,8 @@ def main(argv):
             "volumes": {name: f.result() for name, f in volumes.items()},
             "stacks_on_rig": existing_stacks(args["stacks_dir"]),
         }
+        if keeper is not None:  # the GPU policy keeper's unit and its state file (repairs by cause)
+            report["gpu_keeper"] = {"unit": keeper.result(), "state": load_json(args["gpu_keeper_state"])}
         report["timed_out"] = dict(hung)
     print(json.dumps(report))
     return 0
