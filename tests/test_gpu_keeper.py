@@ -154,6 +154,8 @@ def test_a_tune_session_is_not_disturbed(rig):
     while not held(rig) and time.monotonic() - started < REPAIR_BOUND_S:
         time.sleep(0.2)
     assert held(rig), rig.gpu_state()
+    settle(rig)
+    assert keeper_state(rig)["holding"] is None  # no longer holding off
 
 
 def test_a_deploy_applying_a_new_policy_is_not_fought(rig, tmp_path):

@@ -222,6 +222,22 @@ def record(cause, before, after, ok, detail, seconds, held=None):
     state["holding"] = held
     state["updated"] = now_iso()
     save_state(state)
+    _held["known"] = bool(held)
+
+
+_held = {"known": None}  # whether the state file says "holding" (read once, then kept in step)
+
+
+def clear_hold():
+    """The policy holds again after a hold (a tune session restored it): the state file says so."""
+    if _held["known"] is None:
+        _held["known"] = bool(load_state().get("holding"))
+    if _held["known"]:
+        state = load_state()
+        state["holding"] = None
+        state["updated"] = now_iso()
+        save_state(state)
+        _held["known"] = False
 
 
 def apply_policy():
@@ -249,8 +265,7 @@ def repair(gpus, cause, before, always):
             return None
         held = hold_reason()
         if held:
-            load = load_state()
-            if load.get("holding") != held:
+            if load_state().get("holding") != held:
                 say(f"not repairing ({cause}): {held}")
                 record(cause, {}, None, False, held, 0, held=held)
             return None
@@ -319,6 +334,8 @@ def watch():
                     failed = repair(gpus, classify(before, found), before, always=False)
                 else:
                     failed = None
+                    if not before:
+                        clear_hold()
                 if failed:
                     retry_at = time.monotonic() + RETRY_AFTER_S[min(backoff, len(RETRY_AFTER_S) - 1)]
                     backoff += 1
