@@ -422,6 +422,13 @@ def _pyinfra_here(argv: list[str], command: str) -> int:
     return 0
 
 
+STATUS_DEADLINE_S = 120  # the whole `rigkit status` run; a rig past it is reported without an answer
+
+
+def _decoded(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
 def status(args: argparse.Namespace) -> int:
     """Fleet status: status.py on every rig at once (read-only), one table per rig, one JSON document."""
     import tempfile
@@ -446,13 +453,19 @@ def status(args: argparse.Namespace) -> int:
                    "--data", f"rigkit_status_inventory={args.inventory}"]
         if args.limit:
             command += ["--limit", args.limit]
-        run = subprocess.run(command + [args.inventory, "status.py"], capture_output=True, text=True)
+        late = False
+        try:  # every read on a rig is bounded (rigkit.rigread); this bounds the whole run too
+            run = subprocess.run(command + [args.inventory, "status.py"], capture_output=True, text=True,
+                                 timeout=STATUS_DEADLINE_S)
+        except subprocess.TimeoutExpired as expired:  # subprocess.run killed pyinfra
+            late, run = True, subprocess.CompletedProcess(expired.cmd, 0, _decoded(expired.stdout), _decoded(expired.stderr))
         output = run.stdout + run.stderr
         now = datetime.now(timezone.utc)
         rigs = []
         for name in names:
             path = document_path(Path(folder), name)
-            rigs.append(json.loads(path.read_text()) if path.is_file() else unreachable(name, _why(output, name), now))
+            why = f"no answer within {STATUS_DEADLINE_S} s" if late else _why(output, name)
+            rigs.append(json.loads(path.read_text()) if path.is_file() else unreachable(name, why, now))
     if all(not r["reachable"] for r in rigs) and "No hosts remaining" not in output and run.returncode != 0:
         print(output[-3000:], file=sys.stderr)  # not a connection problem: a config error, a bug
         return 2

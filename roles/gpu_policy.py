@@ -22,6 +22,8 @@ from rigkit import units
 from rigkit.facts_once import Read
 from rigkit.files import FileStates, put
 from rigkit.gpu.gate import check_policy
+from rigkit.gpu.keeper import (DRIVER_UNIT, KEEPER_PATH, KEEPER_STATE_PATH, KEEPER_UNIT, KEEPER_UNITS, RESUME_UNIT,
+                               SLEEP_TARGETS)
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.gpu.policy import power_drift
 from rigkit.render import module_source, render, template_text
@@ -39,14 +41,21 @@ from rigkit.units import UnitStates
 UNIT, UNIT_PATH, SCRIPT_PATH, POLICY_PATH = GPU_POLICY_UNIT, GPU_POLICY_UNIT_PATH, GPU_POLICY_SCRIPT_PATH, GPU_POLICY_PATH
 OFFSETS_TOOL_PATH, NVML_COPY_PATH = GPU_OFFSETS_TOOL_PATH, GPU_POLICY_NVML_PATH
 WAIT_FOR_GPUS_S = 120
-FILES = (SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, POLICY_PATH, UNIT_PATH)  # read in one command
+RESET_WAIT_S = 30  # `gpu_policy: remove`: the GPUs answer already (the deploy just read them)
+# The keeper (docs/gpu-policy.md#between-deploys; names in rigkit/gpu/keeper.py): a watch of the
+# enforced limits, and re-applies on resume from the sleep targets and when nvidia-persistenced (re)starts.
+KEEPER_WATCHDOG_S = 30  # a watch stuck this long in a hung NVML call is restarted by systemd
+KEEPER_REPAIR_TIMEOUT_S = 180
+UNITS = (UNIT, *KEEPER_UNITS)  # read in one command
+FILES = (SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, POLICY_PATH, UNIT_PATH, KEEPER_PATH,
+         *(f"/etc/systemd/system/{u}" for u in KEEPER_UNITS))  # read in one command
 
 
 def gpu_policy_reads(rig: RigConfig) -> list[Read]:
     """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
     if rig.spec.gpu_policy == "remove":
         return []
-    return [(FileStates, {"paths": FILES}), (UnitStates, {"units": (UNIT,)})]
+    return [(FileStates, {"paths": FILES}), (UnitStates, {"units": UNITS})]
 
 
 @deploy("GPU policy")
@@ -82,8 +91,13 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
         ),
         dest=UNIT_PATH, mode="644", batch=paths,
     )
-    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    units.service(name="Enable the GPU policy at boot", unit=UNIT, batch=(UNIT,), enabled=True, after=(unit,))
+    keeper = put(name="Install the GPU policy keeper", data=template_text("gpu_policy/rigkit-gpu-keeper.py"),
+                 dest=KEEPER_PATH, mode="755", batch=paths)
+    keeper_units = [put(name=f"Install {name}", data=render(f"gpu_policy/{name}.j2", **_keeper_values()),
+                        dest=f"/etc/systemd/system/{name}", mode="644", batch=paths) for name in KEEPER_UNITS]
+    systemd.daemon_reload(name="Reload systemd units",
+                                   _if=lambda: unit.did_change() or any(u.did_change() for u in keeper_units))
+    units.service(name="Enable the GPU policy at boot", unit=UNIT, batch=UNITS, enabled=True, after=(unit,))
 
     drift = power_drift(rig.spec, report)
     for line in drift:
@@ -91,22 +105,42 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
     applied = server.shell(
         name="Apply the GPU policy now",
         commands=[_start_or_show_journal("restart")],
+        _timeout=WAIT_FOR_GPUS_S + 90,  # the unit's own TimeoutStartSec is WAIT_FOR_GPUS_S + 60
         _if=lambda: bool(drift) or script.did_change() or offsets_tool.did_change() or policy.did_change()
         or unit.did_change(),
     )
+    # The keeper after the policy is applied (it holds off until then anyway). The resume and
+    # driver units are enabled only: the sleep targets and nvidia-persistenced start them.
+    for name in (RESUME_UNIT, DRIVER_UNIT):
+        units.service(name=f"Enable {name}", unit=name, batch=UNITS, running=None, enabled=True,
+                      after=tuple(keeper_units))
+    started = units.service(name="Start the GPU policy keeper", unit=KEEPER_UNIT, batch=UNITS, enabled=True,
+                            after=tuple(keeper_units))
+    server.shell(name="Restart the GPU policy keeper (new version)", commands=[f"systemctl restart {KEEPER_UNIT}"],
+                 _if=lambda: (keeper.did_change() or keeper_units[0].did_change())
+                 and not (started is not None and started.did_change()))
     return [applied]
+
+
+def _keeper_values() -> dict:
+    return {"keeper_path": KEEPER_PATH, "policy_unit": UNIT, "state_path": KEEPER_STATE_PATH,
+            "sleep_targets": SLEEP_TARGETS, "watchdog_s": KEEPER_WATCHDOG_S, "timeout_s": KEEPER_REPAIR_TIMEOUT_S}
 
 
 def _remove() -> list:
     if host.get_fact(File, path=UNIT_PATH) is None and host.get_fact(File, path=POLICY_PATH) is None:
         host.noop("GPU policy is not installed")
         return []
+    for name in KEEPER_UNITS:  # first: the keeper must not re-apply what the reset undoes
+        systemd.service(name=f"Stop and disable {name}", service=name, enabled=False, running=False)
     reset = server.shell(
         name="Reset clocks and restore default power limits",
-        commands=[f"{SCRIPT_PATH} reset {POLICY_PATH}"],
+        commands=[f"RIGKIT_GPU_WAIT_S={RESET_WAIT_S} {SCRIPT_PATH} reset {POLICY_PATH}"],
+        _timeout=RESET_WAIT_S + 60,  # the script bounds each nvidia-smi call; this bounds the whole
     )
     systemd.service(name="Disable the GPU policy unit", service=UNIT, enabled=False, running=False)
-    for path in (UNIT_PATH, POLICY_PATH, SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH):
+    for path in (UNIT_PATH, POLICY_PATH, SCRIPT_PATH, OFFSETS_TOOL_PATH, NVML_COPY_PATH, KEEPER_PATH,
+                 *(f"/etc/systemd/system/{u}" for u in KEEPER_UNITS)):
         files.file(name=f"Remove {path}", path=path, present=False)
     systemd.daemon_reload(name="Reload systemd")
     return [reset]

@@ -46,7 +46,7 @@ def preflight(rig: RigConfig) -> DriverState:
     problems = driver_problems(rig, driver)
     if not problems:
         problems = arch_problems(rig, list(driver.gpus), "as the rig reports it")
-        problems += disk_problems(*_weights_to_copy(rig))
+        problems += _engine_hung(rig) or disk_problems(*_weights_to_copy(rig))
     for model in rig.models:
         if model.spec.image_requires is None:
             logger.warning(f"{host.print_prefix}{model.name}: no image_requires in {model.file}; the driver "
@@ -57,6 +57,13 @@ def preflight(rig: RigConfig) -> DriverState:
                 + ", ".join(f"GPU {g.index} {g.name}" + (f" (sm_{g.compute_capability[0]}{g.compute_capability[1]})"
                                                          if g.compute_capability else "") for g in driver.gpus))
     return driver
+
+
+def _engine_hung(rig: RigConfig) -> list[str]:
+    """The weights volumes' read found the Docker Engine hung: stop here, before the weights role waits on it."""
+    hung = [s for s in volume_states(rig).values() if s.get("timed_out") == "docker"]
+    return [f"{hung[0]['error']} (asked for the weights volumes): the Docker Engine is hung; check "
+            "`systemctl status docker` and `journalctl -u docker` on the rig"] if hung else []
 
 
 def _weights_to_copy(rig: RigConfig) -> tuple[list[WeightsNeed], int | None, str]:

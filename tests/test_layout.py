@@ -117,7 +117,7 @@ FEATURES = {"rigkit.preflight", "rigkit.base", "rigkit.gpu", "rigkit.weights", "
             "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune", "rigkit.topology"}
 BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.render", "rigkit.files", "rigkit.private_file",
                     "rigkit.units", "rigkit.facts_once", "rigkit.ssh", "rigkit.sshforward", "rigkit.pyinfra_start",
-                    "rigkit.pyinfra_fastpaths"}
+                    "rigkit.pyinfra_fastpaths", "rigkit.rigread"}
 
 
 def against_the_flow(packages: dict[str, set[str]]) -> list[str]:

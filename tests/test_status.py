@@ -117,7 +117,9 @@ def test_a_deployed_rig_is_in_order_and_every_section_is_filled(rig, tmp_path):
 def test_every_planted_drift_is_caught_an_unreachable_rig_is_reported_and_nothing_changes(rig, tmp_path):
     weights_file = volume_dir("test-alpha") / "model.safetensors"
     aside = weights_file.with_name("model.safetensors.aside")
-    rig.exec("nvidia-smi -i 0 -pl 300")  # a cap changed behind rigkit's back
+    # The GPU policy keeper stopped (it would re-apply the cap within seconds), then a cap changed
+    # behind rigkit's back.
+    rig.exec("systemctl stop rigkit-gpu-keeper.service && nvidia-smi -i 0 -pl 300")
     docker.from_env().containers.get("rigkit-test-beta-vllm-1").stop(timeout=10)  # a stopped stack
     rig.exec("echo '# edited on the rig' >> /etc/rigkit/stacks/test-alpha/compose.yml")  # a changed compose file
     rig.exec("systemctl disable rigkit-gpu-policy.service")  # the boot-time policy disabled
@@ -152,6 +154,7 @@ def test_every_planted_drift_is_caught_an_unreachable_rig_is_reported_and_nothin
         assert "not running" in drift["stack test-beta"]["found"]
         assert "compose.yml" in drift["stack test-alpha files"]["found"]
         assert drift["rigkit-gpu-policy.service at boot"]["found"] == "disabled"
+        assert drift["rigkit-gpu-keeper.service"]["found"] == "enabled, inactive"
         assert "model.safetensors" in drift["weights volume rigkit-weights-test-alpha files"]["found"]
         assert drift["weights volume rigkit-weights-test-alpha files"]["repair"] == (
             f"rigkit deploy {INVENTORY} --limit {name} --verify-weights")

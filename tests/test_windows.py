@@ -7,6 +7,7 @@ was not verified on a real Windows machine: README, "Windows rigs".
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 
@@ -328,3 +329,26 @@ def test_logon_tasks_fire_only_at_the_installing_users_logon():
         if "Delay" in children:
             assert children.index("UserId") < children.index("Delay")
     assert "$xml.Task.Triggers.LogonTrigger.UserId = $user" in files["install.ps1"]
+
+
+def test_power_policy_task_also_runs_on_resume_from_the_system_logs_power_events():
+    """Parsed, not grepped: the task XML, then the event query inside its Subscription (itself XML),
+    then each clause of the query's XPath, which must name the System log's resume events."""
+    root = task(bundle()[f"tasks/{TASK_POWER}.xml"])
+    (trigger,) = root.findall("t:Triggers/t:EventTrigger", NS)
+    assert trigger.find("t:Enabled", NS).text == "true"
+    assert trigger.find("t:Delay", NS).text == "PT10S"
+    query_list = ET.fromstring(trigger.find("t:Subscription", NS).text)
+    assert query_list.tag == "QueryList"
+    (query,) = query_list.findall("Query")
+    assert query.get("Path") == "System"
+    (select,) = query.findall("Select")
+    assert select.get("Path") == "System"
+    clause = re.compile(r"\*\[System\[Provider\[@Name='([A-Za-z-]+)'\] and EventID=([0-9]+)\]\]")
+    parts = select.text.split(" or ")
+    assert all(clause.fullmatch(p) for p in parts), parts
+    assert {clause.fullmatch(p).groups() for p in parts} == {
+        ("Microsoft-Windows-Kernel-Power", "107"), ("Microsoft-Windows-Power-Troubleshooter", "1")}
+    assert root.find("t:Triggers/t:LogonTrigger", NS) is not None  # still at logon
+    # One resume writes both events: IgnoreNew runs the task once.
+    assert root.find("t:Settings/t:MultipleInstancesPolicy", NS).text == "IgnoreNew"

@@ -137,6 +137,24 @@ def test_a_failed_task_fails_the_deploy_and_is_run_again_by_the_next(rig, tmp_pa
     assert deploy(rig, changed).changed_operations() == 0
 
 
+def test_a_resume_from_sleep_runs_the_power_policy_again(rig):
+    """Windows loses power limits over sleep (mVolt#32): the System log's resume event starts
+    GPU-PowerPolicy. The stand-in matches the event against each registered task's own exported
+    event query and plays the power script's table with the simulated nvidia-smi."""
+    on_rig(rig, "nvidia-smi -pl 450 && nvidia-smi -rgc")  # what sleep left: defaults, clocks unlocked
+    before = len(runs(rig))
+    on_rig(rig, "powershell.exe --standin-event System Microsoft-Windows-Kernel-Power 42")  # entering sleep
+    assert len(runs(rig)) == before
+    on_rig(rig, "powershell.exe --standin-event System Microsoft-Windows-Kernel-Power 107")  # resumed
+    assert runs(rig)[before:] == [TASK_POWER]
+    assert [g["power_limit_w"] for g in rig.gpu_state()] == [330, 330]
+    assert all(g["clock_lock"] for g in rig.gpu_state()), rig.gpu_state()
+    on_rig(rig, "nvidia-smi -pl 450")
+    on_rig(rig, "powershell.exe --standin-event System Microsoft-Windows-Power-Troubleshooter 1")
+    assert runs(rig)[before:] == [TASK_POWER, TASK_POWER]
+    assert [g["power_limit_w"] for g in rig.gpu_state()] == [330, 330]
+
+
 def test_a_windows_rig_reached_as_linux_is_refused_before_any_change(rig):
     run = run_deploy(rig, WIN_RIG)  # inventory/sim.py: plain SSH
     assert run.returncode != 0

@@ -9,8 +9,10 @@ from pyinfra.api import FactBase
 
 from rigkit.gpu.driver import DriverState, GpuArch
 from rigkit.gpu.nvsmi import EXIT_MARK, QUERY_FIELDS, GpuReport, parse_query, query_arguments, query_command
+from rigkit.rigread import NVIDIA_SMI_S, TIMED_OUT_CODES, bounded, no_answer
 
 _EXIT = "rigkit-exit="
+NVSMI = bounded("nvidia-smi", NVIDIA_SMI_S)
 
 
 class NvidiaGpus(FactBase):
@@ -46,9 +48,11 @@ class NvidiaDriver(FactBase):
             # One nvidia-smi start (50-300 ms on a rig) where the driver knows compute_cap (2021 on).
             # Drivers without it refuse the whole query; they are asked again without it, and the
             # rig file's GPU model then says what the architecture is.
-            "if out=$(nvidia-smi --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader 2>/dev/null); "
-            'then printf "%s\\n" "$out" | sed "s/^/gpu-cc=/"; echo "' + _EXIT + '0"; '
-            "else nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>&1; "
+            # A wedged driver is asked once (the time limit, then its exit status), never again.
+            f"out=$({NVSMI} --query-gpu=index,name,driver_version,compute_cap --format=csv,noheader 2>/dev/null); c=$?; "
+            'if [ $c -eq 0 ]; then printf "%s\\n" "$out" | sed "s/^/gpu-cc=/"; echo "' + _EXIT + '0"; '
+            f'elif [ $c -eq 124 ] || [ $c -eq 137 ]; then echo "{_EXIT}$c"; '
+            f"else {NVSMI} --query-gpu=index,name,driver_version --format=csv,noheader 2>&1; "
             f'echo "{_EXIT}$?"; fi; exit 0'
         )
 
@@ -77,6 +81,9 @@ class NvidiaDriver(FactBase):
                     body.append(line.strip())
             elif line.strip():
                 body.append(line.strip())
+        if exit_code in TIMED_OUT_CODES:
+            return DriverState(True, None, module, (), exit_code,
+                               no_answer("nvidia-smi", NVIDIA_SMI_S) + " (a wedged GPU or driver)")
         if exit_code != 0:
             nvml = re.search(r"NVML library version:\s*([0-9.]+)", " ".join(body))
             return DriverState(True, nvml[1] if nvml else None, module, (), exit_code,
@@ -119,15 +126,18 @@ class NvidiaDriverAndGpus(FactBase):
     def command(self) -> str:
         fields = ",".join(_BOTH_FIELDS)
         report = " ".join(query_arguments())
+        nvsmi = bounded("nvidia-smi", NVIDIA_SMI_S)
         return (
             "command -v nvidia-smi >/dev/null 2>&1 || { echo rigkit-no-nvidia-smi; exit 0; }; "
             'echo "module-sys=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
             'echo "module-proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
             # 2>&1 as NvidiaGpus alone: a warning nvidia-smi prints is a line that is not a GPU row.
-            f"if out=$(nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits 2>&1); then "
+            f"out=$({nvsmi} --query-gpu={fields} --format=csv,noheader,nounits 2>&1); c=$?; if [ $c -eq 0 ]; then "
             f'printf "%s\\n" "$out" | sed "s/^/{_ROW}/"; echo rigkit-exit=0; echo "{_REPORT}{EXIT_MARK}0"; '
+            # A wedged driver (the time limit passed) is not asked twice more: both answers say so.
+            f'elif [ $c -eq 124 ] || [ $c -eq 137 ]; then echo "rigkit-exit=$c"; echo "{_REPORT}{EXIT_MARK}$c"; '
             f"else ( {NvidiaDriver().command()} ) | sed '/^module-/d'; "
-            f'out=$(nvidia-smi {report} 2>&1); code=$?; printf "%s\\n" "$out" | sed "s/^/{_REPORT}/"; '
+            f'out=$({nvsmi} {report} 2>&1); code=$?; printf "%s\\n" "$out" | sed "s/^/{_REPORT}/"; '
             f'echo "{_REPORT}{EXIT_MARK}$code"; fi; exit 0'
         )
 

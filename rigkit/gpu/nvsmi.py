@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rigkit.rigread import NVIDIA_SMI_S, TIMED_OUT_CODES, bounded, no_answer
+
 QUERY_FIELDS = (
     "index",
     "name",
@@ -33,7 +35,12 @@ def query_arguments() -> list[str]:
 
 
 def query_command() -> str:
-    return f'nvidia-smi {" ".join(query_arguments())} 2>&1; echo "{EXIT_MARK}$?"'
+    return f'{bounded("nvidia-smi", NVIDIA_SMI_S)} {" ".join(query_arguments())} 2>&1; echo "{EXIT_MARK}$?"'
+
+
+def timed_out(exit_code: int) -> bool:
+    """nvidia-smi ran out of time (`rigkit.rigread.bounded`): a wedged GPU or driver, not an error it printed."""
+    return exit_code in TIMED_OUT_CODES
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ def parse_query(lines: list[str]) -> GpuReport:
             exit_code = int(line[len(EXIT_MARK):])
         elif line.strip():
             body.append(line)
+    if timed_out(exit_code):
+        return GpuReport((), no_answer("nvidia-smi", NVIDIA_SMI_S) + " (a wedged GPU or driver)", exit_code)
     if exit_code != 0:
         return GpuReport((), " ".join(body) or f"nvidia-smi exited {exit_code}", exit_code)
     gpus = []

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from rigkit.config import gpu_models
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.gpu.driver import DriverState, GpuArch
+from rigkit.rigread import TIMED_OUT_CODES
 
 NVML_MISMATCH_EXIT = 18  # nvidia-smi: "Failed to initialize NVML: Driver/library version mismatch"
 
@@ -65,6 +66,9 @@ def driver_problems(rig: RigConfig, driver: DriverState) -> list[str]:
             f"({library or 'version unknown'}) disagree (NVML: Driver/library version mismatch; GPU containers "
             "fail until this is fixed): reboot to finish the driver upgrade, then deploy again"
         ]
+    if driver.exit_code in TIMED_OUT_CODES:
+        return [f"{driver.error}: check the driver on the rig (`dmesg`, `nvidia-smi`); a GPU reset or a reboot "
+                "clears a wedged GPU"]
     if driver.error or not library:
         return [f"nvidia-smi failed with exit code {driver.exit_code}: {driver.error or 'no driver version'}; "
                 "check the driver with `nvidia-smi` on the rig"]

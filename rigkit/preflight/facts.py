@@ -8,6 +8,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigkit.gpu.facts import NvidiaDriver  # noqa: F401 (the driver fact lives with the GPU facts)
+from rigkit.rigread import DOCKER_S, bounded
 
 
 class DockerDiskFree(FactBase):
@@ -17,7 +18,7 @@ class DockerDiskFree(FactBase):
 
     def command(self) -> str:
         return (
-            "d=$(timeout 30 docker info --format '{{.DockerRootDir}}' 2>/dev/null) || d=; "
+            f"d=$({bounded('docker', DOCKER_S)} info --format '{{{{.DockerRootDir}}}}' 2>/dev/null) || d=; "
             '[ -n "$d" ] || d=/var/lib/docker; [ -d "$d/volumes" ] && d="$d/volumes"; p="$d"; n=0; '
             'while [ ! -e "$p" ] && [ $n -lt 64 ]; do p=$(dirname "$p"); n=$((n+1)); done; '
             'echo "dir=$d"; df -P -B1 "$p" 2>/dev/null | tail -n 1'
@@ -38,7 +39,7 @@ class WeightsBytes(FactBase):
     def command(self, source: str, volume: str) -> str:
         return (
             f"s=$(du -s -b -L -- {shlex.quote(source)} 2>/dev/null | cut -f1); echo \"source=$s\"; "
-            f"mp=$(timeout 30 docker volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null) "
+            f"mp=$({bounded('docker', DOCKER_S)} volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null) "
             '&& [ -d "$mp" ] && echo "volume=$(du -s -b -- "$mp" 2>/dev/null | cut -f1)"; exit 0'
         )
 

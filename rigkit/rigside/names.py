@@ -42,6 +42,12 @@ GPU_POLICY_SCRIPT_PATH = f"{SBIN_DIR}/rigkit-gpu-policy"
 GPU_POLICY_PATH = f"{ETC_DIR}/gpu-policy.conf"
 GPU_OFFSETS_TOOL_PATH = f"{SBIN_DIR}/rigkit-gpu-offsets"  # NVML clock offsets (clock_offsets_mhz)
 GPU_POLICY_NVML_PATH = f"{LIB_DIR}/gpu-policy/pynvml.py"  # for rigs without nvidia-ml-py
+# The policy keeper (rigkit/gpu/keeper.py, templates/gpu_policy/rigkit-gpu-keeper.py)
+GPU_KEEPER_PATH = f"{SBIN_DIR}/rigkit-gpu-keeper"
+GPU_KEEPER_UNIT = "rigkit-gpu-keeper.service"  # the watch
+GPU_KEEPER_RESUME_UNIT = "rigkit-gpu-keeper-resume.service"  # pulled in by the sleep targets
+GPU_KEEPER_DRIVER_UNIT = "rigkit-gpu-keeper-driver.service"  # part of nvidia-persistenced.service
+GPU_KEEPER_STATE_PATH = "/var/lib/rigkit/gpu-keeper.json"
 
 # The NVML sampler of verification (and the pynvml copy for rigs without nvidia-ml-py)
 SAMPLER_PATH = f"{LIB_DIR}/rigkit-telemetry.py"

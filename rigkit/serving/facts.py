@@ -6,6 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from rigkit.rigread import DOCKER_S, bounded
 from rigkit.rigside.names import PROJECT_PREFIX
 
 
@@ -25,7 +26,7 @@ class RigkitStacks(FactBase):
             "asked=0; "
             f"for d in {shlex.quote(stacks_dir)}/*/; do "
             '[ -f "$d/stack.next.json" ] || [ -f "$d/stack.json" ] || continue; n=$(basename "$d"); '
-            '[ "$asked" = 1 ] || { asked=1; running=$(timeout 30 docker ps --filter label=com.docker.compose.project '
+            '[ "$asked" = 1 ] || { asked=1; running=$(' + bounded('docker', DOCKER_S) + ' ps --filter label=com.docker.compose.project '
             "--format '{{.Label \"com.docker.compose.project\"}}' 2>/dev/null); }; "
             'p=0; { cmp -s "$d/compose.yml" "$d/compose.next.yml" && cmp -s "$d/stack.json" "$d/stack.next.json"; } '
             "2>/dev/null || p=1; "

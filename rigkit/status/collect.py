@@ -16,7 +16,9 @@ from pyinfra import host
 
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.facts import NvidiaGpus
-from rigkit.serving.api_key import SecretFileError, read_api_key
+from rigkit.gpu.keeper import KEEPER_STATE_PATH, KEEPER_UNIT
+from rigkit.gpu.nvsmi import GpuReport
+from rigkit.rigread import TIMED_OUT_CODES
 from rigkit.rigside.names import (
     GPU_POLICY_UNIT,
     STACK_HELPER_PATH,
@@ -27,6 +29,7 @@ from rigkit.rigside.names import (
     served_name,
     volume_name,
 )
+from rigkit.serving.api_key import SecretFileError, read_api_key
 from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.status.facts import RigStatusProbe, probe_args
 from rigkit.status.report import Commands, build_status, sha256
@@ -68,14 +71,27 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
     else:
         args = probe_args(
             stacks_dir=STACKS_DIR, gpu_unit=GPU_POLICY_UNIT, watchdog_timer=WATCHDOG_TIMER, watchdog_state_dir=WATCHDOG_STATE_DIR,
+            gpu_keeper_unit=KEEPER_UNIT, gpu_keeper_state=KEEPER_STATE_PATH,
             deadline_s=READY_DEADLINE_S,
             models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
                      "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
                     for m in rig.models],
         )
-        weights = volume_states(rig)
+        # The probe first: where it found nvidia-smi or docker hung, they are not asked again (each
+        # would wait out its own time limit), and what they would have read says why it is missing.
+        probe = host.get_fact(RigStatusProbe, probe_args=args)
+        hung = probe.get("timed_out") or {}
+        if "nvidia-smi" in hung:
+            gpus = GpuReport((), f"{hung['nvidia-smi']} (a wedged GPU or driver)", TIMED_OUT_CODES[0])
+        else:
+            gpus = host.get_fact(NvidiaGpus)
+        if "docker" in hung:
+            weights = {m.name: {"status": "error", "error": hung["docker"], "timed_out": "docker"}
+                       for m in rig.models if m.spec.weights.storage == "volume"}
+        else:
+            weights = volume_states(rig)
         results, skipped = latest_results(rig, results_dir)
-        doc = build_status(rig, host.name, commands, host.get_fact(NvidiaGpus), host.get_fact(RigStatusProbe, probe_args=args),
+        doc = build_status(rig, host.name, commands, gpus, probe,
                            weights, wanted_files(rig), results, now, GPU_POLICY_UNIT, STACK_HELPER_PATH, history_notes=skipped)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)

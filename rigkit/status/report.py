@@ -15,7 +15,8 @@ import math
 from datetime import datetime
 
 from rigkit.config.schema import RigConfig
-from rigkit.gpu.nvsmi import GpuReport
+from rigkit.gpu.keeper import KEEPER_UNIT, keeper_summary
+from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
 
@@ -48,7 +49,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     result files skipped as unreadable while finding them (rigkit.verify.history), one line each."""
     doc = {"rig": host_name, "rig_name": rig.name, "rig_file": str(rig.file), "reachable": True,
            "checked_at": now.isoformat(timespec="seconds"), "gpus": [], "gpu_policy_unit": None, "stacks": [],
-           "weights": [], "verification": [], "watchdog": None, "drift": [], "failures": [], "notes": []}
+           "weights": [], "verification": [], "watchdog": None, "gpu_keeper": None, "drift": [], "failures": [], "notes": []}
 
     def drift(what: str, found, wanted, repair: str) -> None:
         doc["drift"].append({"what": what, "found": found, "wanted": wanted, "repair": repair})
@@ -61,6 +62,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
         probe = {}
     _gpus(doc, rig, gpus, probe, commands, drift, failure)
     _policy_unit(doc, rig, probe.get("gpu_unit"), commands, drift, failure, gpu_unit)
+    _keeper(doc, rig, probe.get("gpu_keeper"), now, commands, drift)
     _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path)
     _weights(doc, rig, weights, probe.get("volumes", {}), commands, drift, failure)
     _verification(doc, rig, results, now, commands, failure)
@@ -83,6 +85,9 @@ def _w(value: float) -> float | None:
 def _gpus(doc, rig, report, probe, commands, drift, failure):
     if report is None:
         failure("GPUs", "nvidia-smi is not installed on the rig")
+        return
+    if report.error and timed_out(report.exit_code):
+        failure("GPUs", f"not read: {report.error}; on the rig: `dmesg`, then a GPU reset or a reboot")
         return
     if report.error:
         failure("GPUs", f"nvidia-smi failed (exit {report.exit_code}): {report.error}")
@@ -140,6 +145,33 @@ def _policy_unit(doc, rig, unit, commands, drift, failure, name):
         last = "; ".join(unit.get("journal", [])[-3:])
         failure(f"{name}", f"ran at this boot and failed (result {unit.get('result')}, exit "
                 f"{unit.get('exit_status')}): {last}", commands.on_rig(f"journalctl -b -u {name}"))
+
+
+def _keeper(doc, rig, keeper, now, commands, drift):
+    """The GPU policy keeper: running where the policy applies, and its repairs by cause (docs/status.md)."""
+    if keeper is None:
+        return
+    summary = keeper_summary(keeper.get("unit"), keeper.get("state"), now)
+    doc["gpu_keeper"] = summary
+    unit = keeper.get("unit") or {}
+    if rig.spec.gpu_policy == "remove":
+        if unit.get("load") == "loaded":
+            drift(KEEPER_UNIT, "installed", "removed (gpu_policy: remove)", commands.deploy)
+        return
+    if (doc.get("gpu_policy_unit") or {}).get("enabled") is None:
+        return  # no policy installed: the policy unit's own drift says so
+    if unit.get("load") != "loaded":
+        drift(KEEPER_UNIT, "not installed", "installed, enabled and running", commands.deploy)
+    elif unit.get("active") != "active" or unit.get("enabled") != "enabled":
+        drift(KEEPER_UNIT, f"{unit.get('enabled')}, {unit.get('active')}", "enabled, active", commands.deploy)
+    for event in summary["events"]:
+        if event["age_s"] is not None and event["age_s"] < 86400:
+            doc["notes"].append(f"GPU policy keeper: {'re-applied' if event['ok'] else 'FAILED to re-apply'} the "
+                                f"policy {_ago(event['age_s'])} (cause: {event['cause']}): {event['detail']}")
+
+
+def _ago(seconds: int) -> str:
+    return f"{seconds} s ago" if seconds < 120 else f"{seconds // 60} min ago" if seconds < 7200 else f"{seconds // 3600} h ago"
 
 
 def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path):
@@ -221,6 +253,8 @@ def _weights(doc, rig, weights, volumes, commands, drift, failure):
         elif status == "needed":
             found = "no completion marker" if not state.get("complete") else "manifest differs from the source"
             drift(f"weights volume {name}", found, f"complete copy of {model.spec.weights.source}", commands.deploy)
+        elif status == "error" and state.get("timed_out"):
+            failure(f"weights volume {name}", f"not read: {state.get('error')}")
         elif status == "error":
             failure(f"weights of {model.name}", f"{model.spec.weights.source}: {state.get('error')}")
         elif status == "unreachable":

@@ -55,6 +55,13 @@ def status_table(doc: dict) -> str:
                        [[v["model"], _age(v.get("age_s")) if v.get("time") else "never",
                          "-" if v.get("time") is None else "yes" if v["passed"] else "NO",
                          "; ".join(v.get("regressions", [])) or "-"] for v in doc["verification"]])
+    if doc.get("gpu_keeper"):
+        k = doc["gpu_keeper"]
+        counts = ", ".join(f"{cause} {n}" for cause, n in k["counts"].items())
+        last = k["events"][-1] if k["events"] else None
+        lines.append(f"GPU policy keeper: {k['enabled']}, {k['active']}; repairs: {counts}"
+                     + (f"; last {last['time']} ({last['cause']}, {'ok' if last['ok'] else 'FAILED'})" if last else "")
+                     + (f"; holding off: {k['holding']}" if k.get("holding") else ""))
     if doc.get("watchdog") and doc["watchdog"]["watched"]:
         w = doc["watchdog"]
         lines.append(f"watchdog timer: {w['timer_enabled']}, {w['timer_active']}; watching {', '.join(w['watched'])}")

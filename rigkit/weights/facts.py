@@ -20,6 +20,7 @@ from pyinfra.api import FactBase
 from rigkit.config.schema import RigConfig
 from rigkit.facts_once import Read, read_once
 from rigkit.render import template_text
+from rigkit.rigread import DOCKER_S, bounded, no_answer
 from rigkit.rigside.names import volume_name
 from rigkit.weights.layout import source_layout
 
@@ -27,7 +28,8 @@ from rigkit.weights.layout import source_layout
 class WeightsVolumeStates(FactBase):
     """{volume: state} for each (volume, source) pair, where a state is {"status": "unchanged" |
     "needed" | "missing" | "unreachable" | "error", ...} and `error` carries the copier's reason
-    (a missing or empty source, a dangling symlink). One command for every pair."""
+    (a missing or empty source, a dangling symlink) or says the engine did not answer in time
+    (then `timed_out` is "docker"). One command for every pair."""
 
     def command(self, pairs: tuple[tuple[str, str], ...]) -> str:
         script = shlex.quote(template_text("weights/rigkit-copy.py"))
@@ -39,7 +41,13 @@ class WeightsVolumeStates(FactBase):
         # copier's check-each, which prints "volume NAME" before each report.
         names = " ".join(shlex.quote(volume) for volume, _ in pairs)
         checks = [f"script={script}; py=$(command -v python3); set --; "
-                  f"mps=$(timeout 30 docker volume inspect --format '{{{{.Name}}}} {{{{.Mountpoint}}}}' {names} 2>/dev/null)"]
+                  f"mps=$({bounded('docker', DOCKER_S)} volume inspect --format '{{{{.Name}}}} {{{{.Mountpoint}}}}' {names} "
+                  "2>/dev/null); dc=$?"]
+        # A wedged engine: every volume's answer says so (never "missing": that would ask for a copy).
+        hung = shlex.quote(json.dumps({"status": "error", "error": no_answer("docker", DOCKER_S), "timed_out": "docker"}))
+        checks.append('if [ $dc -eq 124 ] || [ $dc -eq 137 ]; then '
+                      + "; ".join(f"echo {shlex.quote('volume ' + volume)}; echo {hung}" for volume, _ in pairs)
+                      + "; exit 0; fi")
         for volume, source in pairs:
             root, inside = source_layout(source)
             src = shlex.quote(f"{root}/{inside}" if inside != "." else source)

@@ -40,6 +40,20 @@ ROLLOUT_LOCK = INSTALL_DIR / "locks" / "rollout.lock"
 # Filled with the installing user by install.ps1 (the task runs as the logged-in user).
 USER_PLACEHOLDER = "RIGKIT-INSTALLING-USER"
 _TASK_NS = "{http://schemas.microsoft.com/windows/2004/02/mit/task}"
+# GPU-PowerPolicy also runs on resume: Windows loses power limits over sleep (mVolt#32). The System
+# log's resume events: Kernel-Power 107 ("The system has resumed from sleep") and
+# Power-Troubleshooter 1 ("The system has returned from a low power state"); one resume writes
+# both, and the task's IgnoreNew runs it once. The delay lets the driver settle after resume.
+RESUME_EVENTS = (("Microsoft-Windows-Kernel-Power", 107), ("Microsoft-Windows-Power-Troubleshooter", 1))
+RESUME_DELAY = "PT10S"
+
+
+def resume_subscription() -> str:
+    """The event query (a QueryList) the resume trigger subscribes to; the template escapes it."""
+    select = " or ".join(f"*[System[Provider[@Name='{provider}'] and EventID={event}]]"
+                         for provider, event in RESUME_EVENTS)
+    return (f'<QueryList><Query Id="0" Path="System"><Select Path="System">{select}</Select>'
+            "</Query></QueryList>")
 
 
 def render_bundle(rig: RigConfig) -> dict[str, str]:
@@ -68,7 +82,8 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
             key_file=key_file, api_key_env_name=API_KEY_ENV_NAME, lock_path=str(ROLLOUT_LOCK), **logs),
         f"tasks/{TASK_POWER}.xml": render(
             "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
-            script_path=str(POWER_SCRIPT), execution_time_limit=POWER_TASK_LIMIT),
+            script_path=str(POWER_SCRIPT), execution_time_limit=POWER_TASK_LIMIT,
+            resume_subscription=resume_subscription(), resume_delay=RESUME_DELAY),
         f"tasks/{TASK_BOOTSTRAP}.xml": render(
             "windows/task-llm-bootstrap.xml.j2", rig_name=rig.name, task_name=TASK_BOOTSTRAP, user=USER_PLACEHOLDER,
             script_path=str(BOOTSTRAP_SCRIPT), execution_time_limit=budget.task_duration()),

@@ -15,13 +15,21 @@ RETRY_S=2
 EXIT_NO_PERMISSION=4               # nvidia-smi's "Insufficient Permissions"
 OFFSETS_TOOL=${RIGKIT_GPU_OFFSETS_TOOL:-/usr/local/sbin/rigkit-gpu-offsets}
 NVML_COPY_DIR=/usr/local/lib/rigkit/gpu-policy   # pynvml for rigs without nvidia-ml-py
+NVSMI_S=${RIGKIT_NVSMI_S:-8}       # each nvidia-smi call's limit: a wedged driver hangs it
+APPLIED_STAMP=/run/rigkit/gpu-policy.applied
+TIMED_OUT=124                      # timeout(1)'s exit status (137: it had to SIGKILL)
+
+# nvidia-smi under a time limit: killed (nothing left running) and reported when it hangs.
+nvsmi() { timeout -k 2 "$NVSMI_S" nvidia-smi "$@"; }
 
 say() { echo "rigkit-gpu-policy: $*"; }
 die() { say "FAILED: $*"; exit 1; }
 
 # $1: exit code, $2: output, $3: what was being done
 check() {
-    if [[ $1 -eq $EXIT_NO_PERMISSION ]]; then
+    if [[ $1 -eq $TIMED_OUT || $1 -eq 137 ]]; then
+        die "$3: nvidia-smi did not answer within ${NVSMI_S} s (a wedged GPU or driver)"
+    elif [[ $1 -eq $EXIT_NO_PERMISSION ]]; then
         die "$3: not permitted (nvidia-smi exit 4: ${2//$'\n'/ }). Run as root: the unit has no User= for this reason."
     elif [[ $1 -ne 0 ]]; then
         die "$3: nvidia-smi refused (exit $1): ${2//$'\n'/ }"
@@ -42,9 +50,9 @@ deadline=$((SECONDS + WAIT_S))
 attempt=0
 while :; do
     attempt=$((attempt + 1))
-    out=$(nvidia-smi --query-gpu=index,power.limit,power.default_limit --format=csv,noheader,nounits 2>&1)
+    out=$(nvsmi --query-gpu=index,power.limit,power.default_limit --format=csv,noheader,nounits 2>&1)
     rc=$?
-    [[ $rc -eq $EXIT_NO_PERMISSION ]] && check "$rc" "$out" "reading GPUs"
+    [[ $rc -eq $EXIT_NO_PERMISSION || $rc -eq $TIMED_OUT || $rc -eq 137 ]] && check "$rc" "$out" "reading GPUs"
     missing=()
     if [[ $rc -eq 0 ]]; then
         CURRENT=(); DEFAULT=()
@@ -63,11 +71,11 @@ done
 say "found GPU(s) ${INDEX[*]} after $attempt attempt(s)"
 
 if [[ $ACTION == apply ]]; then
-    out=$(nvidia-smi -pm 1 2>&1); rc=$?
+    out=$(nvsmi -pm 1 2>&1); rc=$?
     if [[ $rc -eq 0 ]]; then
         say "persistence mode enabled"
     else
-        [[ $rc -eq $EXIT_NO_PERMISSION ]] && check "$rc" "$out" "enabling persistence mode"
+        [[ $rc -eq $EXIT_NO_PERMISSION || $rc -eq $TIMED_OUT || $rc -eq 137 ]] && check "$rc" "$out" "enabling persistence mode"
         say "persistence mode not supported here, continuing (nvidia-smi exit $rc: ${out//$'\n'/ })"
     fi
 fi
@@ -82,14 +90,14 @@ for n in "${!INDEX[@]}"; do
     if [[ ${CURRENT[$i]} == "$want" ]]; then
         did="power limit ${CURRENT[$i]} W as wanted, left alone"
     else
-        out=$(nvidia-smi -i "$i" -pl "$want" 2>&1); check $? "$out" "GPU $i: setting power limit $want W"
+        out=$(nvsmi -i "$i" -pl "$want" 2>&1); check $? "$out" "GPU $i: setting power limit $want W"
         did="power limit ${CURRENT[$i]} W -> $want W"
     fi
     if [[ $lock == default ]]; then
-        out=$(nvidia-smi -i "$i" -rgc 2>&1); check $? "$out" "GPU $i: resetting clocks"
+        out=$(nvsmi -i "$i" -rgc 2>&1); check $? "$out" "GPU $i: resetting clocks"
         did+="; clocks unlocked"
     else
-        out=$(nvidia-smi -i "$i" -lgc "$lock" 2>&1); check $? "$out" "GPU $i: locking clocks to $lock MHz"
+        out=$(nvsmi -i "$i" -lgc "$lock" 2>&1); check $? "$out" "GPU $i: locking clocks to $lock MHz"
         did+="; clocks locked to $lock MHz"
     fi
     offsets=${OFFSETS[$n]}
@@ -97,9 +105,9 @@ for n in "${!INDEX[@]}"; do
     if [[ -x $OFFSETS_TOOL ]]; then
         if python3 -c 'import pynvml' 2>/dev/null; then nvml_path=; else nvml_path=$NVML_COPY_DIR; fi
         if [[ $offsets == default ]]; then
-            out=$(PYTHONPATH=$nvml_path "$OFFSETS_TOOL" "$i" 0 0 --if-supported 2>&1) || die "GPU $i: ${out//$'\n'/ }"
+            out=$(PYTHONPATH=$nvml_path timeout -k 2 "$NVSMI_S" "$OFFSETS_TOOL" "$i" 0 0 --if-supported 2>&1) || die "GPU $i: ${out//$'\n'/ }"
         else
-            out=$(PYTHONPATH=$nvml_path "$OFFSETS_TOOL" "$i" "${offsets%,*}" "${offsets#*,}" 2>&1) || die "GPU $i: ${out//$'\n'/ }"
+            out=$(PYTHONPATH=$nvml_path timeout -k 2 "$NVSMI_S" "$OFFSETS_TOOL" "$i" "${offsets%,*}" "${offsets#*,}" 2>&1) || die "GPU $i: ${out//$'\n'/ }"
             did+="; clock offsets ${offsets} MHz (memory,graphics) read back"
         fi
     elif [[ $offsets != default ]]; then
@@ -108,8 +116,13 @@ for n in "${!INDEX[@]}"; do
     say "GPU $i: $did"
 done
 
+# The policy file's digest as applied: the keeper (rigkit-gpu-keeper) holds off while the file
+# differs from it (a deploy between writing a new policy and applying it).
+mkdir -p "${APPLIED_STAMP%/*}"
 if [[ $ACTION == apply ]]; then
+    sha256sum < "$POLICY" | cut -d' ' -f1 > "$APPLIED_STAMP.tmp" && mv -f "$APPLIED_STAMP.tmp" "$APPLIED_STAMP"
     say "applied; a clock lock cannot be read back, verify under load"
 else
+    rm -f "$APPLIED_STAMP"
     say "reset: clocks unlocked and default power limits restored"
 fi

@@ -6,9 +6,11 @@ as the deploy shipped it. It writes nothing and starts or stops nothing:
 it reads files (sha256 of the stacks' files, the weights volumes' manifests), asks systemd,
 journald, nvidia-smi and the docker CLI (ps, inspect, image inspect), and sends each served
 model one one-token completion with a deadline (vLLM's /health stays 200 on a stuck engine).
-Every command has a time limit. Prints one JSON document.
+Every command has a time limit (nvidia-smi and docker a short one; `timed_out` names a tool that
+ran out of it, and the others are then not asked). Prints one JSON document.
 
 The argument: {"stacks_dir", "gpu_unit", "watchdog_timer", "watchdog_state_dir", "deadline_s",
+"gpu_keeper_unit", "gpu_keeper_state",
 "models": [{"name", "project", "port", "served_model_name", "image", "volume"}]}
 """
 
@@ -36,13 +38,28 @@ JOURNAL_LINES = 15
 STACK_FILES = ("compose.yml", "compose.next.yml", "stack.json", "stack.next.json", "compose.failed.yml")
 
 
+# A wedged GPU or engine hangs every nvidia-smi or docker call: each has a short limit, and once
+# one call to a tool ran out of time the others are not started (`hung`), so a rig with a hung
+# GPU or engine answers in about one limit, not one limit per call (rigkit.rigread).
+TOOL_TIMEOUT_S = {"nvidia-smi": 6, "docker": 6}
+hung = {}  # tool: "TOOL did not answer within N s"
+
+
 def run(*command):
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    tool = command[0]
+    if tool in hung:
+        return 124, "", hung[tool]
+    limit = TOOL_TIMEOUT_S.get(tool, COMMAND_TIMEOUT_S)
+    try:  # on timeout subprocess.run kills the command (SIGKILL) and reaps it: nothing is left running
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit)
     except FileNotFoundError:
-        return 127, "", f"{command[0]} not found"
+        return 127, "", f"{tool} not found"
     except subprocess.TimeoutExpired:
-        return 124, "", f"{' '.join(command[:3])} did not answer within {COMMAND_TIMEOUT_S} s"
+        message = f"{tool} did not answer within {limit} s" if tool in TOOL_TIMEOUT_S else \
+            f"{' '.join(command[:3])} did not answer within {limit} s"
+        if tool in TOOL_TIMEOUT_S:
+            hung[tool] = message
+        return 124, "", message
     return done.returncode, done.stdout, done.stderr
 
 
@@ -140,6 +157,8 @@ def stack(args, model):
 
 def volume(name):
     code, out, err = run("docker", "volume", "inspect", "--format", "{{.Mountpoint}}", name)
+    if "docker" in hung:  # not "missing": the engine did not say
+        return {"exists": None, "readable": False, "missing_files": [], "resized_files": [], "error": hung["docker"]}
     if code != 0:
         return {"exists": False, "readable": False, "missing_files": [], "resized_files": []}
     mountpoint = out.strip()
@@ -188,6 +207,7 @@ def main(argv):
         version = pool.submit(driver_version)
         gpu_unit = pool.submit(unit, args["gpu_unit"])
         timer = pool.submit(unit, args["watchdog_timer"], False)
+        keeper = pool.submit(unit, args["gpu_keeper_unit"], False) if args.get("gpu_keeper_unit") else None
         report = {
             "driver_version": version.result()[0], "driver_error": version.result()[1],
             "gpu_unit": gpu_unit.result(),
@@ -197,6 +217,9 @@ def main(argv):
             "volumes": {name: f.result() for name, f in volumes.items()},
             "stacks_on_rig": existing_stacks(args["stacks_dir"]),
         }
+        if keeper is not None:  # the GPU policy keeper's unit and its state file (repairs by cause)
+            report["gpu_keeper"] = {"unit": keeper.result(), "state": load_json(args["gpu_keeper_state"])}
+        report["timed_out"] = dict(hung)
     print(json.dumps(report))
     return 0
 

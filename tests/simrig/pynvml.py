@@ -29,6 +29,7 @@ For `rigkit tune` (docs/simulated-rig.md):
 import fcntl
 import json
 import os
+import time
 
 RIGKIT_SIMULATED = True
 
@@ -161,6 +162,8 @@ def _seconds_since_boot():
 
 
 def nvmlInit():
+    while os.path.exists(STATE_DIR + "/hang"):  # a wedged GPU or driver (nvidia-smi's switch too)
+        time.sleep(0.5)
     _config()
 
 

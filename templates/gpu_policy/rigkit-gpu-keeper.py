@@ -1,0 +1,376 @@
+#!/usr/bin/python3
+"""rigkit GPU policy keeper: re-applies the rig's GPU policy when the GPUs lose it between deploys.
+
+Installed by rigkit (role gpu_policy) beside the boot unit; Python 3 standard library plus pynvml
+(the rig's nvidia-ml-py, else the copy rigkit ships). Usage:
+
+    rigkit-gpu-keeper watch            rigkit-gpu-keeper.service: a light watch of each GPU's
+                                       enforced power limit (NVML, every WATCH_S)
+    rigkit-gpu-keeper repair CAUSE     resume (rigkit-gpu-keeper-resume.service, pulled in by the
+                                       sleep targets) or driver (rigkit-gpu-keeper-driver.service,
+                                       part of nvidia-persistenced.service): re-apply now
+
+A repair runs the policy script (`rigkit-gpu-policy apply`: limits, clock locks, clock offsets),
+reads the enforced limits back, and is logged with its cause (resume, driver, reset,
+changed-by-hand) and counted in STATE_PATH (JSON, written atomically), which `rigkit status`
+reads. The watch names a limit found back at the GPU's default `reset` (what a GPU reset or a
+driver reload leaves) and any other value `changed-by-hand`.
+
+It never fights rigkit: nothing is repaired while `rigkit tune` holds its session (its dead man's
+switch timer is active), while the policy unit runs (a deploy applying a policy), or while the
+policy file is newer than the last policy applied (a deploy between writing and applying it); with
+no policy file (`gpu_policy: remove`) it does nothing. Holds are checked only when a limit
+differs, so an idle watch costs a few NVML reads per GPU per WATCH_S.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+POLICY_PATH = "/etc/rigkit/gpu-policy.conf"
+POLICY_SCRIPT = "/usr/local/sbin/rigkit-gpu-policy"
+POLICY_UNIT = "rigkit-gpu-policy.service"
+APPLIED_STAMP = "/run/rigkit/gpu-policy.applied"  # sha256 of the policy file last applied (the script writes it)
+STATE_PATH = "/var/lib/rigkit/gpu-keeper.json"
+LOCK_PATH = "/run/rigkit/gpu-keeper.lock"
+NVML_COPY_DIR = "/usr/local/lib/rigkit/gpu-policy"
+TUNE_TIMER = "rigkit-tune-deadman.timer"  # rigkit tune's dead man's switch: armed for the whole session
+WATCH_S = 1.5
+GRACE_S = 1.0  # after a change is seen: a resume or driver trigger arriving now names the cause
+APPLY_TIMEOUT_S = 120
+GPU_WAIT_S = 30  # how long the policy script waits for GPUs after a driver reload or resume
+RETRY_AFTER_S = (30, 60, 120, 300, 600)  # a limit that did not hold after a repair: back off
+EVENTS_KEPT = 20
+TOLERANCE_W = 0.5
+CAUSES = ("resume", "driver", "reset", "changed-by-hand")
+
+try:
+    import pynvml
+except ImportError:  # the copy rigkit ships (roles/gpu_policy.py)
+    sys.path.insert(0, NVML_COPY_DIR)
+    import pynvml
+
+
+def say(text):
+    print(f"rigkit-gpu-keeper: {text}", flush=True)
+
+
+def notify(message):
+    """sd_notify: the unit's WatchdogSec restarts a keeper stuck in a hung NVML call."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(message.encode(), address)
+    except OSError:
+        pass
+
+
+def now_iso():
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def policy():
+    """{index: "330" | "default"} from the policy file, or None where there is none."""
+    try:
+        with open(POLICY_PATH) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    wanted = {}
+    for line in lines:
+        cells = line.split()
+        if cells and not cells[0].startswith("#") and len(cells) >= 2:
+            wanted[int(cells[0])] = cells[1]
+    return wanted
+
+
+def file_sha256(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def systemctl_show(unit, prop):
+    try:
+        done = subprocess.run(["systemctl", "show", unit, "-p", prop, "--value"], capture_output=True, text=True,
+                              timeout=10)
+        return done.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def hold_reason():
+    """Why a repair must wait now, or None."""
+    if not os.path.exists(POLICY_PATH):
+        return "no GPU policy on this rig (gpu_policy: remove)"
+    if systemctl_show(TUNE_TIMER, "ActiveState") == "active":
+        return "rigkit tune holds its session"
+    if systemctl_show(POLICY_UNIT, "ActiveState") in ("activating", "deactivating", "reloading"):
+        return "the policy unit is applying the policy (a deploy or a boot)"
+    if file_sha256(POLICY_PATH) != read_text(APPLIED_STAMP):
+        return "the policy file differs from the last policy applied (a deploy is applying a new one)"
+    return None
+
+
+class Gpus:
+    """NVML, initialised once and again after it failed (a driver reload)."""
+
+    def __init__(self):
+        self.handles = None
+        self.lost = False  # NVML failed since it last answered: a driver reload or a GPU reset
+
+    def read(self, indexes):
+        """{index: (enforced W, default W)}, or None where NVML does not answer."""
+        try:
+            if self.handles is None:
+                pynvml.nvmlInit()
+                self.handles = {}
+            found = {}
+            for index in indexes:
+                if index not in self.handles:
+                    self.handles[index] = pynvml.nvmlDeviceGetHandleByIndex(index)
+                handle = self.handles[index]
+                found[index] = (pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
+                                pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle) / 1000.0)
+            return found
+        except pynvml.NVMLError as exc:
+            if not self.lost:
+                say(f"NVML does not answer ({exc}); retrying every {WATCH_S} s")
+            self.lost = True
+            self.handles = None
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+            return None
+
+
+def wanted_w(want, default_w):
+    return default_w if want == "default" else float(want)
+
+
+def differing(wanted, found):
+    """{index: (found W, wanted W)} for each GPU whose enforced limit is not the policy's."""
+    out = {}
+    for index, want in wanted.items():
+        if index not in found:
+            continue
+        enforced, default = found[index]
+        target = wanted_w(want, default)
+        if abs(enforced - target) >= TOLERANCE_W:
+            out[index] = (enforced, target)
+    return out
+
+
+def load_state():
+    try:
+        with open(STATE_PATH) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        state = {}
+    state.setdefault("counts", {cause: 0 for cause in CAUSES})
+    state.setdefault("events", [])
+    return state
+
+
+def save_state(state):
+    """Atomic: a reader sees the old document or the new one, never half of one."""
+    os.makedirs(os.path.dirname(STATE_PATH), exist_ok=True)
+    tmp = f"{STATE_PATH}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, STATE_PATH)
+    folder = os.open(os.path.dirname(STATE_PATH), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def record(cause, before, after, ok, detail, seconds, held=None):
+    state = load_state()
+    if held is None:
+        state["counts"][cause] = state["counts"].get(cause, 0) + 1
+        state["events"] = (state["events"] + [{
+            "time": now_iso(), "cause": cause, "ok": ok, "seconds": round(seconds, 2), "detail": detail,
+            "gpus": [{"index": i, "found_w": round(f, 1), "wanted_w": round(w, 1),
+                      "after_w": round(after[i][0], 1) if after and i in after else None}
+                     for i, (f, w) in sorted(before.items())],
+        }])[-EVENTS_KEPT:]
+    state["holding"] = held
+    state["updated"] = now_iso()
+    save_state(state)
+    _held["known"] = bool(held)
+
+
+_held = {"known": None}  # whether the state file says "holding" (read once, then kept in step)
+
+
+def clear_hold():
+    """The policy holds again after a hold (a tune session restored it): the state file says so."""
+    if _held["known"] is None:
+        _held["known"] = bool(load_state().get("holding"))
+    if _held["known"]:
+        state = load_state()
+        state["holding"] = None
+        state["updated"] = now_iso()
+        save_state(state)
+        _held["known"] = False
+
+
+def apply_policy():
+    """(ok, the script's last line)."""
+    env = dict(os.environ, RIGKIT_GPU_WAIT_S=str(GPU_WAIT_S))
+    try:
+        done = subprocess.run([POLICY_SCRIPT, "apply", POLICY_PATH], capture_output=True, text=True, env=env,
+                              timeout=APPLY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, f"{POLICY_SCRIPT} did not finish within {APPLY_TIMEOUT_S} s"
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    for line in lines:
+        print(line, flush=True)
+    return done.returncode == 0, (lines[-1] if lines else f"exit {done.returncode}")
+
+
+def repair(gpus, cause, before, always):
+    """Under the lock: re-apply (when `always`, or when a limit still differs), read back, record.
+    Returns the limits that did not hold, {index: (found, wanted)}, or None when nothing was done."""
+    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+    with open(LOCK_PATH, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        wanted = policy()
+        if wanted is None:
+            return None
+        held = hold_reason()
+        if held:
+            if load_state().get("holding") != held:
+                say(f"not repairing ({cause}): {held}")
+                record(cause, {}, None, False, held, 0, held=held)
+            return None
+        found = gpus.read(list(wanted))
+        if not always:
+            if found is None:
+                return None
+            before = differing(wanted, found)
+            if not before:
+                return None  # repaired meanwhile (a resume or driver trigger, a deploy)
+        elif found is not None:
+            before = {i: (found[i][0], wanted_w(w, found[i][1])) for i, w in wanted.items() if i in found}
+        started = time.monotonic()
+        ok, detail = apply_policy()
+        after = gpus.read(list(wanted))
+        failed = differing(wanted, after) if after is not None else {i: v for i, v in before.items()}
+        ok = ok and not failed
+        if failed and not detail.startswith("rigkit-gpu-policy: FAILED"):
+            detail = "; ".join(f"GPU {i}: {f:.0f} W enforced after re-applying, policy says {w:.0f} W"
+                               for i, (f, w) in sorted(failed.items()))
+        seconds = time.monotonic() - started
+        say(f"repaired ({cause}) in {seconds:.1f} s: " + ("; ".join(
+            f"GPU {i} {f:.0f} W -> {wanted_w_after(after, i, w):.0f} W" for i, (f, w) in sorted(before.items()))
+            or "re-applied") + ("" if ok else f"; NOT HELD: {detail}"))
+        record(cause, before, after, ok, detail, seconds)
+        return failed
+
+
+def wanted_w_after(after, index, fallback):
+    return after[index][0] if after and index in after else fallback
+
+
+def classify(before, found):
+    """A limit back at the GPU's default is what a GPU reset or driver reload leaves."""
+    if found and all(abs(found[i][0] - found[i][1]) < TOLERANCE_W for i in before):
+        return "reset"
+    return "changed-by-hand"
+
+
+def watch():
+    gpus = Gpus()
+    notify("READY=1")
+    say(f"watching the enforced power limits every {WATCH_S} s ({POLICY_PATH})")
+    policy_mtime, wanted = None, None
+    backoff, retry_at = 0, 0.0
+    while True:
+        notify("WATCHDOG=1")
+        try:
+            mtime = os.stat(POLICY_PATH).st_mtime
+        except FileNotFoundError:
+            mtime, wanted = None, None
+        if mtime is not None and mtime != policy_mtime:
+            wanted = policy()
+        policy_mtime = mtime
+        if wanted:
+            was_lost = gpus.lost
+            found = gpus.read(list(wanted))
+            if found is not None:
+                gpus.lost = False
+                before = differing(wanted, found)
+                if was_lost:  # NVML came back: a driver reload; locks are gone whatever the limits say
+                    time.sleep(GRACE_S)
+                    failed = repair(gpus, "driver", before, always=True)
+                elif before and time.monotonic() >= retry_at:
+                    time.sleep(GRACE_S)
+                    failed = repair(gpus, classify(before, found), before, always=False)
+                else:
+                    failed = None
+                    if not before:
+                        clear_hold()
+                if failed:
+                    retry_at = time.monotonic() + RETRY_AFTER_S[min(backoff, len(RETRY_AFTER_S) - 1)]
+                    backoff += 1
+                elif failed is not None:
+                    backoff, retry_at = 0, 0.0
+        time.sleep(WATCH_S)
+
+
+def repair_now(cause):
+    if cause == "driver" and not driver_restarted_since_apply():
+        say("nvidia-persistenced started before the policy was last applied (a boot): nothing to repair")
+        return 0
+    failed = repair(Gpus(), cause, {}, always=True)
+    return 1 if failed else 0
+
+
+def driver_restarted_since_apply():
+    """At boot the policy unit runs after nvidia-persistenced: no repair then. systemd's monotonic
+    timestamps (us) say which of the two became active last."""
+    driver = systemctl_show("nvidia-persistenced.service", "ActiveEnterTimestampMonotonic")
+    applied = systemctl_show(POLICY_UNIT, "ActiveEnterTimestampMonotonic")
+    try:
+        return int(driver) > int(applied)
+    except ValueError:
+        return True
+
+
+def main(argv):
+    if argv[1:2] == ["watch"]:
+        watch()
+    elif len(argv) == 3 and argv[1] == "repair" and argv[2] in ("resume", "driver"):
+        return repair_now(argv[2])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

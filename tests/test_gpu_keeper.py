@@ -1,0 +1,184 @@
+"""The GPU policy keeper end to end: installed by the deploy beside the boot unit, wired to the
+sleep targets and nvidia-persistenced by systemd in the simulated rig, repairing each cause of a
+lost policy within 10 s (median under 5 s), logging it with its cause, shown by `rigkit status`,
+and never fighting rigkit (a tune session, a deploy applying a new policy, `gpu_policy: remove`).
+
+Simulated: the GPUs (tests/simrig/nvidia-smi, pynvml.py). The test loses the policy the way a
+resume or a driver reload does, by writing the GPUs' defaults into the simulated GPU's stored state
+(limit back to default, lock gone), then starts what systemd starts on resume (the unit the sleep
+targets pull in) or restarts nvidia-persistenced. Every check reads the simulated GPU's stored
+state and the keeper's state file directly (past rigkit); `bench/keeper_repairs.py` runs 20 per cause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import POLICY_RIG, REPO, RESULTS, STATE_ROOT, TEST_CATALOG, run_deploy
+
+pytestmark = pytest.mark.simrig
+
+SIM_RIG = POLICY_RIG.read_text()
+STATE = "/var/lib/rigkit/gpu-keeper.json"
+REPAIR_BOUND_S = 10
+REPEATS = 3  # per cause; bench/keeper_repairs.py runs 20
+SLEEP_TARGETS = ("suspend.target", "hibernate.target", "hybrid-sleep.target", "suspend-then-hibernate.target")
+WANTED = {"power_limit_w": 330, "clock_lock": [0, 2200]}
+
+
+@pytest.fixture(scope="module")
+def rig(fresh_rig):
+    run = run_deploy(fresh_rig, verify=False)
+    assert run.returncode == 0, run.output
+    return fresh_rig
+
+
+def keeper_state(rig) -> dict:
+    code, out = rig.exec(f"cat {STATE}")
+    return json.loads(out) if code == 0 else {"counts": {}, "events": []}
+
+
+def lose(rig, indexes=(0, 1)) -> str:
+    """Shell: the simulated GPUs back at their defaults, as after a resume, a driver reload or a GPU reset."""
+    code = ("import json,os; p='/run/nvidia-sim/state.json'; s=json.load(open(p)); "
+            f"[s[i].update(power_limit_w=450, clock_lock=None) for i in {list(indexes)}]; "
+            "json.dump(s, open(p + '.t', 'w')); os.replace(p + '.t', p)")
+    return f"python3 -c {json.dumps(code)}"
+
+
+def held(rig) -> bool:
+    return all(g["power_limit_w"] == WANTED["power_limit_w"] and g["clock_lock"] == WANTED["clock_lock"]
+               for g in rig.gpu_state())
+
+
+def repair(rig, command: str, cause: str) -> float:
+    """Run `command` on the rig (it loses the policy, maybe triggers); seconds until the policy holds
+    again and the keeper has logged one more repair of `cause`."""
+    before = keeper_state(rig)["counts"].get(cause, 0)
+    started = time.monotonic()
+    rig.exec(command)
+    while time.monotonic() - started < 30:
+        if held(rig) and keeper_state(rig)["counts"].get(cause, 0) > before:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError(f"{cause}: not repaired in 30 s; {rig.gpu_state()}; {keeper_state(rig)}; "
+                         + rig.exec("journalctl -u rigkit-gpu-keeper -o cat --no-pager | tail -20")[1])
+
+
+def settle(rig) -> None:
+    time.sleep(3)  # longer than the watch's poll + grace: a late second repair would show now
+
+
+def test_the_deploy_installs_the_keeper_wired_to_the_sleep_targets_and_the_driver(rig):
+    assert rig.exec("systemctl is-active rigkit-gpu-keeper.service")[1].strip() == "active"
+    for target in SLEEP_TARGETS:
+        deps = rig.exec(f"systemctl list-dependencies --plain --no-pager {target}")[1]
+        assert "rigkit-gpu-keeper-resume.service" in deps, (target, deps)
+    after = rig.exec("systemctl show -p After --value rigkit-gpu-keeper-resume.service")[1].split()
+    assert set(SLEEP_TARGETS) <= set(after), after
+    deps = rig.exec("systemctl list-dependencies --plain --no-pager nvidia-persistenced.service")[1]
+    assert "rigkit-gpu-keeper-driver.service" in deps, deps
+    assert "nvidia-persistenced.service" in rig.exec("systemctl show -p PartOf --value rigkit-gpu-keeper-driver.service")[1]
+    assert held(rig)
+    settle(rig)
+    assert keeper_state(rig)["events"] == []  # the deploy's own apply is not a repair
+
+
+def test_a_second_deploy_changes_nothing(rig):
+    run = run_deploy(rig, verify=False)
+    assert run.returncode == 0, run.output
+    assert run.changed_operations() == 0, run.output
+
+
+@pytest.mark.parametrize("cause, command", [
+    ("resume", lambda rig: lose(rig) + " && systemctl start rigkit-gpu-keeper-resume.service"),
+    ("driver", lambda rig: lose(rig) + " && systemctl restart nvidia-persistenced.service"),
+    ("reset", lambda rig: lose(rig, (1,))),
+    ("changed-by-hand", lambda rig: "nvidia-smi -i 0 -pl 300"),
+])
+def test_each_cause_is_repaired_within_10_s_and_logged_with_its_cause(rig, cause, command):
+    counts = dict(keeper_state(rig)["counts"])
+    times = []
+    for _ in range(REPEATS):
+        times.append(repair(rig, command(rig), cause))
+        settle(rig)
+    print(f"{cause}: {', '.join(f'{t:.2f}' for t in times)} s")
+    assert max(times) < REPAIR_BOUND_S, times
+    assert statistics.median(times) < 5, times
+    state = keeper_state(rig)
+    counts[cause] = counts.get(cause, 0) + REPEATS
+    assert {k: v for k, v in state["counts"].items() if v} == {k: v for k, v in counts.items() if v}, state
+    last = state["events"][-REPEATS:]
+    assert [e["cause"] for e in last] == [cause] * REPEATS and all(e["ok"] for e in last), last
+    assert held(rig)
+
+
+def test_status_shows_the_repairs_by_cause(rig, tmp_path):
+    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT),
+               RIGKIT_RIG_FILE=str(POLICY_RIG), RIGKIT_CATALOG_DIR=str(TEST_CATALOG), RIGKIT_RESULTS_DIR=str(RESULTS))
+    out = tmp_path / "status.json"
+    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", "tests/data/status-fleet.py", "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    text = proc.stdout + proc.stderr
+    (doc,) = json.loads(out.read_text())["rigs"]
+    keeper = doc["gpu_keeper"]
+    assert keeper["active"] == "active" and keeper["enabled"] == "enabled", keeper
+    assert keeper["counts"] == {"resume": REPEATS, "driver": REPEATS, "reset": REPEATS, "changed-by-hand": REPEATS}, keeper
+    assert keeper["events"] and keeper["events"][-1]["cause"] == "changed-by-hand" and keeper["events"][-1]["time"]
+    assert f"repairs: resume {REPEATS}, driver {REPEATS}, reset {REPEATS}, changed-by-hand {REPEATS}" in text, text
+    assert "GPU policy keeper: re-applied the policy" in text, text
+    assert not [d for d in doc["drift"] if "keeper" in d["what"]], doc["drift"]
+
+
+def test_a_tune_session_is_not_disturbed(rig):
+    """While tune's dead man's switch is armed (the transient timer `rigkit tune` arms for its whole
+    session, rigkit/tune/rigside.py) a changed limit is tune's: left alone."""
+    counts = keeper_state(rig)["counts"]
+    rig.exec("systemd-run --unit=rigkit-tune-deadman --on-active=300s /bin/true && nvidia-smi -i 0 -pl 250")
+    try:
+        time.sleep(6)
+        assert rig.gpu_state()[0]["power_limit_w"] == 250
+        assert keeper_state(rig)["counts"] == counts
+        assert "rigkit tune holds its session" in keeper_state(rig).get("holding", "")
+    finally:
+        rig.exec("systemctl stop rigkit-tune-deadman.timer")
+    # Disarmed without a restore (a controller that vanished after the deadline): the keeper repairs.
+    started = time.monotonic()
+    while not held(rig) and time.monotonic() - started < REPAIR_BOUND_S:
+        time.sleep(0.2)
+    assert held(rig), rig.gpu_state()
+    settle(rig)
+    assert keeper_state(rig)["holding"] is None  # no longer holding off
+
+
+def test_a_deploy_applying_a_new_policy_is_not_fought(rig, tmp_path):
+    events = len(keeper_state(rig)["events"])
+    lower = tmp_path / "lower.yml"
+    lower.write_text(SIM_RIG.replace("power_limit_w: 330", "power_limit_w: 300"))
+    run = run_deploy(rig, lower, verify=False)
+    assert run.returncode == 0, run.output
+    settle(rig)
+    assert [g["power_limit_w"] for g in rig.gpu_state()] == [300, 300]
+    assert len(keeper_state(rig)["events"]) == events, keeper_state(rig)["events"][-2:]
+    assert run_deploy(rig, verify=False).returncode == 0  # back to 330 W
+    settle(rig)
+    assert held(rig) and len(keeper_state(rig)["events"]) == events
+
+
+def test_remove_stops_and_removes_the_keeper(rig, tmp_path):
+    removed = tmp_path / "removed.yml"
+    removed.write_text(SIM_RIG + "gpu_policy: remove\n")
+    run = run_deploy(rig, removed, verify=False)
+    assert run.returncode == 0, run.output
+    assert rig.exec("systemctl is-active rigkit-gpu-keeper.service")[1].strip() != "active"
+    assert rig.exec("ls /etc/systemd/system/rigkit-gpu-keeper* /usr/local/sbin/rigkit-gpu-keeper 2>/dev/null")[1] == ""
+    assert [g["power_limit_w"] for g in rig.gpu_state()] == [450, 450]
+    settle(rig)
+    assert [g["power_limit_w"] for g in rig.gpu_state()] == [450, 450]  # nothing re-applied it
