@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,3 +159,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
+
+
+@contextmanager
+def keeper_held_off(rig: SimRig):
+    """The GPU policy keeper holding off on `rig`, as it does while `rigkit tune` holds its session (the
+    tune's dead man's switch timer active): a limit set by hand then stays, so a test can show what a
+    deploy or a verification makes of it. Without this the keeper repairs it within seconds, racing
+    the test."""
+    code, out = rig.exec("systemd-run --unit=rigkit-tune-deadman --on-active=600s /bin/true")
+    assert code == 0, out
+    try:
+        yield
+    finally:
+        rig.exec("systemctl stop rigkit-tune-deadman.timer")

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import RESULTS, SERVING_RIG, copy_catalog, run_deploy
+from tests.conftest import keeper_held_off, RESULTS, SERVING_RIG, copy_catalog, run_deploy
 
 pytestmark = pytest.mark.simrig
 
@@ -77,11 +77,12 @@ def test_a_clock_above_the_lock_ceiling_fails_lock_not_in_effect(rig):
 
 
 def test_an_enforced_limit_off_the_policy_fails(rig):
-    assert rig.exec("nvidia-smi -i 1 -pl 300")[0] == 0
-    try:
-        run = verify(rig)
-    finally:
-        rig.exec("nvidia-smi -i 1 -pl 330")
+    with keeper_held_off(rig):  # else the keeper puts 330 W back before the benchmark
+        assert rig.exec("nvidia-smi -i 1 -pl 300")[0] == 0
+        try:
+            run = verify(rig)
+        finally:
+            rig.exec("nvidia-smi -i 1 -pl 330")
     assert run.returncode != 0
     assert "gpu1_enforced_power_limit: enforced limit 300 W, policy 330 W" in run.output
 
