@@ -63,7 +63,7 @@ if rig.spec.os == "linux":
     base_changes = base(rig, driver)
     runtime_changes = rigside(rig)  # the rig-side scripts below import it
     gpus = gpu_report(rig)
-    policy_changes = gpu_policy(rig, gpus)
+    policy_changes = gpu_policy(rig, gpus, runtime_changes)
     copied = weights(rig, verify=options.verify_weights)
     changes = base_changes + runtime_changes + policy_changes + list(copied.values()) + serving(rig, copied)
     if not options.verify_never:
