@@ -59,13 +59,13 @@ if rig.spec.os == "linux":
     # a converged deploy asks nothing else.)
     read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *rigside_reads(rig),
                 *serving_reads(rig), *([] if options.verify_never else verify_reads(rig))])
-    driver = preflight(rig)
-    base_changes = base(rig, driver)
+    checked = preflight(rig)
+    base_changes = base(rig, checked.driver)
     runtime_changes = rigside(rig)  # the rig-side scripts below import it
     gpus = gpu_report(rig)
     policy_changes = gpu_policy(rig, gpus, runtime_changes)
     copied = weights(rig, verify=options.verify_weights)
-    changes = base_changes + runtime_changes + policy_changes + list(copied.values()) + serving(rig, copied)
+    changes = base_changes + runtime_changes + policy_changes + list(copied.values()) + serving(rig, copied, checked.topology)
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
     if fleet_gateway is not None and fleet_gateway.host == host.name:

@@ -75,9 +75,12 @@ def serving_reads(rig: RigConfig) -> list[Read]:
 
 
 @deploy("Serving")
-def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
+def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | None = None) -> list:
     """Returns the operations whose change means a stack was (re)started or removed.
-    `weights_ops`: {model: op}; a model whose weights were copied again is restarted on them."""
+    `weights_ops`: {model: op}; a model whose weights were copied again is restarted on them.
+    `topology`: {model: rigkit.topology.decide.Verdict} from the preflight, for models spanning GPUs:
+    its vLLM flags and environment go into the model's compose file."""
+    topology = topology or {}
     weights_ops = weights_ops or {}
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
@@ -101,7 +104,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None) -> list:
 
     for model in rig.models:
         compose_path, settings_path = wanted_files[model.name]
-        compose = put(name=f"Compose file for {model.name}", data=render_compose(model, with_key, host=rig.spec.serve_address),
+        verdict = topology.get(model.name)
+        compose = put(name=f"Compose file for {model.name}",
+                      data=render_compose(model, with_key, host=rig.spec.serve_address,
+                                          topology_args=tuple(verdict.vllm_args) if verdict else (),
+                                          topology_env=verdict.env if verdict else None),
                       dest=compose_path, mode="644", batch=paths)
         settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
                        dest=settings_path, mode="644", batch=paths)
