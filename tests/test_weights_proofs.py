@@ -107,6 +107,18 @@ def test_a_truncated_safetensors_file_is_refused_in_any_folder(tmp_path, cut):
     assert state(dst) == {"complete": False, "manifest": False}
 
 
+def test_many_refused_files_are_all_listed_in_the_report_and_five_in_its_line(tmp_path):
+    src, dst = tmp_path / "model", tmp_path / "volume"
+    src.mkdir()
+    dst.mkdir()
+    for n in range(7):
+        (src / f"m{n}.safetensors").write_bytes(safetensors({"a": 64})[:-1])
+    code, result = run("copy", src, dst)
+    assert code == 4 and len(result["refused"]) == 7 and result["error"].startswith("7 source file(s)"), result
+    assert "m4.safetensors: safetensors-header" in result["error"] and "m5.safetensors" not in result["error"]
+    assert "; and 2 more. The download is damaged" in result["error"]
+
+
 def test_resume_proves_each_finished_file_again_and_keeps_its_proof(hub):
     """An interrupted copy (its marker and manifest gone, progress.jsonl kept): every finished file
     is re-read in the volume, proven again and kept with its proof, and none is copied again."""

@@ -433,8 +433,9 @@ def copy():
         report(status="error", error="the source changed during the copy; run again")
         return 2
     if refused:
+        shown = "; ".join(refused[:5]) + (f"; and {len(refused) - 5} more" if len(refused) > 5 else "")
         report(status="error", error=f"{len(refused)} source file(s) are not what their checks say, so nothing was "
-               f"marked complete: {'; '.join(refused)}. The download is damaged: fetch these files again "
+               f"marked complete: {shown}. The download is damaged: fetch these files again "
                "(for a Hugging Face cache, remove the blobs named and download again), then run again",
                refused=refused, copied_bytes=copied)
         return 4
