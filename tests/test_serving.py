@@ -261,3 +261,17 @@ def test_a_tensor_parallel_model_on_gpus_without_p2p_gets_vllms_flags_and_is_ver
     assert "verification of test-alpha" in run.output  # ran, and passed (a failure fails the deploy)
     assert complete("test-alpha").status_code == 200
     assert run_deploy(rig, only_alpha, catalog=split).changed_operations() == 0
+    # `rigkit status` reads the topology again to judge that compose file: no drift.
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, RESULTS, STATE_ROOT
+
+    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RIG_FILE=str(only_alpha),
+               RIGKIT_CATALOG_DIR=str(split), RIGKIT_RESULTS_DIR=str(RESULTS), RIGKIT_STATUS_RIGS="1")
+    out = tmp_path / "status.json"
+    done = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", "tests/data/status-fleet.py", "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    (doc,) = json.loads(out.read_text())["rigs"]
+    assert doc["reachable"] and doc["drift"] == [], done.stdout + done.stderr
