@@ -163,7 +163,7 @@ def sent_scripts(rig) -> dict[str, str]:
 
     from rigkit.windows import facts, install_dir
     from rigkit.windows import operations as winops
-    from rigkit.windows import private_file
+    from rigkit.windows import private_file, upload
     from rigkit.windows.bundle import (
         LOG_PATH,
         TASK_BOOTSTRAP,
@@ -188,6 +188,7 @@ def sent_scripts(rig) -> dict[str, str]:
         "secure-folder": private_file.secure_folder_script(path),
         "place-private-file": private_file.place_script(private_file.temporary_name(path), path),
         "protect-file": private_file.protect_script(path),
+        "place-file": upload.place_script("place-file", upload.temporary_name(path), path),
         "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
         "uninstall": winops.uninstall_script(render_bundle(rig)["uninstall.ps1"], [TASK_POWER, TASK_BOOTSTRAP]),
         "connector wrapper": "",
@@ -212,4 +213,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 10 * 21
+    assert checked == 10 * 22
