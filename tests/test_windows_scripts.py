@@ -101,3 +101,88 @@ def test_move_into_place_is_written_once():
                    if path.is_file() and "function Move-IntoPlace" in path.read_text(errors="replace")]
     assert definitions == ["templates/windows/_replace.ps1.j2"]
     assert bundle()["scripts/rigkit-watchdog.ps1"].count("function Move-IntoPlace") == 1
+
+
+# ----- 2. the watchdog's state replaced atomically; the lock bounded ---------------------------
+
+
+def watchdog():
+    script = bundle()["scripts/rigkit-watchdog.ps1"]
+    return script, PARSER.parse(script.encode()).root_node
+
+
+def test_the_watchdog_writes_its_state_only_whole_and_on_disk_then_moves_it_in():
+    script, root = watchdog()
+    assert "Move-Item" not in script and "Set-Content" not in script
+    check = function(root, "Invoke-Check")
+    writes = calls(check, "Write-FileAtomically")
+    assert [text(c) for c in writes] == ["Write-FileAtomically $path ($State | ConvertTo-Json -Depth 5 -Compress)"]
+    write = function(root, "Write-FileAtomically")
+    body = text(write)
+    assert "$temporary = $Path + '.tmp'" in body and "[IO.FileOptions]::WriteThrough" in body
+    order = [body.index(part) for part in ("$stream.Write(", "$stream.Flush($true)", "$stream.Dispose()",
+                                           "Move-IntoPlace $temporary $Path")]
+    assert order == sorted(order)  # on disk and closed before it takes the state's place
+
+
+def test_a_state_file_left_by_a_stopped_run_is_recovered_when_whole_and_removed_when_not():
+    _, root = watchdog()
+    read = function(root, "Read-State")
+    body = statements(read)
+    leftover = body[1]
+    assert text(body[0]) == "$temporary = $Path + '.tmp'"
+    assert leftover.type == "if_statement" and condition_text(leftover) == "Test-Path -LiteralPath $temporary -PathType Leaf"
+    decision = next(n for n in walk(leftover) if n.type == "if_statement" and n is not leftover)
+    assert condition_text(decision) == "$left -is [hashtable]"  # whole JSON (a part does not parse)
+    whole = next(c for c in decision.children if c.type == "statement_block")
+    part = next(c for c in decision.children if c.type == "else_clause")
+    assert "Move-IntoPlace $temporary $Path" in text(whole) and "Write-Log" in text(whole)
+    assert "Remove-Item -LiteralPath $temporary -Force" in text(part) and "Write-Log" in text(part)
+    # The recovery runs before the state is read, so the state read is the newest.
+    reads = [n for n in walk(read) if n.type == "command" and text(n).startswith("Get-Content -Raw -Encoding UTF8 -LiteralPath $Path")]
+    assert reads and all(r.start_byte > leftover.end_byte for r in reads)
+    assert len(calls(function(root, "Invoke-Check"), "Read-State")) == 1
+
+
+def condition_text(if_node) -> str:
+    return text(next(c for c in if_node.children if c.type == "pipeline"))
+
+
+def test_the_lock_tells_a_holder_from_a_lock_it_cannot_open():
+    script, root = watchdog()
+    enter = function(root, "Enter-RolloutLock")
+    catch = next(n for n in walk(enter) if n.type == "catch_clause")
+    assert "if (Test-HeldByAnother $_) { return @{ Held = $true } }" in text(catch)
+    assert "return @{ Error = $_.Exception.GetBaseException().Message }" in text(catch)
+    held = function(root, "Test-HeldByAnother")
+    assert "@(32, 33) -contains ($cause.HResult -band 0xFFFF)" in text(held)  # ERROR_SHARING/LOCK_VIOLATION
+    assert "[IO.IOException]" in text(held)
+    bootstrap = bundle()["scripts/llm-bootstrap.ps1"]
+    assert "if (-not (Test-HeldByAnother $_)) { Stop-WithError ('cannot open the rollout lock" in bootstrap
+
+
+def test_holding_off_is_bounded_in_time_for_a_held_and_for_an_unreadable_lock(tmp_path):
+    """Get-LockAccess returns 'rollout' or 'unreadable' (hold off) only after the time the lock has not
+    been taken was compared with its bound ('overdue': act); the bound for a held lock is the
+    bootstrap's whole time (its task limit and stop), for an unreadable one LOCK_UNREADABLE_LIMIT_S."""
+    from rigkit.windows.timing import bootstrap_budget
+    from rigkit.windows.watchdog import LOCK_UNREADABLE_LIMIT_S
+
+    script, root = watchdog()
+    access = function(root, "Get-LockAccess")
+    body = statements(access)
+    kinds = [text(s) for s in body]
+    overdue = next(i for i, s in enumerate(kinds) if s == "if ($blockedS -ge $limitS) { return 'overdue' }")
+    holds = [i for i, s in enumerate(kinds) if "return 'rollout'" in s or s == "return 'unreadable'"]
+    assert holds and min(holds) > overdue
+    assert "$blockedS = $Now - [double] $State['lock_blocked_since']" in kinds
+    assert "if ($Lock.Held) { $limitS = $RolloutMaxS }" in kinds and "$limitS = $LockUnreadableLimitS" in kinds
+    taken = body[0]
+    assert condition_text(taken) == "$null -ne $Lock.Handle" and "$State['lock_blocked_since'] = $null" in text(taken)
+    rig = load_rig(WIN_RIG, TEST_CATALOG)
+    assert f"$RolloutMaxS = {bootstrap_budget(rig).deploy_wait_s} " in script
+    assert f"$LockUnreadableLimitS = {LOCK_UNREADABLE_LIMIT_S} " in script
+    # 'overdue' restarts, and says so; nothing else is taken to mean "act".
+    wedged = function(root, "Invoke-Wedged")
+    said = next(s for s in statements(wedged) if s.type == "if_statement" and condition_text(s) == "$access -eq 'overdue'")
+    assert "restarting without it" in text(said) and "return" not in text(said)
