@@ -161,6 +161,15 @@ def sent_scripts(rig) -> dict[str, str]:
     powershell.exe decodes it."""
     import base64
 
+    from rigkit.windows.connector import powershell_command_line
+
+    decode = lambda line: base64.b64decode(line.rsplit(" ", 1)[1]).decode("utf-16-le")  # noqa: E731
+    return {kind: decode(powershell_command_line(script)) for kind, script in raw_sent_scripts(rig).items()}
+
+
+def raw_sent_scripts(rig) -> dict[str, str]:
+    """Every script the facts and operations send for `rig` (hostile names and paths), before the
+    connector wraps it; and the connector's own: an empty script, and the stager of a long one."""
     from rigkit.windows import facts, install_dir
     from rigkit.windows import operations as winops
     from rigkit.windows import private_file, upload
@@ -170,7 +179,7 @@ def sent_scripts(rig) -> dict[str, str]:
         TASK_POWER,
         render_bundle,
     )
-    from rigkit.windows.connector import powershell_command_line
+    from rigkit.windows.connector import file_stager
 
     path = f"C:\\ProgramData\\rigkit\\{HOSTILE}\\x.ps1"
     scripts = {
@@ -192,9 +201,9 @@ def sent_scripts(rig) -> dict[str, str]:
         "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
         "uninstall": winops.uninstall_script(render_bundle(rig)["uninstall.ps1"], [TASK_POWER, TASK_BOOTSTRAP]),
         "connector wrapper": "",
+        "file stager": file_stager(f"C:\\Users\\{HOSTILE}\\.rigkit-commands\\x.ps1", "ab" * 32),
     }
-    decode = lambda line: base64.b64decode(line.rsplit(" ", 1)[1]).decode("utf-16-le")  # noqa: E731
-    return {kind: decode(powershell_command_line(script)) for kind, script in scripts.items()}
+    return scripts
 
 
 def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
@@ -213,4 +222,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 10 * 22
+    assert checked == 10 * 23

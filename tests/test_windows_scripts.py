@@ -186,3 +186,87 @@ def test_holding_off_is_bounded_in_time_for_a_held_and_for_an_unreadable_lock(tm
     wedged = function(root, "Invoke-Wedged")
     said = next(s for s in statements(wedged) if s.type == "if_statement" and condition_text(s) == "$access -eq 'overdue'")
     assert "restarting without it" in text(said) and "return" not in text(said)
+
+
+# ----- 3. every command under cmd.exe's 8191 characters, or sent as a file ---------------------
+
+
+def sent_markers() -> set[str]:
+    """The `# rigkit: <what>` of every script rigkit.windows can send (its source's literal markers,
+    and the two built from a name: a fact's file read and an upload's move)."""
+    found = set()
+    for path in (REPO / "rigkit" / "windows").glob("*.py"):
+        found |= set(re.findall(r"# rigkit: ([a-z][a-z0-9-]+)", path.read_text()))
+    return found | {"file-sha256", "read-text", "place-file", "place-private-file"}
+
+
+def test_every_script_rigkit_sends_fits_cmd_exes_line_or_goes_as_a_file(tmp_path):
+    """Each script, for every rig variant (hostile names, keyed, remove), through plan_command with a
+    long home folder: the line sshd gets is at most COMMAND_LINE_MAX (8191 less room for the shell's
+    path); a script sent as a file is exactly what the encoded command would have run, with a BOM,
+    and its stager names its SHA-256."""
+    import base64
+    import hashlib
+
+    from rigkit.windows.connector import (
+        CMD_LINE_MAX,
+        COMMAND_LINE_MAX,
+        FILE_COMMAND_MARK,
+        plan_command,
+        powershell_command_line,
+        wrap,
+    )
+    from tests.test_ps51_rules import raw_sent_scripts, rig_variants
+
+    assert CMD_LINE_MAX == 8191 and COMMAND_LINE_MAX <= CMD_LINE_MAX - 260
+    home = "/C:/Users/" + "a-rather-long-user-name" * 3
+    as_files, kinds = set(), set()
+    for rig in rig_variants(tmp_path):
+        for kind, script in raw_sent_scripts(rig).items():
+            first = script.splitlines()[0] if script else ""
+            kinds.add(first.split()[2] if first.startswith("# rigkit: ") else kind)
+            planned = plan_command(script, lambda: home)
+            assert len(planned.line) <= COMMAND_LINE_MAX, (rig.file, kind, len(planned.line))
+            if planned.upload is None:
+                assert planned.line == powershell_command_line(script)
+                continue
+            as_files.add(kind)
+            relative, data = planned.upload
+            assert data == b"\xef\xbb\xbf" + wrap(script).encode("utf-8")
+            digest = hashlib.sha256(data).hexdigest()
+            assert relative == f".rigkit-commands/{digest}.ps1"
+            stager = base64.b64decode(planned.line.rsplit(" ", 1)[1]).decode("utf-16-le")
+            assert f"{FILE_COMMAND_MARK} 'C:\\Users\\{'a-rather-long-user-name' * 3}\\.rigkit-commands\\{digest}.ps1' " \
+                   f"{digest.upper()}" in stager
+            assert findings(stager) == [] and findings(data.decode("utf-8-sig")) == []
+    assert sent_markers() <= kinds, sent_markers() - kinds  # every script rigkit.windows sends was checked
+    assert "secure-install-dir" in as_files  # too long for the line: the file path is exercised
+
+
+def test_a_long_script_goes_as_a_file_and_a_short_one_never_asks_for_the_home_folder():
+    """A planted long script: its encoded line would exceed the limit, so it is sent as a file."""
+    from rigkit.windows.connector import COMMAND_LINE_MAX, plan_command, powershell_command_line
+
+    long_script = "# rigkit: planted\n" + "Write-Output 'x'\n" * 300
+    assert len(powershell_command_line(long_script)) > COMMAND_LINE_MAX
+    planned = plan_command(long_script, lambda: "/C:/Users/you")
+    assert planned.upload is not None and len(planned.line) <= COMMAND_LINE_MAX
+
+    def no_home():
+        raise AssertionError("a short script needs no upload")
+
+    assert plan_command("Write-Output 'x'", no_home).upload is None
+
+
+def test_the_stager_runs_the_file_only_while_holding_it_and_after_its_digest_matched():
+    from rigkit.windows.connector import file_stager
+
+    script = file_stager("C:\\Users\\you\\.rigkit-commands\\x.ps1", "ab" * 32)
+    root = PARSER.parse(script.encode()).root_node
+    guarded = next(n for n in walk(root) if n.type == "try_statement")
+    body = text(guarded)
+    order = [body.index(part) for part in ("ComputeHash($hold)", f"if ($sha -ne '{'AB' * 32}') {{ throw", "& $path",
+                                          "$hold.Dispose()", "Remove-Item -LiteralPath $path")]
+    assert order == sorted(order)
+    assert "[IO.FileShare]::Read)" in script and script.index("$hold = ") < guarded.start_byte
+    assert script.rstrip().endswith("exit $code")
