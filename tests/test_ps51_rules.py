@@ -76,6 +76,33 @@ PLANTED = [
     ("not-in-5.1", "$h = $json | ConvertFrom-Json -AsHashtable", "$h = $json | ConvertFrom-Json"),
     ("not-in-5.1", "Set-Content -LiteralPath $f -Value 'x' -Encoding utf8NoBOM",
      "Set-Content -LiteralPath $f -Value 'x' -Encoding UTF8"),
+    ("non-atomic-replace",  # what the watchdog's state write did
+     "Move-Item -LiteralPath $temporary -Destination $path -Force",
+     "Move-IntoPlace $temporary $path"),
+    ("non-atomic-replace",  # what install.ps1 did: the installed scripts rewritten in place
+     "Get-ChildItem -LiteralPath $src | Copy-Item -Destination $InstallDir -Recurse -Force",
+     "Copy-Item -LiteralPath $item.FullName -Destination $temporary -Force\nMove-IntoPlace $temporary $target"),
+    ("replace-null-backup",
+     "[IO.File]::Replace($temporary, $path, $null)",
+     "[IO.File]::Replace($temporary, $path, [NullString]::Value)"),
+    ("replace-null-backup",
+     "[System.IO.File]::Replace($a, $b, $NULL)",
+     "[System.IO.File]::Replace($a, $b, $backup)"),
+    ("lock-catch-all",  # what the watchdog did: any error read as "a rollout holds it"
+     "function Enter-RolloutLock {\n    try {\n        return [IO.File]::Open($LockFile, [IO.FileMode]::OpenOrCreate, "
+     "[IO.FileAccess]::ReadWrite, [IO.FileShare]::None)\n    } catch {\n        return $null\n    }\n}",
+     "function Test-HeldByAnother($e) { @(32, 33) -contains ($e.Exception.GetBaseException().HResult -band 0xFFFF) }\n"
+     "function Enter-RolloutLock {\n    try {\n        return @{ Handle = [IO.File]::Open($LockFile, [IO.FileMode]::OpenOrCreate, "
+     "[IO.FileAccess]::ReadWrite, [IO.FileShare]::None) }\n    } catch {\n        if (Test-HeldByAnother $_) { return @{ Held = $true } }\n"
+     "        return @{ Error = $_.Exception.Message }\n    }\n}"),
+    ("lock-catch-all",
+     "try { $l = [IO.File]::Open($f, 'OpenOrCreate', 'ReadWrite', [IO.FileShare]::None) } catch { Start-Sleep 1 }",
+     "try { $l = [IO.File]::Open($f, 'OpenOrCreate', 'ReadWrite', [IO.FileShare]::None) } "
+     "catch { if (($_.Exception.GetBaseException().HResult -band 0xFFFF) -ne 32) { throw } }"),
+    ("unbounded-wait",
+     "while (-not (Test-Docker)) { Start-Sleep -Seconds 3 }",
+     "$deadline = (Get-Date).AddSeconds(180)\nwhile (-not (Test-Docker)) {\n"
+     "    if ((Get-Date) -gt $deadline) { exit 1 }\n    Start-Sleep -Seconds 3\n}"),
     ("positional-binding",  # what rigkit's key upload sent until the install folder's owner was checked
      "function Invoke-Icacls([string[]] $Arguments) { & icacls.exe @Arguments }\n"
      "Invoke-Icacls 'C:\\x' '/inheritance:r' '/grant:r' '*S-1-5-18:F'",
