@@ -36,6 +36,7 @@ from rigkit.rigside.names import served_name
 from rigkit.serving.compose import vllm_args
 from rigkit.sshforward import forward
 from rigkit.weights.engine import dial_command, rig_engine
+from rigkit.ssh import rig_call
 
 if TYPE_CHECKING:
     from rigkit.verify.result import VerificationResult
@@ -75,7 +76,7 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) ->
     for model in rig.models:
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
-            function=_verify_model, rig=rig, model=model, results_dir=results_dir,
+            function=rig_call(_verify_model), rig=rig, model=model, results_dir=results_dir,
             _if=lambda: always or any(op.did_change() for op in [*after, *installed]),
         )
 
