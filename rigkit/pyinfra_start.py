@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(sys.modules.get("invoke"), _LoadedOnFirstUse):
         del sys.modules["invoke"]
     _name_connect_waits()
+    _name_lost_connections()
     sys.argv = ["pyinfra", *(sys.argv[1:] if argv is None else argv)]
     interrupted = _noting_interrupts()
     try:
@@ -134,6 +135,34 @@ def _name_connect_waits() -> None:
 
     raise_connect_error.rigkit = True
     ssh_connector.raise_connect_error = raise_connect_error
+
+
+def _name_lost_connections() -> None:
+    """A rig that reboots (or a network that drops) while a command runs: pyinfra reports the
+    operation as "executed 0 commands" with no output, then "No hosts remaining!". Where the command
+    failed because the SSH connection is gone, say so on the host's line."""
+    import pyinfra.connectors.ssh as ssh_connector
+    from pyinfra import logger
+
+    from rigkit.ssh import LOST_CONNECTION_ERRORS, lost_connection_text
+
+    original = ssh_connector.SSHConnector.run_shell_command
+    if getattr(original, "rigkit", False):
+        return
+
+    def run_shell_command(self, *args, **kwargs):
+        try:
+            result = original(self, *args, **kwargs)
+        except LOST_CONNECTION_ERRORS as exc:
+            logger.error(f"{self.host.print_prefix}{lost_connection_text(exc)}")
+            raise
+        transport = self.client.get_transport() if getattr(self, "client", None) else None
+        if not result[0] and (transport is None or not transport.is_active()):
+            logger.error(f"{self.host.print_prefix}{lost_connection_text(None)}")
+        return result
+
+    run_shell_command.rigkit = True
+    ssh_connector.SSHConnector.run_shell_command = run_shell_command
 
 
 def _noting_interrupts() -> list[bool]:

@@ -49,18 +49,34 @@ def named_connect_error(address: str, timeout_s: float, error: object) -> str | 
 
 
 def rig_call(function):
-    """`function` as a python.call callback whose lost SSH connection (the rig rebooted, the network
-    dropped) ends the operation with one line saying so. pyinfra prints any exception other than an
-    OperationError raised in a callback as a traceback, and then only "No hosts remaining!"."""
+    """`function` as a python.call callback that fails its operation in one line: an OperationError
+    it raises, or a lost SSH connection (the rig rebooted, the network dropped), is logged as the
+    host's error and the operation fails. pyinfra prints any exception raised in a callback with its
+    traceback ("Unexpected error in Python callback"); a callback taking `state` and `host` instead
+    returns its status (pyinfra.api.command.FunctionCommand.execute), which is what this does."""
 
     @functools.wraps(function)
-    def call(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except LOST_CONNECTION_ERRORS as exc:
-            raise OperationError(
-                f"lost the SSH connection to the rig ({type(exc).__name__}: {exc or 'closed'}): was it rebooted, "
-                "or did the network drop? Deploy again once it answers: an interrupted rollout is seen as "
-                "pending and finished then") from None
+    def call(state, host, *args, **kwargs):
+        from pyinfra import logger
+        from pyinfra.context import ctx_config, ctx_host
+
+        with ctx_config.use(state.config.copy()), ctx_host.use(host):
+            try:
+                function(*args, **kwargs)
+            except OperationError as exc:
+                message = str(exc)
+            except LOST_CONNECTION_ERRORS as exc:
+                message = lost_connection_text(exc)
+            else:
+                return True
+        host.log_styled(message, fg="red", log_func=logger.error)
+        return False
 
     return call
+
+
+def lost_connection_text(error: BaseException | None) -> str:
+    """One line for a command or call cut off by a lost SSH connection; `error` where one was raised."""
+    what = f" ({type(error).__name__}: {error or 'closed'})" if error is not None else ""
+    return (f"lost the SSH connection to the rig{what}: was it rebooted, or did the network drop? Deploy "
+            "again once it answers: an interrupted rollout is seen as pending and finished then")

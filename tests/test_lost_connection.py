@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import socket
+import types
 
 import paramiko
 import pytest
@@ -17,23 +18,56 @@ from rigkit.ssh import rig_call
 from tests.conftest import REPO
 
 
+class Host:
+    """What pyinfra hands a callback that takes `state` and `host`: here, only what the wrapper uses."""
+
+    print_prefix = "[rig] "
+
+    def __init__(self):
+        self.logged: list[str] = []
+
+    def log_styled(self, message, fg=None, log_func=None):
+        self.logged.append(message)
+
+
+def call(callback, *args):
+    from pyinfra.api import Config
+
+    host = Host()
+    status = rig_call(callback)(types.SimpleNamespace(config=Config()), host, *args)
+    return status, host.logged
+
+
 @pytest.mark.parametrize("error", [paramiko.SSHException("SSH session not active"), EOFError(),
                                    ConnectionResetError(104, "Connection reset by peer"), socket.timeout("timed out")])
-def test_a_lost_connection_is_one_line_naming_what_to_do(error):
+def test_a_lost_connection_fails_the_operation_in_one_line_naming_what_to_do(error):
     def callback():
         raise error
 
-    with pytest.raises(OperationError) as caught:
-        rig_call(callback)()
-    text = str(caught.value)
+    status, logged = call(callback)
+    assert status is False
+    (text,) = logged
     assert text.startswith(f"lost the SSH connection to the rig ({type(error).__name__}")
     assert "Deploy again once it answers" in text and "\n" not in text
 
 
-def test_other_errors_and_results_pass_through():
-    assert rig_call(lambda x: x + 1)(1) == 2
-    with pytest.raises(ZeroDivisionError):
-        rig_call(lambda: 1 / 0)()
+def test_an_operation_error_is_the_operations_one_line_and_other_errors_are_raised():
+    def failing():
+        raise OperationError("verification of m failed: decode 50 tok/s below 80")
+
+    assert call(failing) == (False, ["verification of m failed: decode 50 tok/s below 80"])
+    assert call(lambda x: None, 1) == (True, [])
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        call(lambda: 1 / 0)
+
+
+def test_pyinfra_passes_state_and_host_to_the_wrapper():
+    """FunctionCommand.execute calls a callback with `state` and `host` first, and takes its return
+    value as the status, only when its own argument list names both: the wrapper's must."""
+    from inspect import getfullargspec
+
+    args = getfullargspec(rig_call(lambda: None)).args
+    assert "state" in args and "host" in args
 
 
 def test_every_python_call_of_rigkit_is_wrapped():
