@@ -11,6 +11,7 @@ stand-in). Assertions read Prometheus's HTTP API and the rig's own nvidia-smi, n
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 import urllib.parse
@@ -34,9 +35,10 @@ def monitored(serving_rig, tmp_path_factory):
     """The serving rig with its apt pointed at the local repository (Debian's packages, no mirror),
     deployed once with monitoring on; yields (rig, rig file, first deploy's run)."""
     with AptRepos(debian=MONITORING_PACKAGES) as repos:
-        code, out = serving_rig.exec(f"printf '%s' {repos.distro_sources()!r} > /etc/apt/sources.list && "
-                                     "rm -f /etc/apt/sources.list.d/*")
-        assert code == 0, out
+        code, out = serving_rig.exec(f"printf '%s' {shlex.quote(repos.distro_sources())} > /etc/apt/sources.list && "
+                                     "rm -f /etc/apt/sources.list.d/* && apt-get update -q >/dev/null && "
+                                     "apt-cache policy prometheus python3-prometheus-client")
+        assert code == 0 and "Candidate: 2.42" in out and "Candidate: (none)" not in out, out
         path = tmp_path_factory.mktemp("monitoring") / "monitored.yml"
         path.write_text(SERVING_RIG.read_text() + MONITORING)
         first = run_deploy(serving_rig, path)
@@ -84,14 +86,15 @@ def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second
     # Every target up: the exporter and both models' /metrics (the stand-in's)
     up = wait_for('count(up == 1) == 3', "the exporter and both vLLM targets up")
     assert up
-    # Power and the configured cap, against the rig's nvidia-smi (an independent read)
+    # Power and the configured cap, against the rig's nvidia-smi (an independent read of the limits; its
+    # draw is an idle value, while the simulated NVML draws 92% of the enforced limit: docs/simulated-rig.md)
     code, out = rig.exec("nvidia-smi --query-gpu=index,power.draw,power.limit --format=csv,noheader,nounits")
     smi = {line.split(", ")[0]: (float(line.split(", ")[1]), float(line.split(", ")[2])) for line in out.splitlines()}
     power = by_gpu(wait_for("DCGM_FI_DEV_POWER_USAGE", "GPU power in Prometheus"))
     configured = by_gpu(wait_for("rigkit_gpu_power_limit_configured_watts", "the configured cap in Prometheus"))
     enforced = by_gpu(wait_for("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "the enforced limit in Prometheus"))
     for gpu in ("0", "1"):
-        assert power[gpu] == pytest.approx(smi[gpu][0], abs=0.5), (power, smi)
+        assert power[gpu] == pytest.approx(0.92 * smi[gpu][1], abs=0.5), (power, smi)
         assert enforced[gpu] == smi[gpu][1] == 330
         assert configured[gpu] == 330  # the rig file's power_limit_w
     assert by_gpu(query("rigkit_gpu_clock_lock_ceiling_mhz")) == {"0": 2200, "1": 2200}
