@@ -129,3 +129,52 @@ def test_a_limit_set_behind_rigkits_back_shows_as_drift_then_as_the_keepers_repa
              "the keeper's repair counted in Prometheus")
     wait_for('rigkit_gpu_policy_drift{gpu="0"} == 0', "the drift gone after the repair")
     print(f"drift and repair seen in Prometheus", file=sys.stderr)
+
+
+LOAD_S = 40  # back-to-back requests; the rule's window is 10 s (four 1 s scrapes, at least 10 s)
+
+
+def _verification_workload(port: int, seconds: float) -> int:
+    """Verification's request (2048 prompt tokens, each prompt new so nothing is cached, 256 tokens out,
+    streamed) sent back to back for `seconds`; returns how many completed."""
+    import random
+
+    import httpx
+
+    done, deadline = 0, time.monotonic() + seconds
+    with httpx.Client(timeout=60) as client:
+        while time.monotonic() < deadline:
+            words = " ".join(f"w{random.randrange(10**9)}" for _ in range(2048))
+            with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json={
+                    "model": "test-alpha", "prompt": words, "max_tokens": 256, "stream": True}) as response:
+                assert response.status_code == 200
+                for _ in response.iter_lines():
+                    pass
+            done += 1
+    return done
+
+
+def test_energy_per_token_from_prometheus_agrees_with_the_verification(monitored):
+    """Simulates steady traffic of verification's own workload on test-alpha for LOAD_S: Prometheus's
+    rigkit:model_joules_per_output_token (the GPU's energy counter over the window divided by vLLM's
+    generated tokens over it), averaged over the loaded part, agrees within 2% with the
+    joules_per_output_token `rigkit verify` measured for one such request in this module's deploy."""
+    rig, path, first = monitored
+    assert first.returncode == 0, first.output[-3000:]
+    verified = json.loads(sorted((RESULTS / path.stem / "test-alpha").glob("*.json"))[-1].read_text())
+    expected = verified["figures"]["joules_per_output_token"]
+    requests = _verification_workload(18101, LOAD_S)
+    end = time.time()
+    full_windows_s = LOAD_S - 15  # leave out the windows that reach back before the load began
+    wait_for(f'count_over_time(rigkit:model_joules_per_output_token{{model="test-alpha"}}[{full_windows_s}s]) > 0',
+             "the energy-per-token rule's values over the load")
+    url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?" + urllib.parse.urlencode({
+        "query": f'avg_over_time(rigkit:model_joules_per_output_token{{model="test-alpha"}}[{full_windows_s}s])',
+        "time": f"{end - 1:.3f}"})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result = json.load(response)["data"]["result"]
+    assert result, f"no energy-per-token values in Prometheus for the {full_windows_s} s before {end}"
+    measured = float(result[0]["value"][1])
+    print(f"energy per output token: Prometheus {measured:.4f} J, rigkit verify {expected:.4f} J "
+          f"({measured / expected - 1:+.2%}); {requests} requests in {LOAD_S} s", file=sys.stderr)
+    assert measured == pytest.approx(expected, rel=0.02)
