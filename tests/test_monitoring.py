@@ -178,3 +178,20 @@ def test_energy_per_token_from_prometheus_agrees_with_the_verification(monitored
     print(f"energy per output token: Prometheus {measured:.4f} J, rigkit verify {expected:.4f} J "
           f"({measured / expected - 1:+.2%}); {requests} requests in {LOAD_S} s", file=sys.stderr)
     assert measured == pytest.approx(expected, rel=0.02)
+
+
+def test_turning_it_off_removes_the_exporter_and_leaves_prometheus(monitored, tmp_path):
+    """The rig file's monitoring.enabled set back to false: the exporter is stopped and its files removed;
+    Debian's prometheus, a distribution package, stays installed; a second deploy changes nothing."""
+    rig, path, first = monitored
+    assert first.returncode == 0, first.output[-3000:]
+    off = tmp_path / path.name  # same stem: the same rig
+    off.write_text(path.read_text().replace("enabled: true", "enabled: false"))
+    run = run_deploy(rig, off, verify=False)
+    assert run.returncode == 0, run.output[-4000:]
+    code, out = rig.exec("systemctl is-active rigkit-exporter.service; ls /usr/local/sbin/rigkit-exporter "
+                         "/etc/rigkit/monitoring/exporter.json 2>&1; dpkg-query -W -f '${Status}' prometheus")
+    assert out.splitlines()[0] in ("inactive", "failed", "unknown"), out
+    assert out.count("No such file or directory") == 2 and "install ok installed" in out, out
+    again = run_deploy(rig, off, verify=False)
+    assert again.returncode == 0 and again.changed_operations() == 0, again.output[-4000:]
