@@ -13,9 +13,11 @@ Linux rigs (systemd, over SSH):
 7. serving: one vLLM compose stack per model, rolled out with rollback;
 8. verify: benchmark each model and check GPUs under load (when this deploy
    changed the rig; `rigkit verify` runs it on demand);
-9. gateway: on the rig whose inventory data has `gateway:`, the LiteLLM proxy over every
+9. monitoring (when the rig file asks: `monitoring: {enabled: true}`): the exporter of GPU power,
+   clocks, policy drift and verification figures, and Debian's Prometheus scraping it and the models;
+10. gateway: on the rig whose inventory data has `gateway:`, the LiteLLM proxy over every
    replica of every rig (docs/gateway.md);
-10. verify through the gateway: per model name, a benchmark through it and the time to first
+11. verify through the gateway: per model name, a benchmark through it and the time to first
    token it adds against a direct request (when this deploy changed the gateway's rig).
 Windows rigs (`@winssh/HOST`): the same GPU checks, the same weights copy onto volumes
 (through Docker Desktop), then the two elevated logon tasks and their scripts, installed
@@ -39,6 +41,7 @@ from roles.gateway import gateway  # noqa: E402
 from roles.gateway_verify import gateway_verify  # noqa: E402
 from roles.gpu_policy import gpu_policy, gpu_policy_reads  # noqa: E402
 from roles.gpu_report import gpu_report, gpu_report_reads  # noqa: E402
+from roles.monitoring import monitoring, monitoring_reads  # noqa: E402
 from roles.preflight import preflight, preflight_reads  # noqa: E402
 from roles.rigside import rigside, rigside_reads  # noqa: E402
 from roles.serving import serving, serving_reads  # noqa: E402
@@ -58,7 +61,7 @@ if rig.spec.os == "linux":
     # read: nothing changes before the preflight has passed. (tests/test_serving.py checks that
     # a converged deploy asks nothing else.)
     read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *rigside_reads(rig),
-                *serving_reads(rig), *([] if options.verify_never else verify_reads(rig))])
+                *serving_reads(rig), *([] if options.verify_never else verify_reads(rig)), *monitoring_reads(rig)])
     checked = preflight(rig)
     base_changes = base(rig, checked.driver)
     runtime_changes = rigside(rig)  # the rig-side scripts below import it
@@ -68,6 +71,7 @@ if rig.spec.os == "linux":
     changes = base_changes + runtime_changes + policy_changes + list(copied.values()) + serving(rig, copied, checked.topology)
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
+    monitoring(rig, runtime_changes)  # off unless the rig file asks; after verify, which its figures come from
     if fleet_gateway is not None and fleet_gateway.host == host.name:
         fleet = {name: rig_config(h) for h in inventory for name in [h.name]}
         gateway_changes = gateway(fleet_gateway, fleet)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +31,8 @@ from rigkit.facts_once import Read
 from rigkit.files import FileStates, put
 from rigkit.render import module_source
 from rigkit.rigside import sampler
-from rigkit.rigside.names import RUN_DIR, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH, SAMPLER_PATH
+from rigkit.rigside.metrics import verification_summary
+from rigkit.rigside.names import RUN_DIR, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH, SAMPLER_PATH, VERIFY_SUMMARY_DIR
 from rigkit.serving.api_key import read_api_key
 from rigkit.rigside.names import served_name
 from rigkit.serving.compose import vllm_args
@@ -116,10 +118,23 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     )
 
     draw(path.with_suffix(".png"), rig, model.name, telemetry)
+    if rig.spec.monitoring.enabled and rig.spec.os == "linux":
+        _summary_to_rig(model, result)
     logger.info(f"{host.print_prefix}{_summary(result, path)}")
     if not result.passed:
         failed = "; ".join(f"{c.name}: {c.message}" for c in result.failed_checks)
         raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
+
+
+def _summary_to_rig(model: ModelConfig, result: VerificationResult) -> None:
+    """The figures the monitoring exporter shows as the last verification's (rigkit.rigside.metrics),
+    at VERIFY_SUMMARY_DIR/<model>.json on the rig, replaced whole (upload beside it, then mv)."""
+    target = f"{VERIFY_SUMMARY_DIR}/{model.name}.json"
+    data = json.dumps(verification_summary(result.to_json()), indent=1).encode()
+    _run(f"mkdir -p {shlex.quote(VERIFY_SUMMARY_DIR)}")
+    if not host.put_file(io.BytesIO(data), f"{target}.part"):
+        raise OperationError(f"could not write {target}.part on the rig")
+    _run(f"chmod 644 {shlex.quote(target + '.part')} && mv {shlex.quote(target + '.part')} {shlex.quote(target)}")
 
 
 @contextmanager

@@ -114,7 +114,7 @@ def test_the_package_cycle_check_sees_a_planted_cycle():
 
 
 FEATURES = {"rigkit.preflight", "rigkit.base", "rigkit.gpu", "rigkit.weights", "rigkit.serving", "rigkit.verify",
-            "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune", "rigkit.topology"}
+            "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune", "rigkit.topology", "rigkit.monitoring"}
 BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.render", "rigkit.files", "rigkit.private_file",
                     "rigkit.units", "rigkit.facts_once", "rigkit.ssh", "rigkit.sshforward", "rigkit.pyinfra_start",
                     "rigkit.pyinfra_fastpaths", "rigkit.rigread"}
@@ -272,7 +272,7 @@ def test_the_names_rule_sees_a_planted_copy(planted):
 # one folder is the only rig path they may spell, in the line that finds the runtime.
 RIG_SCRIPTS = ("templates/serving/rigkit-stack", "templates/serving/rigkit-watchdog",
                "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway",
-               "templates/gpu_policy/rigkit-gpu-keeper.py")
+               "templates/gpu_policy/rigkit-gpu-keeper.py", "templates/monitoring/rigkit-exporter.py")
 
 
 @pytest.mark.parametrize("script", RIG_SCRIPTS)

@@ -37,12 +37,26 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
             models.append(load_model(model_file))
         except ConfigError as exc:
             problems.extend(exc.problems)
+    problems += _monitoring_port_problems(spec, rig_file, models)
     if problems:
         raise ConfigError(problems)
     errors, warnings = serving_findings(spec, rig_file, models)
     if errors:
         raise ConfigError(errors)
     return RigConfig(rig_file.stem, spec, tuple(models), rig_file, tuple(warnings))
+
+
+def _monitoring_port_problems(spec: RigSpec, rig_file: Path, models: list[ModelConfig]) -> list[Problem]:
+    """The exporter and Prometheus listen on the rig's 127.0.0.1 beside the models: a port each."""
+    monitoring = spec.monitoring
+    if not monitoring.enabled:
+        return []
+    ports = {monitoring.exporter_port: "exporter_port"}
+    if monitoring.prometheus:
+        ports[monitoring.prometheus_port] = "prometheus_port"
+    return [Problem(rig_file, f"monitoring.{field}", model.spec.port,
+                    f"port {model.spec.port} is also the port of model {model.name} ({model.file}); pick another")
+            for model in models for port, field in ports.items() if model.spec.port == port]
 
 
 def _serve_address_problems(spec: RigSpec, rig_file: Path) -> list[Problem]:

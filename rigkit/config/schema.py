@@ -166,6 +166,29 @@ class BaseSpec(_Strict):
     driver_version: str | None = Field(default=None, pattern=_VERSION)  # for `rigkit check` only
 
 
+# ----- rig file: the monitoring pack (docs/monitoring.md) -------------------------
+
+
+class MonitoringSpec(_Strict):
+    """The monitoring pack (roles/monitoring.py): an exporter of GPU power, clocks, policy drift and
+    rigkit's own figures, and Debian's Prometheus scraping it and every model's /metrics. Off unless
+    the rig file says `monitoring: {enabled: true}`. Linux rigs only. Both listen on 127.0.0.1 only."""
+
+    enabled: bool = False
+    exporter_port: int = Field(default=9835, ge=1024, le=65535)  # the exporter's /metrics (127.0.0.1)
+    prometheus: bool = True  # install Debian's prometheus on the rig, scraping the exporter and the models
+    prometheus_port: int = Field(default=9090, ge=1024, le=65535)  # its web UI and HTTP API (127.0.0.1)
+    scrape_interval_s: int = Field(default=15, ge=1, le=600)
+    retention_days: int = Field(default=15, ge=1, le=3650)  # --storage.tsdb.retention.time
+
+    @field_validator("prometheus_port")
+    @classmethod
+    def _two_ports(cls, value: int, info: ValidationInfo) -> int:
+        if value == info.data.get("exporter_port"):
+            raise ValueError(f"port {value} is the exporter_port too; give Prometheus and the exporter a port each")
+        return value
+
+
 class RigSpec(_Strict):
     os: Literal["linux", "windows"]
     psu_w: int = Field(gt=0, le=10_000)
@@ -184,6 +207,7 @@ class RigSpec(_Strict):
     # rig can reach them (then api_key_file is required: rigkit.config.loader refuses it without one).
     serve_address: Literal["127.0.0.1", "0.0.0.0"] = "127.0.0.1"
     base: BaseSpec = BaseSpec()  # Linux: Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
+    monitoring: MonitoringSpec = MonitoringSpec()  # off by default; Linux only (roles/monitoring.py)
 
     @field_validator("base")
     @classmethod
@@ -191,6 +215,14 @@ class RigSpec(_Strict):
         if info.data.get("os") == "windows":
             raise ValueError("the base role (apt packages, Docker, driver holds) runs on Linux rigs only; a Windows "
                              "rig brings Docker Desktop and its driver itself: remove `base` from this Windows rig")
+        return value
+
+    @field_validator("monitoring")
+    @classmethod
+    def _monitoring_linux_only(cls, value: MonitoringSpec, info: ValidationInfo) -> MonitoringSpec:
+        if value.enabled and info.data.get("os") == "windows":
+            raise ValueError("the monitoring pack (exporter, Prometheus) runs on Linux rigs only; Windows rigs are not "
+                             "covered (docs/monitoring.md): remove `monitoring` from this Windows rig")
         return value
 
     @field_validator("gpus")

@@ -73,6 +73,21 @@ GATEWAY_DIR = f"{ETC_DIR}/gateway"
 GATEWAY_SECRETS_ENV_FILE = f"{SECRETS_DIR}/gateway.env"
 GATEWAY_SETTINGS_PATH = f"{GATEWAY_DIR}/gateway.json"  # what the rig-side helper reads
 
+# Monitoring (roles/monitoring.py, templates/monitoring/; docs/monitoring.md)
+EXPORTER_PATH = f"{SBIN_DIR}/rigkit-exporter"
+EXPORTER_UNIT = "rigkit-exporter.service"
+EXPORTER_UNIT_PATH = f"{UNIT_DIR}/{EXPORTER_UNIT}"
+MONITORING_DIR = f"{ETC_DIR}/monitoring"
+EXPORTER_CONFIG_PATH = f"{MONITORING_DIR}/exporter.json"
+MONITORING_NVML_DIR = f"{LIB_DIR}/monitoring"  # pynvml for rigs without nvidia-ml-py
+MONITORING_NVML_PATH = f"{MONITORING_NVML_DIR}/pynvml.py"
+VERIFY_SUMMARY_DIR = "/var/lib/rigkit/verify"  # the last verification per model, <model>.json (roles/verify.py)
+# Debian's prometheus package: its unit, its config, its ARGS file; rigkit's recording rules beside them
+PROMETHEUS_UNIT = "prometheus.service"
+PROMETHEUS_CONFIG_PATH = "/etc/prometheus/prometheus.yml"
+PROMETHEUS_RULES_PATH = "/etc/prometheus/rigkit-rules.yml"
+PROMETHEUS_ARGS_PATH = "/etc/default/prometheus"
+
 
 def project_name(model) -> str:
     """The model's Compose project (and the prefix of its containers)."""

@@ -25,7 +25,6 @@ differs, so an idle watch costs a few NVML reads per GPU per WATCH_S.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 from rigside import atomic, lock, names  # noqa: E402
+from rigside.sdnotify import notify  # noqa: E402
 
 POLICY_PATH = names.GPU_POLICY_PATH
 POLICY_SCRIPT = names.GPU_POLICY_SCRIPT_PATH
@@ -62,20 +62,6 @@ except ImportError:  # the copy rigkit ships (roles/gpu_policy.py)
 
 def say(text):
     print(f"rigkit-gpu-keeper: {text}", flush=True)
-
-
-def notify(message):
-    """sd_notify: the unit's WatchdogSec restarts a keeper stuck in a hung NVML call."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(message.encode(), address)
-    except OSError:
-        pass
 
 
 def now_iso():

@@ -6,9 +6,13 @@ apt checks the signature with it, as with NVIDIA's and Docker's keys), and serve
 HTTP on 127.0.0.1 (the rig shares the host's network). Three repositories, laid out as
 their originals:
 
-- `debian/` (suite bookworm, component main): the rig's distribution mirror. It only holds
-  the stand-in NVIDIA driver packages (`nvidia-driver`, `nvidia-kernel-dkms`, empty) that the
-  rig's owner installs before rigkit runs: the real mirror's driver would need a kernel.
+- `debian/` (suite bookworm, component main): the rig's distribution mirror. It holds the
+  stand-in NVIDIA driver packages (`nvidia-driver`, `nvidia-kernel-dkms`, empty) that the
+  rig's owner installs before rigkit runs: the real mirror's driver would need a kernel. With
+  `AptRepos(debian=MONITORING_PACKAGES)` it also holds Debian's REAL packages, `prometheus` and
+  `python3-prometheus-client` with their dependencies, fetched once on the host (Debian 12, like
+  the rig) with `apt-get download` into a cache (`debian_debs`), so a fresh CI machine gets them
+  too and the tests then need no mirror.
 - `docker/linux/debian/` (suite bookworm, component stable) and its key `gpg`: Docker's
   repository. Debian 12's own Docker has no Compose v2, so the bare rig uses this one.
   `docker-ce-cli` carries the host's real docker CLI and `docker-compose-plugin` the real
@@ -37,6 +41,9 @@ from email.utils import formatdate
 from pathlib import Path
 
 HERE = Path(__file__).parent
+DEB_CACHE = Path(os.environ.get("RIGKIT_CACHE", Path.home() / ".cache" / "rigkit")) / "debs"
+MONITORING_PACKAGES = ("prometheus", "python3-prometheus-client")  # the monitoring role's (roles/monitoring.py)
+APT_TIMEOUT_S = 600
 TOOLKIT_VERSION = "1.17.8-1"
 DRIVER_VERSION = "580.95.05-1"
 DOCKER_VERSION = "5:28.3.3-1~debian.12~bookworm"
@@ -82,6 +89,57 @@ def _stanza(package: Package, deb: Path, filename: str) -> str:
             f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
 
 
+def _real_stanza(deb: Path, filename: str) -> str:
+    control = subprocess.run(["dpkg-deb", "--field", str(deb)], check=True, capture_output=True, text=True).stdout
+    data = deb.read_bytes()
+    return (f"{control.rstrip()}\nFilename: {filename}\nSize: {len(data)}\n"
+            f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+
+
+def _closure(packages: tuple[str, ...]) -> list[str]:
+    """`packages` and what they depend on (no recommends), less Priority: required (every Debian,
+    debootstrap's minbase included, has those), as the host's apt knows them."""
+    done = subprocess.run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
+                           "--no-breaks", "--no-replaces", "--no-enhances", *packages],
+                          check=True, capture_output=True, text=True, timeout=APT_TIMEOUT_S)
+    names = sorted({line.strip() for line in done.stdout.splitlines() if line and not line.startswith((" ", "<"))})
+    shown = subprocess.run(["apt-cache", "show", "--no-all-versions", *names], check=True, capture_output=True,
+                           text=True, timeout=APT_TIMEOUT_S).stdout
+    required = set()
+    for stanza in shown.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        if fields.get("Priority") == "required":
+            required.add(fields.get("Package"))
+    return [n for n in names if n not in required]
+
+
+def debian_debs(packages: tuple[str, ...], log=print) -> list[Path]:
+    """Debian's real .debs for `packages` and their dependencies, from the host's apt (Debian 12 like
+    the rig), downloaded once into DEB_CACHE/<packages>/ and reused (a manifest lists them)."""
+    folder = DEB_CACHE / "+".join(packages)
+    manifest = folder / "manifest.txt"
+    if manifest.is_file():
+        debs = [folder / name for name in manifest.read_text().split()]
+        if debs and all(d.is_file() for d in debs):
+            return debs
+    log(f"fetching Debian's {', '.join(packages)} and their dependencies with apt-get download (once)")
+    subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL, timeout=APT_TIMEOUT_S)
+    names = _closure(packages)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    subprocess.run(["apt-get", "download", "-q", *names], cwd=partial, check=True, stdout=subprocess.DEVNULL,
+                   timeout=APT_TIMEOUT_S)
+    debs = sorted(p.name for p in partial.glob("*.deb"))
+    missing = [n for n in names if not any(d.startswith(f"{n}_") for d in debs)]
+    if missing:
+        raise RuntimeError(f"apt-get download fetched no .deb for {missing} into {partial}")
+    (partial / "manifest.txt").write_text("\n".join(debs) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return [folder / name for name in debs]
+
+
 def _release(folder: Path, files: list[str], **fields: str) -> None:
     lines = [f"{k}: {v}" for k, v in fields.items()] + [f"Date: {formatdate(usegmt=True)}", "SHA256:"]
     for name in files:
@@ -93,7 +151,8 @@ def _release(folder: Path, files: list[str], **fields: str) -> None:
 class AptRepos:
     """Build the three repositories under a temporary folder and serve them; a context manager."""
 
-    def __init__(self):
+    def __init__(self, debian: tuple[str, ...] = ()):
+        self.debian = debian  # Debian's real packages to serve beside the stand-ins (debian_debs)
         self.root = Path(tempfile.mkdtemp(prefix="rigkit-apt-"))
         self.gnupg = Path(tempfile.mkdtemp(prefix="rigkit-gpg-", dir="/tmp"))
         self.port = 0
@@ -109,11 +168,14 @@ class AptRepos:
         self._gpg("--yes", "--clearsign", "-o", str(folder / "InRelease"), str(folder / "Release"))
         self._gpg("--yes", "--armor", "--detach-sign", "-o", str(folder / "Release.gpg"), str(folder / "Release"))
 
-    def _suite(self, base: str, suite: str, component: str, packages: list[Package]) -> None:
+    def _suite(self, base: str, suite: str, component: str, packages: list[Package], real: list[Path] = ()) -> None:
         top = self.root / base
         pool = top / "pool"
         pool.mkdir(parents=True, exist_ok=True)
         stanzas = [_stanza(p, deb, f"pool/{deb.name}") for p in packages for deb in [p.build(pool)]]
+        for deb in real:
+            shutil.copyfile(deb, pool / deb.name)
+            stanzas.append(_real_stanza(pool / deb.name, f"pool/{deb.name}"))
         dist = top / "dists" / suite
         index = dist / component / "binary-amd64"
         index.mkdir(parents=True)
@@ -139,7 +201,7 @@ class AptRepos:
         self._suite("debian", "bookworm", "main", [
             Package("nvidia-driver", DRIVER_VERSION, depends=f"nvidia-kernel-dkms (= {DRIVER_VERSION})"),
             Package("nvidia-kernel-dkms", DRIVER_VERSION),
-        ])
+        ], debian_debs(self.debian) if self.debian else [])
         compose = _compose_binary()
         self._suite("docker/linux/debian", "bookworm", "stable", [
             Package("docker-ce", DOCKER_VERSION, "amd64", "docker-ce-cli, containerd.io", {

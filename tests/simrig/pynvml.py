@@ -190,6 +190,18 @@ def nvmlDeviceGetPowerManagementDefaultLimit(handle):
     return int(_config()[handle]["default_w"] * 1000)
 
 
+def nvmlDeviceGetPowerManagementLimit(handle):
+    return int(_limit_w(handle) * 1000)  # the requested limit (nvidia-smi -pl)
+
+
+def nvmlDeviceGetUUID(handle):
+    return f"GPU-00000000-0000-4000-8000-{handle:012d}"  # fixed per index: a simulated card's identity
+
+
+def nvmlDeviceGetPowerUsage(handle):
+    return int(_draw_w(handle) * 1000)  # mW, as NVML answers (a 1 s average on Ampere and newer)
+
+
 def nvmlDeviceGetEnforcedPowerLimit(handle):
     return int(_limit_w(handle) * 1000)
 

@@ -545,11 +545,14 @@ class Handler(BaseHTTPRequestHandler):
             reason = (None if ENGINE.finish_reason == "none" else ENGINE.finish_reason or finish) if last else None
             carrier = ENGINE.reasoning_field if chat and emitted - n < ENGINE.reasoning_tokens else field
             choice = {"index": 0, "finish_reason": reason, **token_payload(carrier, " ".join("tok" for _ in range(n)) + " ", i)}
+            # vLLM counts generated tokens at each engine step, not at the request's end: a rate of
+            # vllm:generation_tokens_total over a window then follows the tokens as they come.
+            ENGINE.count(generation=n)
             if not self.write_event({"id": rid, "object": kind, "model": model, "choices": [choice]}):
                 return
         done = time.monotonic()
         ENGINE.count(drafts=drafts, accepted=accepted, draft_tokens=drafts * ENGINE.k,
-                     prompt=prompt_tokens, generation=produced, requests=1)
+                     prompt=prompt_tokens, requests=1)
         ENGINE.observe(steps, **{
             "vllm:request_queue_time_seconds": scheduled - arrived,
             "vllm:request_prefill_time_seconds": (first or done) - scheduled,

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""rigkit-exporter: the monitoring pack's exporter, one small process on the rig.
+
+Installed by rigkit (role monitoring) as rigkit-exporter.service; Python 3 with Debian's
+python3-prometheus-client and pynvml (the rig's nvidia-ml-py, else the copy rigkit ships). Usage:
+
+    rigkit-exporter SETTINGS.json     serve /metrics on the settings' address and port
+
+Every scrape reads NVML (per GPU: power, requested/enforced/default limits, SM and memory clocks,
+temperature, clock event reasons, the energy counter, ECC counts where NVML has them) and rigkit's
+own files: the GPU policy (configured caps and locks), the keeper's state (repairs by cause), the
+watchdog's state per model (restarts), the last verification per model. Names and the metric set:
+the rig-side runtime's rigside.metrics (DCGM's names where DCGM has the metric). Nothing is read
+between scrapes: the cost follows the scrape interval.
+
+One scrape at a time reads NVML; a scrape that finds another still reading after HUNG_AFTER_S
+answers with rigkit_exporter_nvml_up 0, and the heartbeat to systemd stops, so WatchdogSec restarts
+an exporter stuck in a hung NVML call (a wedged GPU or driver).
+"""
+
+import os
+import sys
+import threading
+import time
+
+# The rig-side runtime (rigkit/rigside), shipped by rigkit's rigside role before this exporter; this
+# folder is rigkit.rigside.names.LIB_DIR (tests/test_layout.py keeps them equal).
+sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
+sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
+from rigside import atomic, metrics, names  # noqa: E402
+from rigside.sdnotify import notify  # noqa: E402
+
+try:
+    from prometheus_client import REGISTRY, start_http_server
+    from prometheus_client import core
+    from prometheus_client import gc_collector, platform_collector
+except ImportError:
+    print("rigkit-exporter: the Python module prometheus_client is missing: apt-get install python3-prometheus-client "
+          "(rigkit's monitoring role installs it)", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+try:
+    import pynvml
+except ImportError:  # the copy rigkit ships (roles/monitoring.py)
+    sys.path.insert(0, names.MONITORING_NVML_DIR)
+    import pynvml
+
+
+def say(text):
+    print(f"rigkit-exporter: {text}", flush=True)
+
+
+class RigCollector:
+    """prometheus-client calls collect() once per scrape."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.hung_after_s = float(settings.get("hung_after_s", 30))
+        self.lock = threading.Lock()
+        self.reading_since = None  # monotonic time a scrape started reading, while it reads
+        self.nvml_ready = False
+        self.nvml_said = False
+
+    def describe(self):
+        return []  # registering then reads nothing (no NVML call before the first scrape)
+
+    def stuck(self):
+        since = self.reading_since
+        return since is not None and time.monotonic() - since > self.hung_after_s
+
+    def read_gpus(self):
+        try:
+            if not self.nvml_ready:
+                pynvml.nvmlInit()
+                self.nvml_ready = True
+            readings = [metrics.read_gpu(pynvml, index) for index in self.settings["gpus"]]
+            self.nvml_said = False
+            return readings
+        except Exception as exc:  # pynvml.NVMLError and kin: report nvml_up 0, try again next scrape
+            if not self.nvml_said:
+                say(f"NVML does not answer ({exc}); scrapes report NVML down until it does")
+                self.nvml_said = True
+            self.nvml_ready = False
+            return None
+
+    def read_files(self):
+        s = self.settings
+        try:
+            with open(s["policy_path"]) as f:
+                policy = metrics.parse_policy(f.read())
+        except OSError:
+            policy = {}
+        keeper = atomic.read_json(s["keeper_state_path"])
+        watchdog, verified = {}, {}
+        for model in s["models"]:
+            state = atomic.read_json(os.path.join(s["watchdog_state_dir"], f"{model}.json"))
+            if isinstance(state, dict):
+                watchdog[model] = state
+            summary = atomic.read_json(os.path.join(s["verify_summary_dir"], f"{model}.json"))
+            if isinstance(summary, dict):
+                verified[model] = summary
+        return policy, keeper if isinstance(keeper, dict) else None, watchdog, verified
+
+    def collect(self):
+        if not self.lock.acquire(timeout=self.hung_after_s):
+            readings = None  # another scrape is stuck in NVML: say so now, never wait on it
+        else:
+            try:
+                self.reading_since = time.monotonic()
+                readings = self.read_gpus()
+            finally:
+                self.reading_since = None
+                self.lock.release()
+        policy, keeper, watchdog, verified = self.read_files()
+        families = metrics.build(readings, policy, keeper, watchdog, verified, self.settings["models"], time.time())
+        yield from metrics.to_prometheus(families, core)
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    settings = atomic.read_json(argv[1])
+    if not isinstance(settings, dict):
+        say(f"cannot read the settings {argv[1]} (missing or not JSON); rigkit's monitoring role writes them")
+        return 2
+    for collector in (gc_collector.GC_COLLECTOR, platform_collector.PLATFORM_COLLECTOR):
+        REGISTRY.unregister(collector)  # the process collector stays: process_cpu_seconds_total is the exporter's cost
+    collector = RigCollector(settings)
+    REGISTRY.register(collector)
+    start_http_server(int(settings["port"]), addr=settings["address"], registry=REGISTRY)
+    say(f"serving /metrics on {settings['address']}:{settings['port']} for GPUs {settings['gpus']}")
+    notify("READY=1")
+    beat_s = max(1.0, collector.hung_after_s / 3)
+    while True:
+        if not collector.stuck():
+            notify("WATCHDOG=1")
+        time.sleep(beat_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

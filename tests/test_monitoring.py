@@ -1,0 +1,197 @@
+"""Role monitoring end to end on the simulated rig: real pyinfra over SSH, real apt installing
+Debian's real `prometheus` (2.42) and `python3-prometheus-client` from the local repository
+(tests/simrig/aptrepo.py serves the .debs the host's apt downloaded), systemd running the exporter
+and Prometheus, Prometheus scraping the exporter and the vLLM stand-in's /metrics.
+
+Simulated: the GPUs (NVML by tests/simrig/pynvml.py: steady draw at 92% of the enforced limit,
+the energy counter consistent with it; nvidia-smi by tests/simrig/nvidia-smi) and vLLM (the
+stand-in). Assertions read Prometheus's HTTP API and the rig's own nvidia-smi, not rigkit.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from tests.conftest import RESULTS, SERVING_RIG, keeper_held_off, run_deploy
+from tests.simrig.aptrepo import MONITORING_PACKAGES, AptRepos
+
+pytestmark = pytest.mark.simrig
+
+EXPORTER_PORT, PROMETHEUS_PORT = 19835, 19090  # the rig shares the host's network: not the defaults
+MONITORING = (f"monitoring: {{enabled: true, exporter_port: {EXPORTER_PORT}, prometheus_port: {PROMETHEUS_PORT}, "
+              "scrape_interval_s: 1}\n")
+WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def monitored(serving_rig, tmp_path_factory):
+    """The serving rig with its apt pointed at the local repository (Debian's packages, no mirror),
+    deployed once with monitoring on; yields (rig, rig file, first deploy's run)."""
+    with AptRepos(debian=MONITORING_PACKAGES) as repos:
+        code, out = serving_rig.exec(f"printf '%s' {shlex.quote(repos.distro_sources())} > /etc/apt/sources.list && "
+                                     "rm -f /etc/apt/sources.list.d/* && apt-get update -q >/dev/null && "
+                                     "apt-cache policy prometheus python3-prometheus-client")
+        assert code == 0 and "Candidate: 2.42" in out and "Candidate: (none)" not in out, out
+        path = tmp_path_factory.mktemp("monitoring") / "monitored.yml"
+        path.write_text(SERVING_RIG.read_text() + MONITORING)
+        first = run_deploy(serving_rig, path)
+        yield serving_rig, path, first
+
+
+def query(promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def wait_for(promql: str, what: str, timeout_s: float = WAIT_S) -> list[dict]:
+    """The first non-empty answer to `promql` within timeout_s; fails saying what it waited for."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = query(promql)
+        except OSError as exc:  # Prometheus not listening yet
+            last = exc
+        if isinstance(last, list) and last:
+            return last
+        time.sleep(0.5)
+    pytest.fail(f"waited {timeout_s} s for {what} ({promql}); last answer: {last}")
+
+
+def by_gpu(result: list[dict]) -> dict[str, float]:
+    return {r["metric"]["gpu"]: float(r["value"][1]) for r in result}
+
+
+def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second_deploy_changes_nothing(monitored):
+    rig, path, first = monitored
+    assert first.returncode == 0, first.output[-5000:]
+    code, out = rig.exec("dpkg-query -W -f '${Package} ${Version}\\n' prometheus python3-prometheus-client")
+    assert code == 0 and "prometheus 2.42.0" in out, out
+    code, out = rig.exec("systemctl is-active rigkit-exporter.service prometheus.service; "
+                         "ss -ltnH | awk '{print $4}' | sort")
+    assert out.split()[:2] == ["active", "active"], out
+    assert f"127.0.0.1:{EXPORTER_PORT}" in out and f"127.0.0.1:{PROMETHEUS_PORT}" in out, out
+    assert f"*:{PROMETHEUS_PORT}" not in out and f"0.0.0.0:{PROMETHEUS_PORT}" not in out, out
+
+    # Every target up: the exporter and both models' /metrics (the stand-in's)
+    up = wait_for('count(up == 1) == 3', "the exporter and both vLLM targets up")
+    assert up
+    # Power and the configured cap, against the rig's nvidia-smi (an independent read of the limits; its
+    # draw is an idle value, while the simulated NVML draws 92% of the enforced limit: docs/simulated-rig.md)
+    code, out = rig.exec("nvidia-smi --query-gpu=index,power.draw,power.limit --format=csv,noheader,nounits")
+    smi = {line.split(", ")[0]: (float(line.split(", ")[1]), float(line.split(", ")[2])) for line in out.splitlines()}
+    power = by_gpu(wait_for("DCGM_FI_DEV_POWER_USAGE", "GPU power in Prometheus"))
+    configured = by_gpu(wait_for("rigkit_gpu_power_limit_configured_watts", "the configured cap in Prometheus"))
+    enforced = by_gpu(wait_for("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "the enforced limit in Prometheus"))
+    for gpu in ("0", "1"):
+        assert power[gpu] == pytest.approx(0.92 * smi[gpu][1], abs=0.5), (power, smi)
+        assert enforced[gpu] == smi[gpu][1] == 330
+        assert configured[gpu] == 330  # the rig file's power_limit_w
+    assert by_gpu(query("rigkit_gpu_clock_lock_ceiling_mhz")) == {"0": 2200, "1": 2200}
+    assert by_gpu(query("rigkit_gpu_policy_drift")) == {"0": 0, "1": 0}
+    # The last verification's figures, as the deploy's result file has them
+    result = json.loads(sorted((RESULTS / path.stem / "test-alpha").glob("*.json"))[-1].read_text())
+    shown = wait_for('rigkit_verify_joules_per_output_token{model="test-alpha"}', "the last verification's J/token")
+    assert float(shown[0]["value"][1]) == pytest.approx(result["figures"]["joules_per_output_token"])
+    # vLLM's own metrics arrive labelled with the catalog model
+    assert {r["metric"]["model"] for r in wait_for("vllm:generation_tokens_total", "vLLM's token counter")} == \
+        {"test-alpha", "test-beta"}
+
+    second = run_deploy(rig, path)
+    assert second.returncode == 0, second.output[-4000:]
+    assert second.changed_operations() == 0, second.output[-6000:]
+
+
+def test_a_limit_set_behind_rigkits_back_shows_as_drift_then_as_the_keepers_repair(monitored):
+    """Simulates someone running `nvidia-smi -pl 300` on the rig: while the keeper holds off (as during
+    a tune session) Prometheus sees the enforced limit 300 W against the configured 330 W; once the
+    keeper may repair, its repair is counted (cause changed-by-hand) and the drift is gone."""
+    rig, _, first = monitored
+    assert first.returncode == 0, first.output[-3000:]
+    before = query('sum(rigkit_gpu_policy_repairs_total{cause="changed-by-hand"})')
+    before = float(before[0]["value"][1]) if before else 0.0
+    with keeper_held_off(rig):
+        code, out = rig.exec("nvidia-smi -i 0 -pl 300")
+        assert code == 0, out
+        wait_for('rigkit_gpu_policy_drift{gpu="0"} == 1 and on (gpu) DCGM_FI_DEV_ENFORCED_POWER_LIMIT{gpu="0"} == 300',
+                 "GPU 0's drift (300 W enforced, 330 W configured) in Prometheus")
+    wait_for(f'sum(rigkit_gpu_policy_repairs_total{{cause="changed-by-hand"}}) > {before}',
+             "the keeper's repair counted in Prometheus")
+    wait_for('rigkit_gpu_policy_drift{gpu="0"} == 0', "the drift gone after the repair")
+    print(f"drift and repair seen in Prometheus", file=sys.stderr)
+
+
+LOAD_S = 40  # back-to-back requests; the rule's window is 10 s (four 1 s scrapes, at least 10 s)
+
+
+def _verification_workload(port: int, seconds: float) -> int:
+    """Verification's request (2048 prompt tokens, each prompt new so nothing is cached, 256 tokens out,
+    streamed) sent back to back for `seconds`; returns how many completed."""
+    import random
+
+    import httpx
+
+    done, deadline = 0, time.monotonic() + seconds
+    with httpx.Client(timeout=60) as client:
+        while time.monotonic() < deadline:
+            words = " ".join(f"w{random.randrange(10**9)}" for _ in range(2048))
+            with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json={
+                    "model": "test-alpha", "prompt": words, "max_tokens": 256, "stream": True}) as response:
+                assert response.status_code == 200
+                for _ in response.iter_lines():
+                    pass
+            done += 1
+    return done
+
+
+def test_energy_per_token_from_prometheus_agrees_with_the_verification(monitored):
+    """Simulates steady traffic of verification's own workload on test-alpha for LOAD_S: Prometheus's
+    rigkit:model_joules_per_output_token (the GPU's energy counter over the window divided by vLLM's
+    generated tokens over it), averaged over the loaded part, agrees within 2% with the
+    joules_per_output_token `rigkit verify` measured for one such request in this module's deploy."""
+    rig, path, first = monitored
+    assert first.returncode == 0, first.output[-3000:]
+    verified = json.loads(sorted((RESULTS / path.stem / "test-alpha").glob("*.json"))[-1].read_text())
+    expected = verified["figures"]["joules_per_output_token"]
+    requests = _verification_workload(18101, LOAD_S)
+    end = time.time()
+    full_windows_s = LOAD_S - 15  # leave out the windows that reach back before the load began
+    wait_for(f'count_over_time(rigkit:model_joules_per_output_token{{model="test-alpha"}}[{full_windows_s}s]) > 0',
+             "the energy-per-token rule's values over the load")
+    url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?" + urllib.parse.urlencode({
+        "query": f'avg_over_time(rigkit:model_joules_per_output_token{{model="test-alpha"}}[{full_windows_s}s])',
+        "time": f"{end - 1:.3f}"})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result = json.load(response)["data"]["result"]
+    assert result, f"no energy-per-token values in Prometheus for the {full_windows_s} s before {end}"
+    measured = float(result[0]["value"][1])
+    print(f"energy per output token: Prometheus {measured:.4f} J, rigkit verify {expected:.4f} J "
+          f"({measured / expected - 1:+.2%}); {requests} requests in {LOAD_S} s", file=sys.stderr)
+    assert measured == pytest.approx(expected, rel=0.02)
+
+
+def test_turning_it_off_removes_the_exporter_and_leaves_prometheus(monitored, tmp_path):
+    """The rig file's monitoring.enabled set back to false: the exporter is stopped and its files removed;
+    Debian's prometheus, a distribution package, stays installed; a second deploy changes nothing."""
+    rig, path, first = monitored
+    assert first.returncode == 0, first.output[-3000:]
+    off = tmp_path / path.name  # same stem: the same rig
+    off.write_text(path.read_text().replace("enabled: true", "enabled: false"))
+    run = run_deploy(rig, off, verify=False)
+    assert run.returncode == 0, run.output[-4000:]
+    code, out = rig.exec("systemctl is-active rigkit-exporter.service; ls /usr/local/sbin/rigkit-exporter "
+                         "/etc/rigkit/monitoring/exporter.json 2>&1; dpkg-query -W -f '${Status}' prometheus")
+    assert out.splitlines()[0] in ("inactive", "failed", "unknown"), out
+    assert out.count("No such file or directory") == 2 and "install ok installed" in out, out
+    again = run_deploy(rig, off, verify=False)
+    assert again.returncode == 0 and again.changed_operations() == 0, again.output[-4000:]
