@@ -13,6 +13,11 @@ Refused when any of these fails (each is a `Check`, all reported at once):
   ACCEPTANCE_COLLAPSE (half) of the proven one's: a drafter run in the wrong dtype accepts
   nothing and says nothing;
 - gpu_caps: a GPU's mean power under load above its cap (by more than POWER_TOLERANCE).
+
+With no proven result yet (`proven` None) the candidate establishes it: decode, TTFT and acceptance
+are recorded, not compared, and the reason says so. A slower config accepted on purpose
+(`rigkit deploy --accept-slower MODEL`) waives decode, ttft and acceptance only (SPEED_CHECKS): the
+verdict says which were waived; a failed check of a run, too few runs or a GPU over its cap still refuse.
 """
 
 from __future__ import annotations
@@ -53,10 +58,15 @@ def from_result(document: dict) -> RunFigures:
                      if g.get("mean_power_under_load_w") is not None})
 
 
+SPEED_CHECKS = ("decode", "ttft", "acceptance")  # what --accept-slower waives
+
+
 @dataclass(frozen=True)
 class Verdict:
     promote: bool
     checks: list[Check]
+    establishes: bool = False  # no proven result yet: this candidate's figures become the first
+    waived: tuple[str, ...] = ()  # failed speed checks accepted with --accept-slower
 
     @property
     def failed(self) -> list[Check]:
@@ -65,9 +75,18 @@ class Verdict:
     @property
     def reason(self) -> str:
         """One screen: the verdict, then each check with the old and new figures."""
-        head = "PROMOTE: the candidate is as good as the proven config" if self.promote else \
-            "REFUSE: " + ", ".join(c.name for c in self.failed)
-        return "\n".join([head, *(f"{'ok  ' if c.passed else 'FAIL'}  {c.name}: {c.message}" for c in self.checks)])
+        if not self.promote:
+            head = "REFUSE: " + ", ".join(c.name for c in self.failed if c.name not in self.waived)
+        elif self.waived:
+            head = f"PROMOTE, SLOWER AND ACCEPTED (--accept-slower): {', '.join(self.waived)} failed and waived"
+        elif self.establishes:
+            head = "PROMOTE: no proven result yet; this rollout establishes it"
+        else:
+            head = "PROMOTE: the candidate is as good as the proven config"
+
+        def mark(c: Check) -> str:
+            return "ok  " if c.passed else "WAIVED" if c.name in self.waived else "FAIL"
+        return "\n".join([head, *(f"{mark(c)}  {c.name}: {c.message}" for c in self.checks)])
 
 
 def allowance(values: Sequence[float]) -> tuple[float, float]:
@@ -77,8 +96,12 @@ def allowance(values: Sequence[float]) -> tuple[float, float]:
     return max(ALLOWANCE, NOISE_FACTOR * cv), cv
 
 
-def decide(proven: RunFigures, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None) -> Verdict:
-    """Promote or refuse; `caps_w`: each GPU's power cap in W (None or missing: no cap)."""
+def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None,
+           accept_slower: bool = False) -> Verdict:
+    """Promote or refuse; `proven` None: no proven result yet (the candidate establishes it);
+    `caps_w`: each GPU's power cap in W (None or missing: no cap); `accept_slower`: waive SPEED_CHECKS."""
+    establishes = proven is None
+    proven = proven or RunFigures(decode_tok_s=None, ttft_s=None)
     checks = [Check("runs", len(candidates) >= MIN_RUNS,
                         f"{len(candidates)} candidate run(s); {MIN_RUNS} or more are needed to judge noise")]
     failed_runs = [(n, r.failed_checks) for n, r in enumerate(candidates, 1) if not r.passed]
@@ -92,7 +115,21 @@ def decide(proven: RunFigures, candidates: Sequence[RunFigures], caps_w: dict[in
     if acceptance:
         checks.append(acceptance)
     checks.append(_caps(candidates, caps_w or {}))
-    return Verdict(all(c.passed for c in checks), checks)
+    if establishes:
+        checks = [_established(c, candidates) if c.name in ("decode", "ttft") else c for c in checks]
+    waived = tuple(c.name for c in checks if not c.passed and c.name in SPEED_CHECKS) if accept_slower else ()
+    promote = all(c.passed or c.name in waived for c in checks)
+    return Verdict(promote, checks, establishes, waived)
+
+
+def _established(check: Check, runs: Sequence[RunFigures]) -> Check:
+    label, unit, digits = ("decode", "tok/s", ".1f") if check.name == "decode" else ("TTFT", "s", ".3f")
+    values = [v for v in (r.decode_tok_s if check.name == "decode" else r.ttft_s for r in runs) if v is not None]
+    if not values:
+        return Check(check.name, False, f"no candidate run measured {label}: nothing to establish")
+    _, cv = allowance(values)
+    return Check(check.name, True, f"no proven result yet: this rollout establishes {label} "
+                 f"{statistics.fmean(values):{digits}} {unit} (mean of {len(values)}, CV {cv:.1%})")
 
 
 def _compare(name: str, label: str, old: float | None, runs: list[float | None], unit: str,
