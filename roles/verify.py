@@ -169,7 +169,16 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     holds is benchmarked GATE_RUNS times with the proven result's workload, judged against it
     (rigkit.verify.gate), then promoted, or rolled back and the rollback verified the same way."""
     from rigkit.verify.gate import decide, from_result
-    from rigkit.verify.gate_record import GATE_RUNS, gate_document, proven_baseline, refusal_screen, save_gate, workload_of
+    from rigkit.verify.gate_record import (
+        GATE_RUNS,
+        gate_document,
+        proven_baseline,
+        refusal_screen,
+        run_summary,
+        save_gate,
+        summary_line,
+        workload_of,
+    )
     from rigkit.verify.result import results_folder
 
     stack_dir = f"{STACKS_DIR}/{model.name}"
@@ -214,10 +223,12 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
         # The rollback verified the same way: the restored config's runs against the proven result.
         again, telemetry = _measure(rig, model, folder, GATE_RUNS, workload)
         check = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in again], caps)
-        rollback.update(verified=check.promote, reason=check.reason)
+        restored = run_summary([r.to_json() for r in again])
+        rollback.update(verified=check.promote, reason=check.reason, runs=restored)
+        failed = ", ".join(c.name for c in check.failed)
         rollback["said"] = (f"ROLLED BACK to the last proven config; its verification "
-                            f"{'passed' if check.promote else 'FAILED'}: " +
-                            "; ".join(c.message for c in check.checks if c.name == "decode"))
+                            f"{'passed' if check.promote else f'FAILED ({failed})'}: {GATE_RUNS} runs, "
+                            f"{summary_line(restored)}")
         if check.promote:
             middle = sorted(again, key=lambda r: r.figures.get("decode_tok_s") or 0)[len(again) // 2]
             _save_and_judge(rig, model, folder, middle, telemetry, fail=False)

@@ -108,7 +108,8 @@ def save_gate(folder: Path, document: dict) -> Path:
     return write_document(Path(folder) / f"gate-{stamp}.json", document)
 
 
-def _figures(summary: dict) -> str:
+def summary_line(summary: dict) -> str:
+    """Decode (with its CV), TTFT and acceptance length of a run_summary, in one line."""
     decode, ttft = summary["decode_tok_s"], summary["ttft_s"]
     parts = []
     if decode["mean"] is not None:
@@ -131,7 +132,7 @@ def refusal_screen(model: str, document: dict, path: Path, stack_dir: str) -> st
         lines.append(f"  proven ({base['kind']} of {base['time']}): {', '.join(o for o in old if o)}")
     else:
         lines.append("  proven: none yet (this rollout was to establish it)")
-    lines.append(f"  candidate ({len(document['runs']['decode_tok_s']['runs'])} runs): {_figures(document['runs'])}")
+    lines.append(f"  candidate ({len(document['runs']['decode_tok_s']['runs'])} runs): {summary_line(document['runs'])}")
     lines += [f"  {line}" for line in document["reason"].splitlines()[1:]]
     rollback = document.get("rollback") or {}
     lines.append(f"  {rollback.get('said') or 'no rollback'}")
