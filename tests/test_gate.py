@@ -45,6 +45,21 @@ def test_decisions(candidates, promote, failed, says):
     assert len(verdict.reason.splitlines()) <= 24  # one screen
 
 
+def test_a_lost_prefix_cache_is_refused():
+    """The stand-in's `no_prefix_cache`: the repeated prompt takes a full prefill again (x8)."""
+    proven = RunFigures(100.0, 0.5, gpu_power_w={0: 300.0}, repeat_ttft_s=0.0625)
+
+    def cached(seconds):
+        return [RunFigures(100.0, 0.5, gpu_power_w={0: 300.0}, repeat_ttft_s=seconds) for _ in range(3)]
+
+    lost = decide(proven, cached(0.5), CAPS)
+    assert not lost.promote and [c.name for c in lost.failed] == ["prefix_cache"]
+    assert "TTFT proven 0.062 s, candidate 0.500 s (x8.0; above x2 the prefix cache is lost" in lost.reason
+    assert decide(proven, cached(0.09), CAPS).promote  # a noisy cache hit is not a loss
+    assert decide(proven, cached(None), CAPS).promote  # not measured: not compared
+    assert decide(proven, cached(0.5), CAPS, accept_slower=True).waived == ("prefix_cache",)
+
+
 def test_a_candidate_missing_a_figure_is_refused():
     verdict = decide(PROVEN, runs(decode=(100.0, None, 100.0)), CAPS)
     assert not verdict.promote and "1 of 3 candidate run(s) measured no decode" in verdict.reason
@@ -76,6 +91,8 @@ def test_figures_from_a_verification_result_document():
                 "checks": [{"name": "decode_min", "passed": False}, {"name": "x", "passed": True}],
                 "gpus": [{"index": 0, "mean_power_under_load_w": 280.0}, {"index": 1, "mean_power_under_load_w": None}]}
     assert from_result(document) == RunFigures(61.5, 0.2, 2.1, False, ("decode_min",), {0: 280.0})
+    document["bench"]["repeat_ttft_s"] = 0.03
+    assert from_result(document).repeat_ttft_s == 0.03
 
 
 def test_the_first_rollout_establishes_the_proven_result():

@@ -12,11 +12,14 @@ Refused when any of these fails (each is a `Check`, all reported at once):
 - acceptance: with drafting, accepted tokens per draft (mean acceptance length - 1) fell below
   ACCEPTANCE_COLLAPSE (half) of the proven one's: a drafter run in the wrong dtype accepts
   nothing and says nothing;
+- prefix_cache: the measured prompt sent once more (the bench's `repeat_ttft_s`) took more than
+  PREFIX_CACHE_LOSS (2x) as long as the proven one's: prefix caching lost (a repeated 11k-token prompt
+  went 0.86 s -> 7 s). A collapse check, not a share: a cache hit takes milliseconds, too noisy for 10%;
 - gpu_caps: a GPU's mean power under load above its cap (by more than POWER_TOLERANCE).
 
 With no proven result yet (`proven` None) the candidate establishes it: decode, TTFT and acceptance
 are recorded, not compared, and the reason says so. A slower config accepted on purpose
-(`rigkit deploy --accept-slower MODEL`) waives decode, ttft and acceptance only (SPEED_CHECKS): the
+(`rigkit deploy --accept-slower MODEL`) waives the speed checks only (SPEED_CHECKS): the
 verdict says which were waived; a failed check of a run, too few runs or a GPU over its cap still refuse.
 """
 
@@ -32,6 +35,7 @@ MIN_RUNS = 3
 ALLOWANCE = 0.10  # a candidate 10% or more slower (or TTFT 10% or more longer) is refused
 NOISE_FACTOR = 3.0  # ... or 3x the candidate runs' coefficient of variation, when that is larger
 ACCEPTANCE_COLLAPSE = 0.5  # accepted tokens per draft below half the proven one's
+PREFIX_CACHE_LOSS = 2.0  # the repeated prompt's TTFT more than twice the proven one's
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class RunFigures:
     passed: bool = True
     failed_checks: tuple[str, ...] = ()
     gpu_power_w: dict[int, float] = field(default_factory=dict)  # mean power under load per GPU index
+    repeat_ttft_s: float | None = None  # the measured prompt sent once more: a prefix-cache hit
 
 
 def from_result(document: dict) -> RunFigures:
@@ -55,10 +60,11 @@ def from_result(document: dict) -> RunFigures:
         acceptance_length=bench.get("acceptance_length"), passed=bool(document.get("passed")),
         failed_checks=tuple(c.get("name", "?") for c in document.get("checks", []) if not c.get("passed")),
         gpu_power_w={g["index"]: g["mean_power_under_load_w"] for g in document.get("gpus", [])
-                     if g.get("mean_power_under_load_w") is not None})
+                     if g.get("mean_power_under_load_w") is not None},
+        repeat_ttft_s=bench.get("repeat_ttft_s"))
 
 
-SPEED_CHECKS = ("decode", "ttft", "acceptance")  # what --accept-slower waives
+SPEED_CHECKS = ("decode", "ttft", "acceptance", "prefix_cache")  # what --accept-slower waives
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,9 @@ def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: 
     acceptance = _acceptance(proven.acceptance_length, [r.acceptance_length for r in candidates])
     if acceptance:
         checks.append(acceptance)
+    cache = _prefix_cache(proven.repeat_ttft_s, [r.repeat_ttft_s for r in candidates])
+    if cache:
+        checks.append(cache)
     checks.append(_caps(candidates, caps_w or {}))
     if establishes:
         checks = [_established(c, candidates) if c.name in ("decode", "ttft") else c for c in checks]
@@ -164,6 +173,17 @@ def _acceptance(old: float | None, runs: list[float | None]) -> Check | None:
                      f"mean acceptance length proven {old:.2f}, candidate {new:.2f}: accepted tokens per draft "
                      f"{old - 1:.2f} -> {new - 1:.2f} ({share:.0%} of the proven; below "
                      f"{ACCEPTANCE_COLLAPSE:.0%} is a collapse: check the drafter's --dtype)")
+
+
+def _prefix_cache(old: float | None, runs: list[float | None]) -> Check | None:
+    values = [v for v in runs if v is not None]
+    if not old or not values:
+        return None  # not measured on one side (a prompt too short, an old result): nothing to compare
+    new = statistics.fmean(values)
+    return Check("prefix_cache", new <= old * PREFIX_CACHE_LOSS,
+                 f"the measured prompt sent again: TTFT proven {old:.3f} s, candidate {new:.3f} s "
+                 f"(x{new / old:.1f}; above x{PREFIX_CACHE_LOSS:.0f} the prefix cache is lost: check "
+                 "--enable-prefix-caching)")
 
 
 def _caps(runs: Sequence[RunFigures], caps_w: dict[int, float]) -> Check:

@@ -63,6 +63,7 @@ def run_summary(documents: list[dict]) -> dict:
         "decode_tok_s": _stats([(d.get("figures") or {}).get("decode_tok_s") for d in documents]),
         "ttft_s": _stats([(d.get("figures") or {}).get("ttft_s") for d in documents]),
         "acceptance_length": _stats([(d.get("bench") or {}).get("acceptance_length") for d in documents]),
+        "repeat_ttft_s": _stats([(d.get("bench") or {}).get("repeat_ttft_s") for d in documents]),
         "failed_checks": sorted({c["name"] for d in documents for c in d.get("checks", []) if not c.get("passed")}),
     }
 
@@ -91,7 +92,8 @@ def gate_document(rig: str, model: str, baseline: dict | None, workload: dict, c
             "ttft_s": (baseline.get("figures") or {}).get("ttft_s"),
             "acceptance_length": (baseline.get("bench") or {}).get("acceptance_length")},
         "figures": {"decode_tok_s": summary["decode_tok_s"]["mean"], "ttft_s": summary["ttft_s"]["mean"]},
-        "bench": {"acceptance_length": summary["acceptance_length"]["mean"]},
+        "bench": {"acceptance_length": summary["acceptance_length"]["mean"],
+                  "repeat_ttft_s": summary["repeat_ttft_s"]["mean"]},
         "runs": summary,
         "gpus": last.get("gpus", []),
         "provenance": {**(last.get("provenance") or {}), "accepted_slower": accepted_slower},
