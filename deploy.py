@@ -60,17 +60,17 @@ if rig.spec.os == "linux":
     # a converged deploy asks nothing else.)
     read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *rigside_reads(rig),
                 *serving_reads(rig), *([] if options.verify_never else verify_reads(rig))])
-    driver = preflight(rig)
-    base_changes = base(rig, driver)
+    checked = preflight(rig)
+    base_changes = base(rig, checked.driver)
     runtime_changes = rigside(rig)  # the rig-side scripts below import it
     gpus = gpu_report(rig)
-    policy_changes = gpu_policy(rig, gpus)
+    policy_changes = gpu_policy(rig, gpus, runtime_changes)
     copied = weights(rig, verify=options.verify_weights)
     # A new serving config is held un-promoted until the rollout gate (in verify) passes it; without
     # verification there is no gate, and a config that gets ready is promoted as before.
     rollouts: dict = {}
     changes = (base_changes + runtime_changes + policy_changes + list(copied.values())
-               + serving(rig, copied, rollouts=rollouts, gate=not options.verify_never))
+               + serving(rig, copied, checked.topology, rollouts=rollouts, gate=not options.verify_never))
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes, rollouts=rollouts,
                accept_slower=options.accept_slower)

@@ -11,12 +11,13 @@ from pyinfra import host, inventory
 from pyinfra.operations import python
 
 from rigkit.config.inventory import rig_config, run_options, validate_inventory
+from rigkit.ssh import rig_call
 from rigkit.status.collect import collect
 
 validate_inventory(inventory)
 options = run_options(host)
 python.call(
     name="Read the rig's state (read-only)",
-    function=collect, rig=rig_config(host), status_dir=options.status_dir or options.results_dir / "status",
+    function=rig_call(collect), rig=rig_config(host), status_dir=options.status_dir or options.results_dir / "status",
     inventory=options.status_inventory, results_dir=options.results_dir,
 )

@@ -6,13 +6,24 @@ volume, rigkit again into another fresh volume, cp -a again. Then the no-op reru
 rigkit's throughput as a ratio of cp's (goal >= 0.95, issue #15) and the no-op time (goal < 1 s).
 The page cache is dropped before each copy where the machine allows it.
 
-    .venv/bin/python bench/weights_copy.py [--shard-mb 300]
+Then what the source checks cost (issue #33, goal < 3% of the copy time): a Hugging Face cache
+snapshot (LFS safetensors blobs named by their SHA-256, small files by their git blob hash) copied
+by the copier itself into a fresh folder on the same disk, checks on (A) and off (B,
+RIGKIT_WEIGHTS_PROOFS=off), in ABBA order twice after one warm-up copy, page cache dropped before each; no Docker, so the helper
+container's start does not dilute the difference. `--proofs-only` runs just that part; `--proofs-warm` keeps the
+source in the page cache, so the copy is bound by hashing, where a check's CPU cost would show.
+
+    .venv/bin/python bench/weights_copy.py [--shard-mb 300] [--proofs-only] [--proofs-dir /tmp/rigkit-bench-proofs]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -68,10 +79,79 @@ def time_rigkit(client, name: str) -> tuple[float, object]:
     return time.monotonic() - started, report
 
 
+def hub_snapshot(root: Path, shards: int, shard_bytes: int) -> tuple[Path, Path]:
+    """models--bench--model/snapshots/<rev>/ of links into ../../blobs/, each blob named as the hub
+    names it (hashed while written: the source is written once)."""
+    repo = root / "models--bench--model"
+    snapshot, blobs = repo / "snapshots" / ("0" * 40), repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for n in range(shards):
+        block = hashlib.sha256(b"bench %d" % n).digest() * (1 << 15)  # 1 MiB; each shard its own blob
+        text = json.dumps({"w": {"dtype": "BF16", "shape": [shard_bytes // 2], "data_offsets": [0, shard_bytes]}}).encode()
+        digest, tmp = hashlib.sha256(), blobs / "incoming"
+        with open(tmp, "wb") as f:
+            for piece in [struct.pack("<Q", len(text)) + text] + [block] * (shard_bytes // len(block)) + \
+                         [block[: shard_bytes % len(block)]]:
+                f.write(piece)
+                digest.update(piece)
+        tmp.rename(blobs / digest.hexdigest())
+        (snapshot / f"model-{n + 1:05d}-of-{shards:05d}.safetensors").symlink_to(f"../../blobs/{digest.hexdigest()}")
+    for name, data in (("config.json", b'{"model_type": "bench"}'), ("tokenizer.json", b"{}" * 100_000)):
+        blob = blobs / hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(f"../../blobs/{blob.name}")
+    return repo, snapshot
+
+
+def time_copier(repo: Path, snapshot: Path, dst: Path, checks: bool, cold: bool = True) -> tuple[float, dict]:
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir()
+    env = {**os.environ, "RIGKIT_WEIGHTS_PROOFS": "on" if checks else "off"}
+    copier = Path(__file__).resolve().parents[1] / "templates" / "weights" / "rigkit-copy.py"
+    if cold:
+        drop_caches()
+    else:
+        subprocess.run(["sync"], check=True)  # the last copy's writeback is not this one's
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(copier), "copy", str(snapshot), str(dst), str(repo)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    seconds = time.monotonic() - started
+    result = json.loads(out.strip().splitlines()[-1])
+    shutil.rmtree(dst)
+    return seconds, result
+
+
+def proof_cost(folder: Path, shard_mb: int, cold: bool = True) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    repo, snapshot = hub_snapshot(folder / "hub", SHARDS, shard_mb << 20)
+    total = sum(p.stat().st_size for p in (repo / "blobs").iterdir())
+    print(f"hub snapshot: {SHARDS + 2} files, {total / 1e9:.2f} GB under {folder}")
+    time_copier(repo, snapshot, folder / "dst", True, cold)  # warm-up, not counted: the first copy onto fresh space is slower
+    runs = [(checks, *time_copier(repo, snapshot, folder / "dst", checks, cold)) for checks in (True, False, False, True) * 2]
+    on = [s for checks, s, _ in runs if checks]
+    off = [s for checks, s, _ in runs if not checks]
+    assert all(r["proven"].get("hub-sha256") == SHARDS for checks, _, r in runs if checks), runs
+    assert all(r["proven"] == {"copied-sha256": SHARDS + 2} for checks, _, r in runs if not checks), runs
+    print(f"page cache dropped before each copy: {cold and drop_caches()}")
+    print("copier, ABBA twice: " + ", ".join(f"{'on' if c else 'off'} {s:.2f} s" for c, s, _ in runs))
+    ratio = sum(on) / sum(off)
+    print(f"source checks on / off: {ratio:.3f} ({(ratio - 1) * 100:+.1f}% copy time; goal < +3%, issue #33); "
+          f"{total / 1e6 / (sum(on) / len(on)):.0f} MB/s with the checks, {total / 1e6 / (sum(off) / len(off)):.0f} without")
+    shutil.rmtree(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shard-mb", type=int, default=300)
+    parser.add_argument("--proofs-only", action="store_true", help="only the source checks' cost (no Docker)")
+    parser.add_argument("--proofs-dir", type=Path, default=Path("/tmp/rigkit-bench-proofs"))
+    parser.add_argument("--proofs-warm", action="store_true",
+                        help="keep the source in the page cache: the copy is bound by hashing, where checks would show")
     args = parser.parse_args()
+    if args.proofs_only:
+        proof_cost(args.proofs_dir, args.shard_mb, cold=not args.proofs_warm)
+        return
     ensure_standin_image()
     client = docker.from_env()
     shutil.rmtree(SOURCE.parent, ignore_errors=True)
@@ -102,6 +182,7 @@ def main() -> None:
         for v in client.volumes.list(filters={"name": f"rigkit-weights-{name}"}):
             v.remove(force=True)
     shutil.rmtree(SOURCE.parent)
+    proof_cost(args.proofs_dir, args.shard_mb, cold=not args.proofs_warm)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,15 @@ timing: the bytes sent are the same.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
+
+import paramiko
+from pyinfra.api.exceptions import OperationError
+
+# What a connection lost in the middle of a python.call looks like from paramiko and the sockets.
+LOST_CONNECTION_ERRORS = (paramiko.SSHException, EOFError, ConnectionError, socket.timeout)
 
 
 def tcp_nodelay(host) -> bool:
@@ -39,3 +46,21 @@ def named_connect_error(address: str, timeout_s: float, error: object) -> str | 
         return (f"no SSH banner from {address} within {timeout_s:g} s: the port accepts TCP connections "
                 "but nothing answers as an SSH server there (a wrong ssh_port, or sshd hung?)")
     return None
+
+
+def rig_call(function):
+    """`function` as a python.call callback whose lost SSH connection (the rig rebooted, the network
+    dropped) ends the operation with one line saying so. pyinfra prints any exception other than an
+    OperationError raised in a callback as a traceback, and then only "No hosts remaining!"."""
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except LOST_CONNECTION_ERRORS as exc:
+            raise OperationError(
+                f"lost the SSH connection to the rig ({type(exc).__name__}: {exc or 'closed'}): was it rebooted, "
+                "or did the network drop? Deploy again once it answers: an interrupted rollout is seen as "
+                "pending and finished then") from None
+
+    return call

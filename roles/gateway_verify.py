@@ -27,6 +27,7 @@ from rigkit.gateway.stack import PROJECT, probe_host
 from rigkit.gateway.topology import GatewayPlan, Replica
 from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
 from rigkit.sshforward import forward
+from rigkit.ssh import rig_call
 
 REQUEST_TIMEOUT_S = 120  # each request, as in direct verification
 
@@ -40,7 +41,7 @@ def gateway_verify(plan: GatewayPlan, rigs: dict, results_dir: Path, always: boo
         return
     python.call(
         name=f"Verify through the gateway: {', '.join(models)} (benchmark, usage, added TTFT)",
-        function=_verify, plan=plan, rigs=rigs, results_dir=results_dir,
+        function=rig_call(_verify), plan=plan, rigs=rigs, results_dir=results_dir,
         _if=lambda: always or any(op.did_change() for op in after),
     )
 

@@ -59,8 +59,9 @@ def gpu_policy_reads(rig: RigConfig) -> list[Read]:
 
 
 @deploy("GPU policy")
-def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
-    """`report`: the rig's GPUs, already checked against the rig file (roles/gpu_report.py).
+def gpu_policy(rig: RigConfig, report: GpuReport, runtime_changes: list = ()) -> list:
+    """`report`: the rig's GPUs, already checked against the rig file (roles/gpu_report.py);
+    `runtime_changes`: the rig-side runtime's operations (roles/rigside.py), which the keeper imports.
     Returns the operations whose change means the GPUs' settings changed."""
     if rig.spec.gpu_policy == "remove":
         return _remove()
@@ -117,7 +118,8 @@ def gpu_policy(rig: RigConfig, report: GpuReport) -> list:
     started = units.service(name="Start the GPU policy keeper", unit=KEEPER_UNIT, batch=UNITS, enabled=True,
                             after=tuple(keeper_units))
     server.shell(name="Restart the GPU policy keeper (new version)", commands=[f"systemctl restart {KEEPER_UNIT}"],
-                 _if=lambda: (keeper.did_change() or keeper_units[0].did_change())
+                 _if=lambda: (keeper.did_change() or keeper_units[0].did_change()
+                              or any(op.did_change() for op in runtime_changes))
                  and not (started is not None and started.did_change()))
     return [applied]
 

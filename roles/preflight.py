@@ -7,13 +7,19 @@ only (rigkit.preflight.facts) and checks (rigkit.preflight.checks):
   the driver upgrade);
 - it is at least each serving image's `image_requires.driver_min`;
 - every GPU a model runs on has an architecture in its image's `image_requires.archs`;
-- the weights still to copy fit in the free space of Docker's data-root.
+- the weights still to copy fit in the free space of Docker's data-root;
+- for each model spanning GPUs (tensor x pipeline above 1), the topology it runs on
+  (rigkit.topology, docs/topology.md): the links its all-reduce crosses are printed; a
+  configuration known to hang NCCL is refused; where P2P is not usable the serving role gets the
+  vLLM flags and environment that avoid it.
 Each failure names the rig, the GPU or model, the numbers and the fix (docs/base.md).
 
 Defaults: none; it reads only the validated RigConfig.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -31,21 +37,37 @@ from rigkit.preflight.checks import (
 )
 from rigkit.preflight.facts import DockerDiskFree, WeightsBytes
 from rigkit.rigside.names import volume_name
+from rigkit.topology.decide import Verdict
+from rigkit.topology.facts import GpuTopology
+from rigkit.topology.rig import needs_topology, render_verdict, verdicts_from_fact
 from rigkit.weights.facts import volume_states, volume_states_reads
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the preflight read and decided, for the roles after it."""
+
+    driver: DriverState
+    topology: dict[str, Verdict] = field(default_factory=dict)  # per model spanning GPUs
 
 
 def preflight_reads(rig: RigConfig) -> list[Read]:
     """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
-    return [(NvidiaDriverAndGpus, {}), *volume_states_reads(rig)]
+    topology = [(GpuTopology, {})] if needs_topology(rig) else []
+    return [(NvidiaDriverAndGpus, {}), *volume_states_reads(rig), *topology]
 
 
 @deploy("Preflight")
-def preflight(rig: RigConfig) -> DriverState:
-    """Returns what it read of the driver; raises DeployError (nothing changed) on any problem."""
+def preflight(rig: RigConfig) -> Preflight:
+    """Returns what it read of the driver and decided of the topology; raises DeployError (nothing
+    changed) on any problem."""
     driver = read_once(NvidiaDriverAndGpus).driver  # the GPU report reads the same nvidia-smi start
     problems = driver_problems(rig, driver)
+    topology: dict[str, Verdict] = {}
     if not problems:
         problems = arch_problems(rig, list(driver.gpus), "as the rig reports it")
+        topology, topology_problems = _topology(rig)
+        problems += topology_problems
         problems += _engine_hung(rig) or disk_problems(*_weights_to_copy(rig))
     for model in rig.models:
         if model.spec.image_requires is None:
@@ -56,7 +78,27 @@ def preflight(rig: RigConfig) -> DriverState:
     logger.info(f"{host.print_prefix}preflight: driver {driver.library_version}, "
                 + ", ".join(f"GPU {g.index} {g.name}" + (f" (sm_{g.compute_capability[0]}{g.compute_capability[1]})"
                                                          if g.compute_capability else "") for g in driver.gpus))
-    return driver
+    return Preflight(driver, topology)
+
+
+def _topology(rig: RigConfig) -> tuple[dict[str, Verdict], list[str]]:
+    """Each multi-GPU model's verdict, printed; its errors are the preflight's problems."""
+    if not needs_topology(rig):
+        return {}, []
+    verdicts, notes = verdicts_from_fact(rig, read_once(GpuTopology))
+    for note in notes:
+        logger.warning(f"{host.print_prefix}topology: not read: {note}")
+    if not verdicts:
+        logger.warning(f"{host.print_prefix}topology: no `nvidia-smi topo -m`, so the links of "
+                       + ", ".join(m.name for m in rig.models if m.spec.parallel.tensor * m.spec.parallel.pipeline > 1)
+                       + " are not checked and vLLM gets no P2P settings from rigkit")
+    problems = []
+    for verdict in verdicts.values():
+        logger.info(f"{host.print_prefix}topology: " + render_verdict(verdict).replace("\n", f"\n{host.print_prefix}  "))
+        for warning in verdict.warnings:
+            logger.warning(f"{host.print_prefix}topology: {warning}")
+        problems += verdict.errors
+    return verdicts, problems
 
 
 def _engine_hung(rig: RigConfig) -> list[str]:

@@ -75,11 +75,15 @@ def serving_reads(rig: RigConfig) -> list[Read]:
 
 
 @deploy("Serving")
-def serving(rig: RigConfig, weights_ops: dict | None = None, rollouts: dict | None = None, gate: bool = False) -> list:
+def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | None = None,
+            rollouts: dict | None = None, gate: bool = False) -> list:
     """Returns the operations whose change means a stack was (re)started or removed.
     `weights_ops`: {model: op}; a model whose weights were copied again is restarted on them.
+    `topology`: {model: rigkit.topology.decide.Verdict} from the preflight, for models spanning GPUs:
+    its vLLM flags and environment go into the model's compose file.
     `gate`: a new config that gets ready is held un-promoted for the rollout gate (roles/verify.py),
     which promotes or rolls it back; `rollouts`, when given, receives {model: its rollout op}."""
+    topology = topology or {}
     weights_ops = weights_ops or {}
     for warning in rig.warnings:
         logger.warning(f"{host.print_prefix}serving config: {warning}")
@@ -103,7 +107,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, rollouts: dict | No
 
     for model in rig.models:
         compose_path, settings_path = wanted_files[model.name]
-        compose = put(name=f"Compose file for {model.name}", data=render_compose(model, with_key, host=rig.spec.serve_address),
+        verdict = topology.get(model.name)
+        compose = put(name=f"Compose file for {model.name}",
+                      data=render_compose(model, with_key, host=rig.spec.serve_address,
+                                          topology_args=tuple(verdict.vllm_args) if verdict else (),
+                                          topology_env=verdict.env if verdict else None),
                       dest=compose_path, mode="644", batch=paths)
         settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
                        dest=settings_path, mode="644", batch=paths)

@@ -47,6 +47,7 @@ from rigkit.rigside.names import served_name
 from rigkit.serving.compose import vllm_args
 from rigkit.sshforward import forward
 from rigkit.weights.engine import dial_command, rig_engine
+from rigkit.ssh import rig_call
 
 if TYPE_CHECKING:
     from rigkit.verify.result import VerificationResult
@@ -95,12 +96,12 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), ro
         if rolled is not None:
             python.call(
                 name=f"Gate {model.name}: a new config against the last proven result, promoted or rolled back",
-                function=_gate_model, rig=rig, model=model, results_dir=results_dir,
+                function=rig_call(_gate_model), rig=rig, model=model, results_dir=results_dir,
                 accept_slower=model.name in accept_slower, gated=gated, _if=rolled.did_change,
             )
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
-            function=_verify_model, rig=rig, model=model, results_dir=results_dir,
+            function=rig_call(_verify_model), rig=rig, model=model, results_dir=results_dir,
             _if=lambda m=model.name: m not in gated and (always or any(op.did_change() for op in [*after, *installed])),
         )
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rigkit.rigside.names import TUNE_DEADMAN_UNIT
 from tests.simrig.rig import STATE_ROOT, SimRig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,9 +172,9 @@ def keeper_held_off(rig: SimRig):
     tune's dead man's switch timer active): a limit set by hand then stays, so a test can show what a
     deploy or a verification makes of it. Without this the keeper repairs it within seconds, racing
     the test."""
-    code, out = rig.exec("systemd-run --unit=rigkit-tune-deadman --on-active=600s /bin/true")
+    code, out = rig.exec(f"systemd-run --unit={TUNE_DEADMAN_UNIT} --on-active=600s /bin/true")
     assert code == 0, out
     try:
         yield
     finally:
-        rig.exec("systemctl stop rigkit-tune-deadman.timer")
+        rig.exec(f"systemctl stop {TUNE_DEADMAN_UNIT}.timer")

@@ -58,6 +58,28 @@ RULES = {
         "`catch` around it swallows the message). Write the message with [Console]::Error.WriteLine(...) "
         "(or Write-Error -ErrorAction Continue), then exit."
     ),
+    "non-atomic-replace": (
+        "Move-Item -Force over an existing file in 5.1 deletes the destination, then moves: in between "
+        "there is no file (a state read finds none, a task starting its script fails); Copy-Item "
+        "-Recurse -Force over installed files rewrites each in place, so the SYSTEM watchdog, started "
+        "every minute, can run half a script. Write beside it and Move-IntoPlace ([IO.File]::Replace)."
+    ),
+    "replace-null-backup": (
+        "[IO.File]::Replace(source, destination, $null): 5.1 passes $null to a .NET string parameter as "
+        "'', and Replace refuses an empty backup name (ArgumentException), so the replace never happens. "
+        "Pass [NullString]::Value."
+    ),
+    "lock-catch-all": (
+        "A catch around opening a lock file without sharing ([IO.FileShare]::None) that takes every error "
+        "for 'another process holds it': an ACL, a path that is no file or a full disk then reads as a "
+        "rollout forever and the caller holds off without end. Tell a sharing or lock violation "
+        "(HResult 32/33, Test-HeldByAnother) from the rest, and bound the wait."
+    ),
+    "unbounded-wait": (
+        "A loop that sleeps (Start-Sleep) with no deadline in it: no Get-Date/Get-Now, deadline or "
+        "stopwatch in its condition or body. A task waits until Task Scheduler kills it at its limit, "
+        "silently, without the log line that says what it waited for."
+    ),
     "positional-binding": (
         "A function defined in the script, called with more positional arguments than it declares "
         "parameters: a simple function binds them in order and the rest land unseen in $args, so "
@@ -82,7 +104,8 @@ def findings(source: str) -> list[Finding]:
     root = PARSER.parse(source.encode("utf-8")).root_node
     script = _Script(root)
     found = (_not_in_51(script) + _stderr_under_stop(script) + _encoding(script) + _literal_path(script)
-             + _positional_binding(script) + _write_error_under_stop(script))
+             + _positional_binding(script) + _write_error_under_stop(script) + _non_atomic_replace(script)
+             + _replace_null_backup(script) + _lock_catch_all(script) + _unbounded_wait(script))
     return sorted(set(found), key=lambda f: (f.line, f.rule, f.message))
 
 
@@ -392,4 +415,76 @@ def _not_in_51(script: _Script) -> list[Finding]:
                                      f"-Encoding {_text(value).strip()}: not a 5.1 encoding (UTF8 writes a BOM there)"))
         if command.name == "join-path" and len(command.positional) > 2:
             found.append(Finding("not-in-5.1", _line(command.node), "Join-Path with more than two positional paths"))
+    return found
+
+
+def _non_atomic_replace(script: _Script) -> list[Finding]:
+    found = []
+    for command in script.commands:
+        if command.name in ("move-item", "move", "mv") and "-force" in command.parameters:
+            found.append(Finding("non-atomic-replace", _line(command.node),
+                                 f"{_text(command.node).strip()[:70]!r}: 5.1 deletes the destination first; "
+                                 "use Move-IntoPlace"))
+        if command.name in ("copy-item", "copy", "cp") and "-force" in command.parameters and "-recurse" in command.parameters:
+            found.append(Finding("non-atomic-replace", _line(command.node),
+                                 f"{_text(command.node).strip()[:70]!r}: rewrites installed files in place"))
+    return found
+
+
+def _invocations(script: _Script, member: str) -> list[tuple[Node, list[Node]]]:
+    """(node, argument nodes) of every `[IO.File]::<member>(...)` (System.IO.File too)."""
+    result = []
+    for node in script.nodes:
+        if node.type != "invokation_expression":
+            continue
+        kind = next((c for c in node.children if c.type == "type_literal"), None)
+        name = next((c for c in node.children if c.type == "member_name"), None)
+        if kind is None or name is None or _text(name).lower() != member:
+            continue
+        if re.sub(r"\s", "", _text(kind)).lower() not in ("[io.file]", "[system.io.file]"):
+            continue
+        arguments = [a for n in _walk(node) if n.type == "argument_expression_list" for a in n.children
+                     if a.type == "argument_expression"]
+        result.append((node, arguments))
+    return result
+
+
+def _replace_null_backup(script: _Script) -> list[Finding]:
+    return [Finding("replace-null-backup", _line(node), f"{_text(node).strip()[:70]!r}: $null arrives as ''")
+            for node, arguments in _invocations(script, "replace")
+            if len(arguments) >= 3 and _text(arguments[2]).strip().lower() == "$null"]
+
+
+def _lock_catch_all(script: _Script) -> list[Finding]:
+    # Functions that tell a holder from other errors (they read the exception's HResult).
+    tellers = {name for name in script.functions for n in script.nodes if n.type == "function_statement"
+               and _text(next(c for c in n.children if c.type == "function_name")).lower() == name
+               and "hresult" in _text(n).lower()}
+    found = []
+    for node in script.nodes:
+        if node.type != "try_statement":
+            continue
+        body = next((c for c in node.children if c.type == "statement_block"), None)
+        if body is None or "[io.fileshare]::none" not in re.sub(r"\s", "", _text(body)).lower():
+            continue
+        for catch in (c for c in _walk(node) if c.type == "catch_clause" and _ancestor(c, {"try_statement"}) == node):
+            text = _text(catch).lower()
+            if "hresult" in text or any(re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", text) for t in tellers):
+                continue
+            found.append(Finding("lock-catch-all", _line(catch),
+                                 "every error opening the lock taken as 'held': tell a sharing violation from the rest"))
+    return found
+
+
+def _unbounded_wait(script: _Script) -> list[Finding]:
+    found = []
+    for node in script.nodes:
+        if node.type not in _LOOPS:
+            continue
+        sleeps = [c for c in script.commands if c.name in ("start-sleep", "sleep") and _contains(node, c.node)
+                  and _ancestor(c.node, _LOOPS) == node]
+        text = _text(node).lower()
+        if sleeps and not any(word in text for word in ("get-date", "get-now", "deadline", "stopwatch")):
+            found.append(Finding("unbounded-wait", _line(node),
+                                 f"{_text(node).strip()[:60]!r}: sleeps in a loop with no deadline"))
     return found

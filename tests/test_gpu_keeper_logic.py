@@ -15,11 +15,17 @@ import pytest
 
 from rigkit.gpu.keeper import keeper_summary
 from rigkit.render import template_path
+from tests.conftest import REPO
 
 
 @pytest.fixture
 def keeper(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(NVMLError=Exception))
+    # The runtime it imports (rigkit/rigside) in a folder of its own, as /usr/local/lib/rigkit on a rig.
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "rigside").symlink_to(REPO / "rigkit" / "rigside", target_is_directory=True)
+    monkeypatch.setenv("RIGKIT_LIB_DIR", str(tmp_path / "lib"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
     spec = importlib.util.spec_from_file_location("rigkit_gpu_keeper", template_path("gpu_policy/rigkit-gpu-keeper.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

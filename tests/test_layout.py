@@ -271,7 +271,8 @@ def test_the_names_rule_sees_a_planted_copy(planted):
 # The rig's own Python scripts import the shipped runtime (rigkit/rigside) from names.LIB_DIR: that
 # one folder is the only rig path they may spell, in the line that finds the runtime.
 RIG_SCRIPTS = ("templates/serving/rigkit-stack", "templates/serving/rigkit-watchdog",
-               "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway")
+               "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway",
+               "templates/gpu_policy/rigkit-gpu-keeper.py")
 
 
 @pytest.mark.parametrize("script", RIG_SCRIPTS)
@@ -285,7 +286,7 @@ def test_each_rig_script_takes_names_and_protocols_from_the_runtime(script):
     hits = [hit for hit in retyped_rig_names(source) if f"{LIB_DIR!r} in {LIB_DIR!r}" not in hit]
     assert not hits, f"{script}: take these from rigside.names: {hits}"
     assert f'os.environ.get("RIGKIT_LIB_DIR", "{LIB_DIR}")' in source, f"{script} looks for the runtime elsewhere"
-    for protocol in ("fcntl.flock", "/v1/completions", "os.fsync", '"VLLM_API_KEY'):
+    for protocol in ("fcntl.flock", "/v1/completions", "os.fsync", '"VLLM_API_KEY', "hashlib.sha256"):
         assert protocol not in source, f"{script} writes {protocol} again: use the runtime's"
 
 
@@ -306,3 +307,14 @@ def test_the_windows_helpers_are_written_once_and_included_by_each_script():
             assert not again, f"{path.name} defines {again} again: use templates/windows/_helpers.ps1.j2"
     for name in WINDOWS_SCRIPTS:
         assert '{% include "windows/_helpers.ps1.j2" %}' in (folder / name).read_text(), name
+
+
+def test_names_spelled_out_where_the_runtime_cannot_be_imported_agree_with_it():
+    """Two rig-side programs cannot import the runtime: the policy script is shell, and tune's helper
+    is shipped as one file to run before any deploy. What they spell out must equal names.py's."""
+    from rigkit.rigside import names
+    from rigkit.tune import rigside as tune_helper
+
+    script = (REPO / "templates/gpu_policy/rigkit-gpu-policy.sh").read_text()
+    assert f"APPLIED_STAMP={names.GPU_POLICY_APPLIED_PATH}\n" in script
+    assert tune_helper.DEADMAN_UNIT == names.TUNE_DEADMAN_UNIT

@@ -76,6 +76,33 @@ PLANTED = [
     ("not-in-5.1", "$h = $json | ConvertFrom-Json -AsHashtable", "$h = $json | ConvertFrom-Json"),
     ("not-in-5.1", "Set-Content -LiteralPath $f -Value 'x' -Encoding utf8NoBOM",
      "Set-Content -LiteralPath $f -Value 'x' -Encoding UTF8"),
+    ("non-atomic-replace",  # what the watchdog's state write did
+     "Move-Item -LiteralPath $temporary -Destination $path -Force",
+     "Move-IntoPlace $temporary $path"),
+    ("non-atomic-replace",  # what install.ps1 did: the installed scripts rewritten in place
+     "Get-ChildItem -LiteralPath $src | Copy-Item -Destination $InstallDir -Recurse -Force",
+     "Copy-Item -LiteralPath $item.FullName -Destination $temporary -Force\nMove-IntoPlace $temporary $target"),
+    ("replace-null-backup",
+     "[IO.File]::Replace($temporary, $path, $null)",
+     "[IO.File]::Replace($temporary, $path, [NullString]::Value)"),
+    ("replace-null-backup",
+     "[System.IO.File]::Replace($a, $b, $NULL)",
+     "[System.IO.File]::Replace($a, $b, $backup)"),
+    ("lock-catch-all",  # what the watchdog did: any error read as "a rollout holds it"
+     "function Enter-RolloutLock {\n    try {\n        return [IO.File]::Open($LockFile, [IO.FileMode]::OpenOrCreate, "
+     "[IO.FileAccess]::ReadWrite, [IO.FileShare]::None)\n    } catch {\n        return $null\n    }\n}",
+     "function Test-HeldByAnother($e) { @(32, 33) -contains ($e.Exception.GetBaseException().HResult -band 0xFFFF) }\n"
+     "function Enter-RolloutLock {\n    try {\n        return @{ Handle = [IO.File]::Open($LockFile, [IO.FileMode]::OpenOrCreate, "
+     "[IO.FileAccess]::ReadWrite, [IO.FileShare]::None) }\n    } catch {\n        if (Test-HeldByAnother $_) { return @{ Held = $true } }\n"
+     "        return @{ Error = $_.Exception.Message }\n    }\n}"),
+    ("lock-catch-all",
+     "try { $l = [IO.File]::Open($f, 'OpenOrCreate', 'ReadWrite', [IO.FileShare]::None) } catch { Start-Sleep 1 }",
+     "try { $l = [IO.File]::Open($f, 'OpenOrCreate', 'ReadWrite', [IO.FileShare]::None) } "
+     "catch { if (($_.Exception.GetBaseException().HResult -band 0xFFFF) -ne 32) { throw } }"),
+    ("unbounded-wait",
+     "while (-not (Test-Docker)) { Start-Sleep -Seconds 3 }",
+     "$deadline = (Get-Date).AddSeconds(180)\nwhile (-not (Test-Docker)) {\n"
+     "    if ((Get-Date) -gt $deadline) { exit 1 }\n    Start-Sleep -Seconds 3\n}"),
     ("positional-binding",  # what rigkit's key upload sent until the install folder's owner was checked
      "function Invoke-Icacls([string[]] $Arguments) { & icacls.exe @Arguments }\n"
      "Invoke-Icacls 'C:\\x' '/inheritance:r' '/grant:r' '*S-1-5-18:F'",
@@ -161,16 +188,25 @@ def sent_scripts(rig) -> dict[str, str]:
     powershell.exe decodes it."""
     import base64
 
+    from rigkit.windows.connector import powershell_command_line
+
+    decode = lambda line: base64.b64decode(line.rsplit(" ", 1)[1]).decode("utf-16-le")  # noqa: E731
+    return {kind: decode(powershell_command_line(script)) for kind, script in raw_sent_scripts(rig).items()}
+
+
+def raw_sent_scripts(rig) -> dict[str, str]:
+    """Every script the facts and operations send for `rig` (hostile names and paths), before the
+    connector wraps it; and the connector's own: an empty script, and the stager of a long one."""
     from rigkit.windows import facts, install_dir
     from rigkit.windows import operations as winops
-    from rigkit.windows import private_file
+    from rigkit.windows import private_file, upload
     from rigkit.windows.bundle import (
         LOG_PATH,
         TASK_BOOTSTRAP,
         TASK_POWER,
         render_bundle,
     )
-    from rigkit.windows.connector import powershell_command_line
+    from rigkit.windows.connector import file_stager
 
     path = f"C:\\ProgramData\\rigkit\\{HOSTILE}\\x.ps1"
     scripts = {
@@ -188,12 +224,13 @@ def sent_scripts(rig) -> dict[str, str]:
         "secure-folder": private_file.secure_folder_script(path),
         "place-private-file": private_file.place_script(private_file.temporary_name(path), path),
         "protect-file": private_file.protect_script(path),
+        "place-file": upload.place_script("place-file", upload.temporary_name(path), path),
         "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
         "uninstall": winops.uninstall_script(render_bundle(rig)["uninstall.ps1"], [TASK_POWER, TASK_BOOTSTRAP]),
         "connector wrapper": "",
+        "file stager": file_stager(f"C:\\Users\\{HOSTILE}\\.rigkit-commands\\x.ps1", "ab" * 32),
     }
-    decode = lambda line: base64.b64decode(line.rsplit(" ", 1)[1]).decode("utf-16-le")  # noqa: E731
-    return {kind: decode(powershell_command_line(script)) for kind, script in scripts.items()}
+    return scripts
 
 
 def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
@@ -212,4 +249,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 10 * 21
+    assert checked == 10 * 23

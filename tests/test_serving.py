@@ -239,3 +239,39 @@ def test_new_weights_are_copied_and_the_model_restarted_on_them(rig):
         assert run_deploy(rig, SERVING_RIG).changed_operations() == 0
     finally:
         extra.unlink()
+
+
+def test_a_tensor_parallel_model_on_gpus_without_p2p_gets_vllms_flags_and_is_verified(rig, tmp_path):
+    """Simulated: two GeForce cards on one host bridge whose P2P `nvidia-smi topo -p2p r` reports
+    "GNS" both ways (the rig's nvidia-smi stand-in prints that matrix; the same as captured from a
+    2x RTX 5090 host, tests/data/topology/2x5090-*). The topology preflight reads it before anything
+    changes; the model's compose file gets vLLM's `--disable-custom-all-reduce` and NCCL_P2P_DISABLE=1,
+    checked in the engine's own record of the container; the deploy verifies the model."""
+    only_alpha = tmp_path / "alpha-only.yml"
+    only_alpha.write_text(SERVING_RIG.read_text().replace("models: [test-alpha, test-beta]", "models: [test-alpha]"))
+    split = copy_catalog(tmp_path, test_alpha=[("gpus: [0]\n", "gpus: [0, 1]\nparallel: {tensor: 2}\n")])
+    run = deploy_and_verify(rig, only_alpha, catalog=split)
+    assert run.returncode == 0, run.output
+    assert "GPU0-GPU1  PHB   GNS" in run.output  # the preflight's table: the link the all-reduce crosses
+    assert "P2P not usable (GPU0-GPU1 GNS over PHB)" in run.output
+    config = container("test-alpha").attrs["Config"]
+    assert "--disable-custom-all-reduce" in config["Cmd"]
+    assert config["Cmd"][config["Cmd"].index("--tensor-parallel-size") + 1] == "2"
+    assert "NCCL_P2P_DISABLE=1" in config["Env"]
+    assert "verification of test-alpha" in run.output  # ran, and passed (a failure fails the deploy)
+    assert complete("test-alpha").status_code == 200
+    assert run_deploy(rig, only_alpha, catalog=split).changed_operations() == 0
+    # `rigkit status` reads the topology again to judge that compose file: no drift.
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, RESULTS, STATE_ROOT
+
+    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RIG_FILE=str(only_alpha),
+               RIGKIT_CATALOG_DIR=str(split), RIGKIT_RESULTS_DIR=str(RESULTS), RIGKIT_STATUS_RIGS="1")
+    out = tmp_path / "status.json"
+    done = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", "tests/data/status-fleet.py", "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    (doc,) = json.loads(out.read_text())["rigs"]
+    assert doc["reachable"] and doc["drift"] == [], done.stdout + done.stderr

@@ -286,3 +286,38 @@ def test_the_rig_engine_client_keeps_few_sessions_open(client):
             engine.version()
         helper.remove(force=True)
     assert most[0] <= 3, f"{most[0]} sessions open at once"
+
+
+def test_a_damaged_hub_blob_is_refused_through_the_helper_and_resumes_once_fixed(client, model):
+    """Simulated: a download that reported success with one byte wrong (huggingface_hub#3643): an LFS
+    blob flipped after it was named, same size. Real: the helper, the volume, the deploy's error.
+    The copy refuses it in one line naming the file and both hashes, marks nothing complete (read by
+    a separate container); once the blob is fetched again, the next copy adds only that file."""
+    from dataclasses import replace
+
+    from tests.test_weights_copier import hf_snapshot
+
+    repo, snapshot, files = hf_snapshot(Path(model.spec.weights.source))
+    hub_model = replace(model, spec=model.spec.model_copy(
+        update={"weights": model.spec.weights.model_copy(update={"source": str(snapshot)})}))
+    blob = (snapshot / "model.safetensors").resolve()
+    damaged = bytearray(files["model.safetensors"])
+    damaged[-3] ^= 0x10
+    blob.write_bytes(bytes(damaged))
+    with pytest.raises(WeightsError) as caught:
+        copy(client, hub_model)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{model.name}: weights from {snapshot}: 1 source file(s)")
+    assert (f"model.safetensors: hub-sha256: expected {blob.name} (the name of its blob in blobs/), "
+            f"found {hashlib.sha256(damaged).hexdigest()}") in message
+    assert not marker_present(client, hub_model)
+    assert "model.safetensors" not in volume_files(client, hub_model)
+
+    blob.write_bytes(files["model.safetensors"])  # downloaded again
+    [report] = copy(client, hub_model)
+    assert report.status == "copied" and report.copied_bytes == len(files["model.safetensors"])
+    assert dict(report.proven) == {"git-blob-sha1": 2, "hub-sha256": 1, "safetensors-header": 1}
+    assert marker_present(client, hub_model)
+    [verified, unchanged] = copy(client, hub_model, verify=True)
+    assert verified.status == "verified" and unchanged.status == "unchanged"
+    assert dict(verified.proven) == dict(report.proven)

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -31,16 +32,32 @@ def run(mode: str, src: Path, dst: Path, root: Path | None = None) -> tuple[int,
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def safetensors(tensors: dict[str, int], pad: bytes = b"") -> bytes:
+    """A safetensors file: BF16 tensors of the given byte sizes laid end to end (random bytes)."""
+    header, at = {"__metadata__": {"format": "pt"}}, 0
+    for name, size in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": [at, at + size]}
+        at += size
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + os.urandom(at) + pad
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 def hf_snapshot(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
-    """models--org--tiny/snapshots/<rev>/ of symlinks into ../../blobs/<sha256>, as huggingface_hub makes it."""
+    """models--org--tiny/snapshots/<rev>/ of symlinks into ../../blobs/, as huggingface_hub makes it:
+    an LFS file's blob is named by its SHA-256, a small (git) file's by its git blob hash."""
     repo = tmp_path / "hub" / "models--org--tiny"
     snapshot = repo / "snapshots" / "0123abcd"
     (repo / "blobs").mkdir(parents=True)
     (snapshot / "sub").mkdir(parents=True)
-    files = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": os.urandom(300_000),
+    files = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": safetensors({"a": 200_000, "b": 100_000}),
              "sub/tokenizer.json": b'{"v": 1}'}
     for name, data in files.items():
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        lfs = name.endswith(".safetensors")
+        blob = repo / "blobs" / (hashlib.sha256(data).hexdigest() if lfs else git_blob_sha1(data))
         blob.write_bytes(data)
         link = snapshot / name
         link.symlink_to(os.path.relpath(blob, link.parent))
@@ -116,7 +133,7 @@ def test_a_disk_that_fills_during_a_file_ends_with_enospc_not_a_hang(tmp_path, s
 
     def copy():
         try:
-            copier.copy_file("w.bin", 0)
+            copier.copy_file("w.bin", 0, copier.Proof("w.bin", size, None))
         except OSError as exc:
             outcome.append(exc.errno)
 

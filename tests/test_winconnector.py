@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from rigkit.windows.connector import (
+    COMMAND_LINE_MAX,
     encode_powershell,
     powershell_command_line,
     sftp_path,
@@ -96,6 +97,15 @@ def test_connector_output_exit_codes_and_sftp(rig):
     back = io.BytesIO()
     assert host.get_file("/tmp/rigkit-winconnector-test.txt", back)
     assert back.getvalue() == payload
+    # A script too long for cmd.exe's line goes as a file into the account's home, is run (its
+    # output and exit code come back as from an encoded one) and removed.
+    long_script = "\n".join(f"Write-Output 'line {n} ✓'" for n in range(400))
+    assert len(powershell_command_line(long_script)) > COMMAND_LINE_MAX
+    ok, output = host.run_shell_command(long_script)
+    assert ok and "Write-Output 'line 399 ✓'" in output.stdout_lines
+    ok, _ = host.run_shell_command(long_script + "\n# rigkit-standin-exit 5")
+    assert not ok
+    assert rig.exec("ls -A ~/.rigkit-commands")[1].strip() == ""
     # A Windows path: sent as /C:/..., its missing folders made over SFTP.
     assert host.put_file(io.BytesIO(payload), "C:\\rigkit-test\\new folder\\x.txt")
     assert rig.exec("cat '/C:/rigkit-test/new folder/x.txt'")[1].encode() == payload

@@ -19,6 +19,7 @@ PowerShell grammar (tree-sitter-powershell) and checked by the Windows PowerShel
 from __future__ import annotations
 
 import base64
+import json
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -31,6 +32,7 @@ from rigkit.windows.bundle import (
     render_bundle,
 )
 from rigkit.windows.timing import bootstrap_budget
+from rigkit.windows.upload import temporary_name
 from rigkit.windows.watchdog import TASK_WATCHDOG
 from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, run_deploy
 from tests.ps51_rules import findings
@@ -74,9 +76,17 @@ def test_first_deploy_installs_registers_and_runs_both_tasks(rig):
     assert run.returncode == 0, run.output
     assert "NVIDIA GeForce RTX 4090" in run.output  # GPU facts came through nvidia-smi.exe's query
 
-    for path, data in installed_files(render_bundle(load_rig(WIN_RIG, TEST_CATALOG))).items():
+    installed = installed_files(render_bundle(load_rig(WIN_RIG, TEST_CATALOG)))
+    for path, data in installed.items():
         on_rig_path = "/" + path.replace("\\", "/")
         assert rig.exec(f"base64 -w0 '{on_rig_path}'")[1].strip() == base64.b64encode(data).decode(), path
+    # Each file arrived under its temporary name and was moved into place (the stand-in's record of
+    # each Move-IntoPlace), none written where a task runs it; nothing temporary is left behind.
+    moves = [json.loads(line) for line in on_rig(rig, f"cat {STORE}/moves.log").splitlines()]
+    assert {m["to"] for m in moves} >= set(installed)
+    assert all(m["from"] == temporary_name(m["to"]) for m in moves)
+    assert on_rig(rig, "find /C: -name '*.rigkit-upload'").strip() == ""
+    assert on_rig(rig, "ls -A ~/.rigkit-commands 2>/dev/null || true").strip() == ""  # scripts sent as files: removed
     tasks = on_rig(rig, f"ls {STORE}/tasks").split()
     assert sorted(tasks) == sorted([f"{TASK_POWER}.xml", f"{TASK_BOOTSTRAP}.xml", f"{TASK_WATCHDOG}.xml"])
     assert runs(rig) == [TASK_POWER, TASK_BOOTSTRAP]  # the watchdog runs on its own trigger, not now
@@ -99,7 +109,7 @@ def test_every_script_sent_parses_as_powershell(rig):
     scripts = sent_scripts(rig)
     kinds = {line.split()[2] for s in scripts for line in s.splitlines() if line.startswith("# rigkit: ")}
     assert kinds == {"nvidia-smi", "file-sha256", "export-task", "register-task", "read-text", "run-task",
-                     "weights-check", "install-dir-state", "secure-install-dir"}
+                     "weights-check", "install-dir-state", "secure-install-dir", "place-file"}
     for script in scripts:
         assert parse_errors(script) == [], script
         assert findings(script) == [], "\n".join(map(str, findings(script))) + "\n" + script

@@ -5,9 +5,9 @@ Real: pyinfra's CLI, rigkit's `@winssh` connector over real SSH and SFTP to the 
 Windows role, facts and operations, the key file read on the control machine.
 
 Simulated: Windows. powershell.exe on the rig is tests/simrig/powershell.exe: it runs no PowerShell, so
-icacls, Get-Acl and Move-Item do not run; it records each `Invoke-Icacls` line a script carries (with
+icacls, Get-Acl and Move-IntoPlace do not run; it records each `Invoke-Icacls` line a script carries (with
 the names then in the target's folder) and keeps the owner and ACL that line would set, moves the
-uploaded temporary file as the script's Move-Item would, fails an `Assert-Private` as the script's
+uploaded temporary file as the script's Move-IntoPlace would, fails an `Assert-Private` as the script's
 would, and reports a file's SHA-256, owner and ACL to the fact. A file a user took over is simulated
 by writing its owner into the stand-in's state; icacls that does not apply /setowner by a switch in
 it. So these tests show what rigkit sends and in which order (owner and ACL before any content, the
@@ -26,7 +26,7 @@ import sys
 import pytest
 
 from rigkit.windows.bundle import API_KEY_FILE, INSTALL_DIR, TASK_BOOTSTRAP
-from rigkit.windows.private_file import temporary_name
+from rigkit.windows.upload import temporary_name
 from tests.conftest import DATA, REPO, TEST_CATALOG, copy_catalog, run_deploy
 from tests.ps51_rules import findings
 

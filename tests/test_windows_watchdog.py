@@ -142,11 +142,14 @@ def test_a_restart_is_guarded_by_the_cap_then_the_lock(script):
     assert "$recent.Count -ge" in condition(cap) and "return 'capped'" in text(cap)
     assert any("$HourS" in text(s) and "$recent =" in text(s) for s in before)  # the rolling hour
     take = next(i for i, s in enumerate(before) if text(s).startswith("$lock = Enter-RolloutLock"))
-    held = before[take + 1]
-    assert held.type == "if_statement" and condition(held) == "$null -eq $lock" and "return 'held_off'" in text(held)
+    assert text(before[take + 1]) == "$access = Get-LockAccess $lock $State $Now"
+    held, unreadable = before[take + 2], before[take + 3]  # a rollout, then a lock not openable within its bound
+    assert held.type == "if_statement" and condition(held) == "$access -eq 'rollout'" and "return 'held_off'" in text(held)
+    assert condition(unreadable) == "$access -eq 'unreadable'" and "return 'held_off'" in text(unreadable)
+    assert "suspect_since" not in text(unreadable)  # the suspicion is kept: the restart follows once the bound is reached
     assert body.index(cap) < take  # a capped model does not even take the lock
     guarded = body[at]
-    assert guarded.type == "try_statement" and "$lock.Dispose()" in text(guarded.child_by_field_name("finally") or next(
+    assert guarded.type == "try_statement" and "$lock.Handle.Dispose()" in text(guarded.child_by_field_name("finally") or next(
         c for c in guarded.children if c.type == "finally_clause"))
     assert "$State['restarts'] = [double[]] @($recent + $Now)" in script  # counted for the cap once done
 
@@ -154,12 +157,12 @@ def test_a_restart_is_guarded_by_the_cap_then_the_lock(script):
 def test_a_model_is_probed_only_while_no_rollout_holds_the_lock(script):
     root = PARSER.parse(script.encode()).root_node
     check = function(root, "Invoke-Check")
-    lock = next(s for s in statements(check) if s.type == "if_statement" and condition(s) == "$null -eq $lock")
+    lock = next(s for s in statements(check) if s.type == "if_statement" and condition(s) == "$access -eq 'rollout'")
     then_block = next(c for c in lock.children if c.type == "statement_block")
     assert "'held_off'" in text(then_block) and "Test-Completion" not in text(then_block)
     assert "Test-Completion" in text(next(c for c in lock.children if c.type == "else_clause"))
     assert statements(check).index(lock) > next(i for i, s in enumerate(statements(check))
-                                                if text(s) == "$lock = Enter-RolloutLock")
+                                                if text(s) == "$access = Get-LockAccess $lock $State $now")
     wedged = calls(root, "Invoke-Wedged")
     branch = wedged[0].parent
     while branch.type not in ("if_statement", "elseif_clause"):

@@ -4,6 +4,7 @@ file back, where missing or broken means None."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -34,4 +35,13 @@ def read_json(path: str):
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError):
+        return None
+
+
+def sha256(path: str) -> str | None:
+    """The hex SHA-256 of the file at `path`, or None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
         return None

@@ -4,6 +4,7 @@ One folder for both: names.LOCK_DIR, or RIGKIT_LOCK_DIR where the rig's environm
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 
@@ -29,3 +30,13 @@ def try_lock(path: str):
         handle.close()
         return None
     return handle
+
+
+@contextlib.contextmanager
+def held(path: str):
+    """The lock at `path`, waited for and held for the `with` block (for work that must not overlap
+    itself, such as the GPU keeper's repairs; a rollout uses try_lock and never waits)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield handle

@@ -44,13 +44,16 @@ GPU_POLICY_UNIT_PATH = f"{UNIT_DIR}/{GPU_POLICY_UNIT}"
 GPU_POLICY_SCRIPT_PATH = f"{SBIN_DIR}/rigkit-gpu-policy"
 GPU_POLICY_PATH = f"{ETC_DIR}/gpu-policy.conf"
 GPU_OFFSETS_TOOL_PATH = f"{SBIN_DIR}/rigkit-gpu-offsets"  # NVML clock offsets (clock_offsets_mhz)
-GPU_POLICY_NVML_PATH = f"{LIB_DIR}/gpu-policy/pynvml.py"  # for rigs without nvidia-ml-py
+GPU_POLICY_NVML_DIR = f"{LIB_DIR}/gpu-policy"  # pynvml for rigs without nvidia-ml-py
+GPU_POLICY_NVML_PATH = f"{GPU_POLICY_NVML_DIR}/pynvml.py"
+GPU_POLICY_APPLIED_PATH = f"{RUN_DIR}/gpu-policy.applied"  # sha256 of the policy file last applied (the script writes it)
 # The policy keeper (rigkit/gpu/keeper.py, templates/gpu_policy/rigkit-gpu-keeper.py)
 GPU_KEEPER_PATH = f"{SBIN_DIR}/rigkit-gpu-keeper"
 GPU_KEEPER_UNIT = "rigkit-gpu-keeper.service"  # the watch
 GPU_KEEPER_RESUME_UNIT = "rigkit-gpu-keeper-resume.service"  # pulled in by the sleep targets
 GPU_KEEPER_DRIVER_UNIT = "rigkit-gpu-keeper-driver.service"  # part of nvidia-persistenced.service
 GPU_KEEPER_STATE_PATH = "/var/lib/rigkit/gpu-keeper.json"
+GPU_KEEPER_LOCK_PATH = f"{RUN_DIR}/gpu-keeper.lock"  # one repair at a time
 
 # The NVML sampler of verification (and the pynvml copy for rigs without nvidia-ml-py)
 SAMPLER_PATH = f"{LIB_DIR}/rigkit-telemetry.py"
@@ -62,6 +65,9 @@ TUNE_DIR = f"{LIB_DIR}/tune"
 TUNE_HELPER_PATH = f"{TUNE_DIR}/rigkit-tune.py"
 TUNE_SAMPLER_PATH = f"{TUNE_DIR}/rigkit-telemetry.py"
 TUNE_NVML_DIR = f"{TUNE_DIR}/nvml"
+# Tune's dead man's switch, a transient unit armed for the whole session: the keeper holds off
+# while its timer is active (rigkit/tune/rigside.py, shipped alone, spells it out; a test keeps them equal)
+TUNE_DEADMAN_UNIT = "rigkit-tune-deadman"
 
 # The gateway
 GATEWAY_PROJECT = "rigkit-gateway"

@@ -28,9 +28,11 @@ def load_strategy(model: ModelConfig) -> str | None:
     return "prefetch"
 
 
-def vllm_args(model: ModelConfig, host: str = "127.0.0.1") -> list[str]:
+def vllm_args(model: ModelConfig, host: str = "127.0.0.1", topology_args: tuple[str, ...] = ()) -> list[str]:
     """The command after the image's `vllm serve` entrypoint: the model path first. `host`: the rig's
-    serve_address (0.0.0.0 only with an API key; rigkit.config.loader checks)."""
+    serve_address (0.0.0.0 only with an API key; rigkit.config.loader checks). `topology_args`: what
+    the topology preflight adds for a model spanning GPUs (rigkit.topology), before the catalog's own
+    extra_args (one the catalog already gives is not repeated)."""
     spec, v = model.spec, model.spec.vllm
     args = [
         container_model_path(model),
@@ -63,6 +65,7 @@ def vllm_args(model: ModelConfig, host: str = "127.0.0.1") -> list[str]:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
     if strategy := load_strategy(model):
         args += ["--safetensors-load-strategy", strategy]
+    args += [a for a in topology_args if a not in v.extra_args]
     return args + list(v.extra_args)
 
 
@@ -73,12 +76,16 @@ def comment_text(text: str) -> str:
 
 
 def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE,
-                   host: str = "127.0.0.1", publish: bool = False) -> str:
+                   host: str = "127.0.0.1", publish: bool = False, topology_args: tuple[str, ...] = (),
+                   topology_env: dict[str, str] | None = None) -> str:
     """`env_file`: where the rig keeps the API key's env file (a Windows rig: under C:\\ProgramData\\rigkit).
     `host`: the address the API is reached on (the rig file's `serve_address`). `publish` (Windows rigs):
-    the port published on `host` instead of host networking, vLLM listening inside on 0.0.0.0."""
+    the port published on `host` instead of host networking, vLLM listening inside on 0.0.0.0.
+    `topology_args`/`topology_env`: what the topology preflight sets for a model spanning GPUs without
+    usable P2P (--disable-custom-all-reduce, NCCL_P2P_DISABLE=1); the catalog's `env` wins where both
+    name a variable (docs/topology.md)."""
     spec = model.spec
-    environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **spec.env}
+    environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **(topology_env or {}), **spec.env}
     if spec.weights.storage == "volume":
         mount = {"type": "volume", "source": "weights", "target": container_model_path(model), "read_only": True}
         volumes = {"weights": {"external": True, "name": volume_name(model)}}
@@ -90,7 +97,7 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         model_file=comment_text(str(model.file)),
         project=project_name(model),
         image=spec.image,
-        command=vllm_args(model, "0.0.0.0" if publish else host),
+        command=vllm_args(model, "0.0.0.0" if publish else host, topology_args),
         # host:port:port, TCP; Compose's long syntax would need a separate `host_ip`.
         published=[f"{host}:{spec.port}:{spec.port}"] if publish else [],
         environment=environment,

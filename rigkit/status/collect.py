@@ -33,6 +33,8 @@ from rigkit.serving.api_key import SecretFileError, read_api_key
 from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.status.facts import RigStatusProbe, probe_args
 from rigkit.status.report import Commands, build_status, sha256
+from rigkit.topology.facts import GpuTopology
+from rigkit.topology.rig import needs_topology, verdicts_from_fact
 from rigkit.verify.result import latest_result, results_folder
 from rigkit.weights.facts import volume_states
 
@@ -44,13 +46,29 @@ def document_path(status_dir: Path, host_name: str) -> Path:
     return Path(status_dir) / f"{quote(host_name, safe='')}.json"
 
 
-def wanted_files(rig: RigConfig) -> dict[str, dict[str, str]]:
+def wanted_files(rig: RigConfig, topology: dict | None = None) -> dict[str, dict[str, str]]:
+    """`topology`: {model: Verdict} of the models spanning GPUs, whose compose files carry its flags."""
     try:
         with_key = read_api_key(rig) is not None
     except SecretFileError:
         with_key = True  # the deploy refuses such a key file; the files are judged as if it were fixed
-    return {m.name: {"compose.yml": sha256(render_compose(m, with_key, host=rig.spec.serve_address)), "stack.json": sha256(stack_settings(m, with_key))}
+    topology = topology or {}
+
+    def compose(m):
+        verdict = topology.get(m.name)
+        return render_compose(m, with_key, host=rig.spec.serve_address,
+                              topology_args=tuple(verdict.vllm_args) if verdict else (),
+                              topology_env=verdict.env if verdict else None)
+
+    return {m.name: {"compose.yml": sha256(compose(m)), "stack.json": sha256(stack_settings(m, with_key))}
             for m in rig.models}
+
+
+def topology_verdicts(rig: RigConfig) -> dict:
+    """The deploy's topology decisions, read again (the compose file of a model spanning GPUs depends on them)."""
+    if not needs_topology(rig):
+        return {}
+    return verdicts_from_fact(rig, host.get_fact(GpuTopology))[0]
 
 
 def latest_results(rig: RigConfig, results_dir: Path) -> tuple[dict[str, dict | None], list[str]]:
@@ -92,7 +110,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
             weights = volume_states(rig)
         results, skipped = latest_results(rig, results_dir)
         doc = build_status(rig, host.name, commands, gpus, probe,
-                           weights, wanted_files(rig), results, now, GPU_POLICY_UNIT, STACK_HELPER_PATH, history_notes=skipped)
+                           weights, wanted_files(rig, topology_verdicts(rig)), results, now, GPU_POLICY_UNIT, STACK_HELPER_PATH, history_notes=skipped)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

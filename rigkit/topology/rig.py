@@ -5,6 +5,21 @@ from __future__ import annotations
 
 from rigkit.config.schema import RigConfig
 from rigkit.topology.decide import RigTopology, Verdict, decide
+from rigkit.topology.report import read_report
+
+
+def needs_topology(rig: RigConfig) -> bool:
+    """Some model of the rig spans GPUs (tensor x pipeline above 1): the deploy reads the topology."""
+    return any(m.spec.parallel.tensor * m.spec.parallel.pipeline > 1 for m in rig.models)
+
+
+def verdicts_from_fact(rig: RigConfig, lines: list[str]) -> tuple[dict[str, Verdict], list[str]]:
+    """{model: verdict} from the GpuTopology fact's output, and what could not be read. No verdicts
+    when the matrix itself could not be read (the notes say why)."""
+    topo, notes = read_report(lines, windows=rig.spec.os == "windows")
+    if topo is None:
+        return {}, notes
+    return {v.model: v for v in rig_verdicts(rig, topo)}, notes
 
 
 def rig_verdicts(rig: RigConfig, topo: RigTopology) -> list[Verdict]:

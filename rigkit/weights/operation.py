@@ -10,6 +10,7 @@ from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig
 from rigkit.weights.engine import dial_command, rig_engine
+from rigkit.ssh import rig_call
 
 
 class CopyFailed(NestedOperationError):
@@ -43,7 +44,7 @@ def copy_operations(models: list[ModelConfig], states: dict[str, dict], verify: 
                               f"{state['error']}")
         ops[model.name] = python.call(
             name=f"Weights of {model.name} onto volume",
-            function=copy_on_rig, model=model, verify=verify,
+            function=rig_call(copy_on_rig), model=model, verify=verify,
             _if=lambda needed=verify or state["status"] != "unchanged": needed,
         )
     return ops

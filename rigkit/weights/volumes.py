@@ -40,6 +40,8 @@ class CopyReport:
     hashed_bytes: int = 0
     seconds: float = 0.0
     bad: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()  # verify: why each bad file failed (expected and found)
+    proven: tuple[tuple[str, int], ...] = ()  # (check, files that passed it): hub-sha256, git-blob-sha1, ...
 
     @property
     def mb_per_s(self) -> float | None:
@@ -49,10 +51,14 @@ class CopyReport:
         if self.status == "copied":
             rate = f", {self.mb_per_s:.0f} MB/s" if self.mb_per_s else ""
             return (f"{self.model}: copied {_size(self.copied_bytes)} of {_size(self.bytes)}, "
-                    f"{self.files} files, in {self.seconds:.1f} s{rate} into volume {self.volume}")
+                    f"{self.files} files, in {self.seconds:.1f} s{rate} into volume {self.volume}{self._proven()}")
         if self.status == "corrupt":
-            return f"{self.model}: volume {self.volume} has files that differ from the manifest: {', '.join(self.bad)}"
-        return f"{self.model}: volume {self.volume} {self.status}"
+            return (f"{self.model}: volume {self.volume} has files that fail their check (copied again from the "
+                    f"source next): {'; '.join(self.reasons or self.bad)}")
+        return f"{self.model}: volume {self.volume} {self.status}{self._proven()}"
+
+    def _proven(self) -> str:
+        return "; proven: " + ", ".join(f"{n} {check}" for check, n in self.proven) if self.proven else ""
 
 
 def _size(n: int) -> str:
@@ -175,4 +181,5 @@ def _report(model: ModelConfig, result: dict) -> CopyReport:
         files=result.get("files", 0), bytes=result.get("bytes", 0),
         copied_bytes=result.get("copied_bytes", 0), hashed_bytes=result.get("hashed_bytes", 0),
         seconds=result.get("seconds", 0.0), bad=tuple(result.get("bad", ())),
+        reasons=tuple(result.get("reasons", {}).values()), proven=tuple(sorted(result.get("proven", {}).items())),
     )

@@ -20,6 +20,7 @@ from rigkit.rigside.names import served_name
 from rigkit.serving.compose import render_compose
 from rigkit.windows.install_dir import INSTALL_DIR, secure_install_script
 from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
+from rigkit.windows.upload import UPLOAD_SUFFIX
 from rigkit.windows.watchdog import TASK_WATCHDOG, watchdog_files
 
 LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
@@ -90,7 +91,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
         "install.ps1": render(
             "windows/install.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
             secure_install=secure_install_script().split("\n", 1)[1],
-            task_names=list(TASKS), system_tasks=[TASK_WATCHDOG], key_file=key_file),
+            task_names=list(TASKS), system_tasks=[TASK_WATCHDOG], key_file=key_file, upload_suffix=UPLOAD_SUFFIX),
         "uninstall.ps1": render(
             "windows/uninstall.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
             power_script=str(POWER_SCRIPT), task_names=list(TASKS)),

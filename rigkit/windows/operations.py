@@ -1,6 +1,7 @@
 """pyinfra operations for Windows rigs (through the `@winssh` connector).
 
-- `file`: put bytes at a Windows path unless the file there already has their SHA-256;
+- `file`: put bytes at a Windows path unless the file there already has their SHA-256 (to a
+  temporary name, then moved into place: rigkit.windows.upload);
 - `scheduled_task`: register a task from its XML unless the installed one, exported,
   is the same task (`rigkit.windows.same_task`);
 - `run_task`: run a task now, as logon would, unless it already ran successfully on the
@@ -16,17 +17,17 @@ every script on its syntax tree without pyinfra.
 from __future__ import annotations
 
 import hashlib
-from io import BytesIO
 from pathlib import PureWindowsPath
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, operation
+from pyinfra.api import operation
 
 from rigkit.render import ps_quote
 from rigkit.windows.bundle import INSTALL_DIR, same_task
 from rigkit.facts_once import read_once
 from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
 from rigkit.windows.install_dir import WindowsInstallDir
+from rigkit.windows.upload import upload
 
 APPLIED_DIR = INSTALL_DIR / "applied"  # <task>.txt: digest of the inputs of its last successful run
 TASK_START_S = 20  # a task that has not started by then will not (e.g. its user is not logged on)
@@ -37,7 +38,7 @@ def file(dest: str, data: bytes):
     if host.get_fact(WindowsFileSha256, path=dest) == hashlib.sha256(data).hexdigest():
         host.noop(f"{dest} is up to date")
         return
-    yield FileUploadCommand(BytesIO(data), dest)
+    yield from upload(data, dest)  # to a temporary name, then moved into place: never half-written
 
 
 @operation()

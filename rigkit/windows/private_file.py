@@ -7,7 +7,7 @@ entries (C:\\ProgramData grants Users read, and a new folder inherits that), own
 first). Owner and ACL are set with icacls by SID (`*S-1-5-18`, `*S-1-5-32-544`), which works in any
 display language, and read back through .NET before anything is written. The content then travels over SFTP to a temporary name
 inside that folder (so it is never readable by anyone else, not even for a moment), gets the same
-ACL explicitly, and is moved over the destination. It is never put in a script or on a command line,
+ACL explicitly, and is moved over the destination (rigkit.windows.upload, the one way files are put). It is never put in a script or on a command line,
 and compared by SHA-256 only (`WindowsPrivateFile` reads the digest, the owner and the ACL, never the
 content).
 """
@@ -15,14 +15,15 @@ content).
 from __future__ import annotations
 
 import hashlib
-from io import BytesIO
 from pathlib import PureWindowsPath
 
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, operation
+from pyinfra.api import FactBase, operation
 
 from rigkit.render import ps_quote
 from rigkit.windows.facts import ABSENT
+from rigkit.windows.upload import place_script as upload_place_script
+from rigkit.windows.upload import temporary_name, upload
 
 SYSTEM_SID = "S-1-5-18"
 ADMINISTRATORS_SID = "S-1-5-32-544"
@@ -92,11 +93,6 @@ def _icacls_lines(path: str, folder: bool) -> str:
                    ) + f"Remove-Others {ps_quote(path)}\n"
 
 
-def temporary_name(dest: str) -> str:
-    path = PureWindowsPath(dest)
-    return str(path.with_name(f".{path.name}.rigkit-upload"))
-
-
 def secure_folder_script(folder: str) -> str:
     """The folder made (if needed) and given its ACL, read back; run before any content is sent."""
     return (
@@ -109,15 +105,11 @@ def secure_folder_script(folder: str) -> str:
 
 
 def place_script(temporary: str, dest: str) -> str:
-    """The uploaded temporary file: its own ACL, moved over `dest`, and `dest`'s ACL read back."""
-    return (
-        f"# rigkit: place-private-file {ps_quote(temporary)} {ps_quote(dest)}\n"
-        + _FUNCTIONS
-        + _icacls_lines(temporary, folder=False)
-        + f"Move-Item -LiteralPath {ps_quote(temporary)} -Destination {ps_quote(dest)} -Force\n"
-        + _icacls_lines(dest, folder=False)
-        + f"Assert-Private {ps_quote(dest)}\n"
-    )
+    """The uploaded temporary file: its own ACL, moved over `dest` (rigkit.windows.upload's one move),
+    and `dest`'s ACL set and read back."""
+    return upload_place_script("place-private-file", temporary, dest,
+                               before=_FUNCTIONS + _icacls_lines(temporary, folder=False),
+                               after=_icacls_lines(dest, folder=False) + f"Assert-Private {ps_quote(dest)}\n")
 
 
 def protect_script(dest: str) -> str:
@@ -176,6 +168,4 @@ def private_file(dest: str, data: bytes):
         yield protect_script(dest)
         return
     yield secure_folder_script(str(PureWindowsPath(dest).parent))
-    temporary = temporary_name(dest)
-    yield FileUploadCommand(BytesIO(data), temporary)
-    yield place_script(temporary, dest)
+    yield from upload(data, dest, place_script(temporary_name(dest), dest))

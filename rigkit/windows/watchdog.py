@@ -18,6 +18,7 @@ from pathlib import PureWindowsPath
 from rigkit.config.schema import RigConfig
 from rigkit.render import render
 from rigkit.serving.watchdog import timer_interval_s, watched, watchdog_config
+from rigkit.windows.timing import bootstrap_budget
 
 TASK_WATCHDOG = "LocalLLM-Watchdog"
 SCRIPT_NAME = "rigkit-watchdog.ps1"
@@ -30,6 +31,10 @@ DOCKER_TIMEOUT_S = 60  # each docker.exe call (ps, restart) is killed after this
 STOP_GRACE_S = 10  # docker restart -t: a wedged engine seldom stops cleanly
 REPEAT_MIN_S = 60  # Task Scheduler's shortest repetition interval
 MARGIN_S = 60  # powershell.exe starting, reading the settings, writing state
+# A rollout lock that cannot be opened at all (not held: its folder's ACL, a path that is no file) is
+# waited on this long before a wedged model is restarted without it; one held by another process as
+# long as LocalLLM-Bootstrap may run (its time limit and Task Scheduler's stop), since no rollout is longer.
+LOCK_UNREADABLE_LIMIT_S = 600
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,8 @@ def watchdog_files(rig: RigConfig, install_dir: PureWindowsPath, log_dir: PureWi
         lock_path=lock_path, log_path=str(log_dir / "watchdog.log"), log_dir=str(log_dir),
         run_for_s=plan.repeat_s, pass_interval_s=plan.pass_interval_s, metrics_timeout_s=METRICS_TIMEOUT_S,
         docker_timeout_s=DOCKER_TIMEOUT_S, stop_grace_s=STOP_GRACE_S, progress_names=PROGRESS_NAMES,
-        load_names=LOAD_NAMES,
+        load_names=LOAD_NAMES, rollout_max_s=bootstrap_budget(rig).deploy_wait_s,
+        lock_unreadable_limit_s=LOCK_UNREADABLE_LIMIT_S,
     )
     config = watchdog_config(rig, with_api_key=api_key_file is not None, api_key_env_file=api_key_file or "",
                              state_dir=str(install_dir / "watchdog"))

@@ -23,8 +23,6 @@ no policy file (`gpu_policy: remove`) it does nothing. Holds are checked only wh
 differs, so an idle watch costs a few NVML reads per GPU per WATCH_S.
 """
 
-import fcntl
-import hashlib
 import json
 import os
 import socket
@@ -33,14 +31,19 @@ import sys
 import time
 from datetime import datetime, timezone
 
-POLICY_PATH = "/etc/rigkit/gpu-policy.conf"
-POLICY_SCRIPT = "/usr/local/sbin/rigkit-gpu-policy"
-POLICY_UNIT = "rigkit-gpu-policy.service"
-APPLIED_STAMP = "/run/rigkit/gpu-policy.applied"  # sha256 of the policy file last applied (the script writes it)
-STATE_PATH = "/var/lib/rigkit/gpu-keeper.json"
-LOCK_PATH = "/run/rigkit/gpu-keeper.lock"
-NVML_COPY_DIR = "/usr/local/lib/rigkit/gpu-policy"
-TUNE_TIMER = "rigkit-tune-deadman.timer"  # rigkit tune's dead man's switch: armed for the whole session
+# The rig-side runtime (rigkit/rigside), shipped by rigkit's rigside role before this keeper; this
+# folder is rigkit.rigside.names.LIB_DIR (tests/test_layout.py keeps them equal).
+sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
+sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
+from rigside import atomic, lock, names  # noqa: E402
+
+POLICY_PATH = names.GPU_POLICY_PATH
+POLICY_SCRIPT = names.GPU_POLICY_SCRIPT_PATH
+POLICY_UNIT = names.GPU_POLICY_UNIT
+APPLIED_STAMP = names.GPU_POLICY_APPLIED_PATH  # sha256 of the policy file last applied (the script writes it)
+STATE_PATH = names.GPU_KEEPER_STATE_PATH
+LOCK_PATH = names.GPU_KEEPER_LOCK_PATH
+TUNE_TIMER = f"{names.TUNE_DEADMAN_UNIT}.timer"  # rigkit tune's dead man's switch: armed for the whole session
 WATCH_S = 1.5
 GRACE_S = 1.0  # after a change is seen: a resume or driver trigger arriving now names the cause
 APPLY_TIMEOUT_S = 120
@@ -53,7 +56,7 @@ CAUSES = ("resume", "driver", "reset", "changed-by-hand")
 try:
     import pynvml
 except ImportError:  # the copy rigkit ships (roles/gpu_policy.py)
-    sys.path.insert(0, NVML_COPY_DIR)
+    sys.path.insert(0, names.GPU_POLICY_NVML_DIR)
     import pynvml
 
 
@@ -94,14 +97,6 @@ def policy():
     return wanted
 
 
-def file_sha256(path):
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
-
-
 def read_text(path):
     try:
         with open(path) as f:
@@ -127,7 +122,7 @@ def hold_reason():
         return "rigkit tune holds its session"
     if systemctl_show(POLICY_UNIT, "ActiveState") in ("activating", "deactivating", "reloading"):
         return "the policy unit is applying the policy (a deploy or a boot)"
-    if file_sha256(POLICY_PATH) != read_text(APPLIED_STAMP):
+    if atomic.sha256(POLICY_PATH) != read_text(APPLIED_STAMP):
         return "the policy file differs from the last policy applied (a deploy is applying a new one)"
     return None
 
@@ -194,19 +189,9 @@ def load_state():
 
 
 def save_state(state):
-    """Atomic: a reader sees the old document or the new one, never half of one."""
+    """Atomic (rigside.atomic): a reader sees the old document or the new one, never half of one."""
     os.makedirs(os.path.dirname(STATE_PATH), exist_ok=True)
-    tmp = f"{STATE_PATH}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, STATE_PATH)
-    folder = os.open(os.path.dirname(STATE_PATH), os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    atomic.write_text(STATE_PATH, json.dumps(state, indent=1))
 
 
 def record(cause, before, after, ok, detail, seconds, held=None):
@@ -257,9 +242,7 @@ def apply_policy():
 def repair(gpus, cause, before, always):
     """Under the lock: re-apply (when `always`, or when a limit still differs), read back, record.
     Returns the limits that did not hold, {index: (found, wanted)}, or None when nothing was done."""
-    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
-    with open(LOCK_PATH, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with lock.held(LOCK_PATH):
         wanted = policy()
         if wanted is None:
             return None

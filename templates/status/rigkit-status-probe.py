@@ -14,7 +14,6 @@ The argument: {"stacks_dir", "gpu_unit", "watchdog_timer", "watchdog_state_dir",
 "models": [{"name", "project", "port", "served_model_name", "image", "volume"}]}
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -61,14 +60,6 @@ def run(*command):
             hung[tool] = message
         return 124, "", message
     return done.returncode, done.stdout, done.stderr
-
-
-def sha256(path):
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
 
 
 def unit(name, journal=True):
@@ -145,7 +136,7 @@ def stack(args, model):
     folder = os.path.join(args["stacks_dir"], model["name"])
     settings = load_json(os.path.join(folder, "stack.json"))
     found = {"deployed": os.path.isdir(folder),
-             "files": {name: sha256(os.path.join(folder, name)) for name in STACK_FILES}}
+             "files": {name: atomic.sha256(os.path.join(folder, name)) for name in STACK_FILES}}
     found["containers"], found["containers_error"] = containers(model["project"])
     found["catalog_image"] = image(model["image"])
     port = (settings or {}).get("port", model["port"])

@@ -13,17 +13,29 @@ source that is missing, empty or cannot be listed: the volume is never marked co
 with files missing. Standard library only: the helper image is any image with python3
 (by default the model's own serving image, which the rig has).
 
+Source integrity, proven in the same read that copies (class Proof): in a Hugging Face cache
+the file behind each link is ROOT/blobs/<name>, and <name> is the hub's own hash of it: 64 hex
+digits are an LFS file's SHA-256 ("hub-sha256"), 40 a small file's git blob hash, sha1(b"blob
+<size>\0" + content) ("git-blob-sha1"). A *.safetensors file (any source) must have a header
+whose tensors tile the rest of the file exactly ("safetensors-header"). A file no check applies
+to has only its SHA-256 ("copied-sha256"). A file that fails is not copied, and the copy ends
+without a manifest or a marker, naming each such file with what was expected and what was found.
+
 State in the volume, under DST/.rigkit/:
-  progress.jsonl  one line per file copied: path, size, mtime_ns, sha256 (hashed while copying);
-                  on resume each listed file is re-hashed in the volume before it is trusted
-  manifest.json   every file: path, size, mtime_ns, sha256; written when all files are in
+  progress.jsonl  one line per file copied: path, size, mtime_ns, sha256, proof (the checks it
+                  passed), hub (its blob name, if any); on resume each listed file is re-read in
+                  the volume and proven again before it is trusted
+  manifest.json   every file, as in progress.jsonl; written when all files are in
   complete        the completion marker, written last; removed first by every copy
 
 check   compare the source's paths, sizes and mtimes with the manifest (reads no file contents)
 copy    copy what is missing or different, resuming an interrupted copy, then write manifest and marker
-verify  re-hash every file in the volume against the manifest; remove files that differ and the marker
+verify  re-read every file in the volume: its SHA-256 against the manifest, and its proofs again (the
+        hub name the manifest records, the safetensors header); remove files that fail and the marker
 
-The last line printed is a JSON report. Exit codes: 0 ok, 1 corrupt (verify), 3 no space, 2 other errors.
+The last line printed is a JSON report. Exit codes: 0 ok, 1 corrupt (verify), 3 no space, 4 a source
+file fails its integrity check (copy), 2 other errors. RIGKIT_WEIGHTS_PROOFS=off in the environment
+turns the source checks off (bench/weights_copy.py measures their cost so; rigkit never sets it).
 """
 
 import errno
@@ -38,6 +50,12 @@ import time
 SRC, DST, ROOT = "/src", "/dst", "/src"  # set from the command line in main()
 PARTIAL = ".rigkit-partial"
 CHUNK = 16 * 1024 * 1024
+PROOFS = os.environ.get("RIGKIT_WEIGHTS_PROOFS", "on") != "off"
+HEADER_MAX = 100_000_000  # safetensors' own limit on the JSON header's length
+HEX = frozenset("0123456789abcdef")
+# Bytes per element of the safetensors dtypes that take whole bytes (sub-byte ones are not sized).
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
 
 
 class SourceError(Exception):
@@ -113,17 +131,122 @@ def check():
     return 0
 
 
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
+def hub_name(path):
+    """The hub's name for the file behind SRC/path when it is a blob of a Hugging Face cache
+    (a link into ROOT/blobs/ whose name is 40 or 64 lowercase hex digits); else None."""
+    full = os.path.join(SRC, path)
+    if not PROOFS or not os.path.islink(full):
+        return None
+    target = os.path.realpath(full)
+    name = os.path.basename(target)
+    if os.path.dirname(target) != os.path.join(os.path.realpath(ROOT), "blobs"):
+        return None
+    return name if len(name) in (40, 64) and set(name) <= HEX else None
+
+
+def safetensors_problem(head, size):
+    """None when `head` (a safetensors file's first bytes: an 8-byte little-endian header length
+    and the JSON header) describes a file of exactly `size` bytes, its tensors' data_offsets
+    tiling the data with no gap or overlap; else what is wrong, with what was expected and found."""
+    if size < 8:
+        return f"expected at least the 8-byte header length, found a file of {size} bytes"
+    length = int.from_bytes(bytes(head[:8]), "little")
+    if length > HEADER_MAX:
+        return f"expected a header length of at most {HEADER_MAX} bytes, found {length}"
+    if 8 + length > size:
+        return f"expected 8 + {length} header bytes, found a file of {size} bytes"
+    try:
+        header = json.loads(bytes(head[8:8 + length]).decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError is one
+        return f"expected a JSON header of {length} bytes, found one that does not parse ({exc})"
+    if not isinstance(header, dict):
+        return f"expected a JSON object as the header, found {type(header).__name__}"
+    spans = []
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = tensor.get("data_offsets") if isinstance(tensor, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            return f"tensor {name!r}: expected data_offsets [begin, end] with 0 <= begin <= end, found {offsets!r}"
+        width, shape = DTYPE_BYTES.get(tensor.get("dtype")), tensor.get("shape")
+        if width and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape):
+            count = 1
+            for d in shape:
+                count *= d
+            if count * width != offsets[1] - offsets[0]:
+                return (f"tensor {name!r}: expected {count * width} bytes ({tensor['dtype']} {shape}), "
+                        f"found data_offsets spanning {offsets[1] - offsets[0]}")
+        spans.append((offsets[0], offsets[1], name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            what = "a gap before it" if begin > at else "it overlaps the tensor before it"
+            return f"tensor {name!r}: expected its data to start at {at}, found {begin} ({what})"
+        at = end
+    if 8 + length + at != size:
+        return f"expected 8 + {length} header + {at} tensor bytes = {8 + length + at} bytes, found {size}"
+    return None
+
+
+class Proof:
+    """What one read of a file proves, fed its chunks in order: its SHA-256 always; with a hub
+    name, that the SHA-256 (64 hex) or the git blob hash (40 hex, hashed alongside) is that name;
+    for *.safetensors, the header against the file's length (only the header's bytes are kept)."""
+
+    def __init__(self, path, size, hub):
+        self.path, self.size, self.hub, self.read = path, size, hub, 0
+        self.sha256 = hashlib.sha256()
+        self.git = hashlib.sha1(b"blob %d\0" % size) if hub and len(hub) == 40 else None
+        self.head = bytearray() if PROOFS and path.endswith(".safetensors") else None
+
+    def _head_wanted(self):
+        if len(self.head) < 8:
+            return 8
+        length = int.from_bytes(bytes(self.head[:8]), "little")
+        return 8 + length if length <= HEADER_MAX else 8
+
+    def update(self, chunk):
+        self.sha256.update(chunk)
+        if self.git is not None:
+            self.git.update(chunk)
+        offset = 0
+        while self.head is not None and offset < len(chunk) and len(self.head) < self._head_wanted():
+            take = self._head_wanted() - len(self.head)
+            self.head += chunk[offset:offset + take]
+            offset += take
+        self.read += len(chunk)
+
+    def finish(self):
+        """(sha256 hex, [the checks passed], [what failed: "PATH: CHECK: expected ..., found ..."])."""
+        sha, passed, failed = self.sha256.hexdigest(), [], []
+        if self.hub:
+            check, found = ("hub-sha256", sha) if len(self.hub) == 64 else ("git-blob-sha1", self.git.hexdigest())
+            if found == self.hub:
+                passed.append(check)
+            else:
+                failed.append(f"{self.path}: {check}: expected {self.hub} (the name of its blob in blobs/), found {found}")
+        if self.head is not None:
+            problem = safetensors_problem(self.head, self.read)
+            if problem:
+                failed.append(f"{self.path}: safetensors-header: {problem}")
+            else:
+                passed.append("safetensors-header")
+        return sha, passed or ["copied-sha256"], failed
+
+
+def prove(full, proof):
+    """Read `full` once through `proof`; its finish()."""
+    with open(full, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+            proof.update(chunk)
+    return proof.finish()
 
 
 def read_progress(source):
-    """Files a previous, interrupted copy finished that still match the source. Each is re-hashed
-    in the volume first: after a crash, a file can have its size but not all its bytes on disk."""
+    """Files a previous, interrupted copy finished that still match the source. Each is re-read
+    in the volume and proven again first (its SHA-256 as recorded, its hub name, its safetensors
+    header): after a crash, a file can have its size but not all its bytes on disk."""
     wanted = {(p, s, m) for p, s, m in source}
     done, rehashed = {}, 0
     if os.path.exists(state_path("progress.jsonl")):
@@ -137,18 +260,28 @@ def read_progress(source):
                 dst = os.path.join(DST, e["path"])
                 if key in wanted and os.path.isfile(dst) and os.path.getsize(dst) == e["size"]:
                     rehashed += e["size"]
-                    if sha256_of(dst) == e["sha256"]:
-                        done[e["path"]] = e
+                    hub = hub_name(e["path"])
+                    sha, passed, failed = prove(dst, Proof(e["path"], e["size"], hub))
+                    if sha == e["sha256"] and not failed:
+                        done[e["path"]] = entry(e["path"], e["size"], e["mtime_ns"], sha, passed, hub)
     return done, rehashed
 
 
-def copy_file(path, mtime_ns):
-    """Read once, in a three-stage pipeline: a reader thread, hashing here, a writer thread
-    (file I/O and hashlib release the GIL, so the three overlap). Any stage's failure (a full
-    disk at a write or at close) ends all three: nothing waits for a signal that is gone."""
+def entry(path, size, mtime_ns, sha, passed, hub):
+    """A file's line in progress.jsonl and the manifest."""
+    line = {"path": path, "size": size, "mtime_ns": mtime_ns, "sha256": sha, "proof": passed}
+    if hub:
+        line["hub"] = hub
+    return line
+
+
+def copy_file(path, mtime_ns, proof):
+    """Read once, in a three-stage pipeline: a reader thread, hashing and proving here (`proof`),
+    a writer thread (file I/O and hashlib release the GIL, so the three overlap). Any stage's
+    failure (a full disk at a write or at close) ends all three: nothing waits for a signal that
+    is gone. Returns proof.finish(); a file that fails its proof is not put in place."""
     src, dst = os.path.join(SRC, path), os.path.join(DST, path)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    digest = hashlib.sha256()
     tmp = dst + PARTIAL
     read_q, write_q = queue.Queue(maxsize=4), queue.Queue(maxsize=4)
     failure = []
@@ -211,7 +344,7 @@ def copy_file(path, mtime_ns):
                 continue
             if chunk is None:
                 break
-            digest.update(chunk)
+            proof.update(chunk)
             if not put(write_q, chunk):
                 break
     finally:
@@ -223,9 +356,17 @@ def copy_file(path, mtime_ns):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise failure[0]
+    if proof.read != proof.size:
+        os.remove(tmp)
+        raise SourceError(f"{path} changed size while it was copied ({proof.size} bytes listed, {proof.read} read); "
+                          "run again once the source is still")
+    sha, passed, failed = proof.finish()
+    if failed:
+        os.remove(tmp)  # never in the volume under its name: a resume cannot mistake it for a copy
+        return sha, passed, failed
     os.utime(tmp, ns=(mtime_ns, mtime_ns))
     os.replace(tmp, dst)
-    return digest.hexdigest()
+    return sha, passed, failed
 
 
 def sync_files(paths):
@@ -266,13 +407,14 @@ def copy():
     if needed > free:
         report(status="error", error="no space", needed_bytes=needed, free_bytes=free)
         return 3
-    copied = 0
+    copied, refused = 0, []
     with open(state_path("progress.jsonl"), "a") as progress:
         for path, size, mtime_ns in todo:
             if os.path.isfile(os.path.join(DST, path)):
                 os.remove(os.path.join(DST, path))  # the old version goes before the new one arrives
+            hub = hub_name(path)
             try:
-                sha = copy_file(path, mtime_ns)
+                sha, passed, failed = copy_file(path, mtime_ns, Proof(path, size, hub))
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     free = os.statvfs(DST).f_bavail * os.statvfs(DST).f_frsize
@@ -280,14 +422,23 @@ def copy():
                            copied_bytes=copied, file=path)
                     return 3
                 raise
-            entry = {"path": path, "size": size, "mtime_ns": mtime_ns, "sha256": sha}
-            progress.write(json.dumps(entry) + "\n")
-            progress.flush()
-            done[path] = entry
             copied += size
+            if failed:
+                refused += failed  # the other files are still copied: a run after the fix resumes
+                continue
+            done[path] = entry(path, size, mtime_ns, sha, passed, hub)
+            progress.write(json.dumps(done[path]) + "\n")
+            progress.flush()
     if listing() != source:
         report(status="error", error="the source changed during the copy; run again")
         return 2
+    if refused:
+        shown = "; ".join(refused[:5]) + (f"; and {len(refused) - 5} more" if len(refused) > 5 else "")
+        report(status="error", error=f"{len(refused)} source file(s) are not what their checks say, so nothing was "
+               f"marked complete: {shown}. The download is damaged: fetch these files again "
+               "(for a Hugging Face cache, remove the blobs named and download again), then run again",
+               refused=refused, copied_bytes=copied)
+        return 4
     sync_files(p for p, _, _ in source)
     manifest = {"files": [done[p] for p, _, _ in source]}
     with open(state_path("manifest.json.tmp"), "w") as f:
@@ -297,8 +448,18 @@ def copy():
         f.write(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     total = sum(s for _, s, _ in source)
     report(status="copied", files=len(source), bytes=total, copied_bytes=copied, hashed_bytes=copied + rehashed,
-           resumed_files=len(source) - len(todo), seconds=time.monotonic() - started)
+           resumed_files=len(source) - len(todo), proven=proven(manifest["files"]),
+           seconds=time.monotonic() - started)
     return 0
+
+
+def proven(entries):
+    """{check: how many files passed it} over manifest entries."""
+    counts = {}
+    for e in entries:
+        for check in e.get("proof", ["copied-sha256"]):
+            counts[check] = counts.get(check, 0) + 1
+    return counts
 
 
 def verify():
@@ -307,23 +468,33 @@ def verify():
     if manifest is None:
         report(status="corrupt", bad=[], error="no manifest: the volume was never completely copied")
         return 1
-    bad, hashed = [], 0
+    bad, reasons, hashed, checked = [], {}, 0, []
     for e in manifest["files"]:
         dst = os.path.join(DST, e["path"])
         if not os.path.isfile(dst):
             bad.append(e["path"])
+            reasons[e["path"]] = "missing from the volume"
             continue
-        hashed += os.path.getsize(dst)
-        if sha256_of(dst) != e["sha256"]:
+        size = os.path.getsize(dst)
+        hashed += size
+        # The hub name recorded at the copy; for a manifest from before the checks, the source's own.
+        hub = (e.get("hub") or hub_name(e["path"])) if PROOFS else None
+        sha, passed, failed = prove(dst, Proof(e["path"], size, hub))
+        if sha != e["sha256"]:
+            failed.insert(0, f"{e['path']}: sha256: expected {e['sha256']} (the manifest), found {sha}")
+        if failed:
             bad.append(e["path"])
+            reasons[e["path"]] = "; ".join(failed)
+        else:
+            checked.append({"proof": passed})
     if bad:
         for path in bad:  # the next copy fetches these again
             if os.path.exists(os.path.join(DST, path)):
                 os.remove(os.path.join(DST, path))
         if os.path.exists(state_path("complete")):
             os.remove(state_path("complete"))
-    report(status="corrupt" if bad else "verified", bad=bad, files=len(manifest["files"]), hashed_bytes=hashed,
-           seconds=time.monotonic() - started)
+    report(status="corrupt" if bad else "verified", bad=bad, reasons=reasons, files=len(manifest["files"]),
+           hashed_bytes=hashed, proven=proven(checked), seconds=time.monotonic() - started)
     return 1 if bad else 0
 
 

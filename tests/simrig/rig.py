@@ -50,6 +50,12 @@ class SimGpu:
     offset_range_mhz: dict | None = field(default_factory=lambda: {"graphics": [-500, 1000], "memory": [-2000, 6000]})
     tune_profile: str | None = None  # a curve in tests/sim_curves.py: draw and clocks follow the settings
     held_at_w: float | None = None  # another firmware limit: draws at most this, reports the request as enforced
+    # The PCIe link as nvidia-smi reports it: the max the card and slot allow together, and the current
+    # link (the generation drops at idle to save power; a riser shows as a narrow max width).
+    pcie_gen_max: int = 4
+    pcie_width_max: int = 16
+    pcie_gen_current: int = 1
+    pcie_width_current: int = 16
 
 
 @dataclass
@@ -70,6 +76,9 @@ class SimRig:
     shared_gpu_dir: Path | None = None
     # sshd's MaxSessions (sessions at once on one connection); None: OpenSSH's default, 10.
     max_sessions: int | None = None
+    # What `nvidia-smi topo -m` and `topo -p2p r` print ({"topo_m": text, "p2p_r": text}, e.g. a capture
+    # from tests/data/topology); None: every pair across one host bridge (PHB), P2P "GNS" (GeForce cards).
+    topology: dict | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -91,7 +100,8 @@ class SimRig:
         """Change the simulated hardware; read by nvidia-smi on its next call."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         config = {"gpus": [vars(g) for g in self.gpus], "ready_after_boot_s": self.ready_after_boot_s,
-                  "driver_version": self.driver_version, "module_version": self.module_version or self.driver_version}
+                  "driver_version": self.driver_version, "module_version": self.module_version or self.driver_version,
+                  "topology": self.topology}
         (self.state_dir / "gpus.json").write_text(json.dumps(config, indent=2))
         if self.shared_gpu_dir:
             self.shared_gpu_dir.mkdir(parents=True, exist_ok=True)

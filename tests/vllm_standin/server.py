@@ -144,6 +144,7 @@ def parse_args(argv):
     p.add_argument("--api-key")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--disable-log-requests", action="store_true")
+    p.add_argument("--disable-custom-all-reduce", action="store_true")  # vLLM ParallelConfig.disable_custom_all_reduce
     return p.parse_args(argv)
 
 
