@@ -11,8 +11,9 @@ Linux rigs (systemd, over SSH):
 5. GPU policy: power caps and clock locks, at boot and now;
 6. weights: each model's weights copied onto its Docker volume, verified;
 7. serving: one vLLM compose stack per model, rolled out with rollback;
-8. verify: benchmark each model and check GPUs under load (when this deploy
-   changed the rig; `rigkit verify` runs it on demand);
+8. verify: first the rollout gate of each model whose config changed (benchmarked against its last
+   proven result; promoted, or rolled back and the deploy fails), then benchmark each model and check
+   GPUs under load (when this deploy changed the rig; `rigkit verify` runs it on demand);
 9. monitoring (when the rig file asks: `monitoring: {enabled: true}`): the exporter of GPU power,
    clocks, policy drift and verification figures, and Debian's Prometheus scraping it and the models;
 10. gateway: on the rig whose inventory data has `gateway:`, the LiteLLM proxy over every
@@ -68,9 +69,14 @@ if rig.spec.os == "linux":
     gpus = gpu_report(rig)
     policy_changes = gpu_policy(rig, gpus, runtime_changes)
     copied = weights(rig, verify=options.verify_weights)
-    changes = base_changes + runtime_changes + policy_changes + list(copied.values()) + serving(rig, copied, checked.topology)
+    # A new serving config is held un-promoted until the rollout gate (in verify) passes it; without
+    # verification there is no gate, and a config that gets ready is promoted as before.
+    rollouts: dict = {}
+    changes = (base_changes + runtime_changes + policy_changes + list(copied.values())
+               + serving(rig, copied, checked.topology, rollouts=rollouts, gate=not options.verify_never))
     if not options.verify_never:
-        verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes)
+        verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes, rollouts=rollouts,
+               accept_slower=options.accept_slower)
     monitoring(rig, runtime_changes)  # off unless the rig file asks; after verify, which its figures come from
     if fleet_gateway is not None and fleet_gateway.host == host.name:
         fleet = {name: rig_config(h) for h in inventory for name in [h.name]}

@@ -1,10 +1,10 @@
 """The `rigkit` command.
 
     rigkit check RIG_FILE [RIG_FILE ...] [--catalog DIR]   validate rig files offline
-    rigkit deploy INVENTORY [--limit RIG] [--verify-weights] [--no-verify] [--dry] [PYINFRA_FLAGS]
+    rigkit deploy INVENTORY [--limit RIG] [--verify-weights] [--no-verify] [--accept-slower MODEL] [--dry] [PYINFRA_FLAGS]
                                                            pyinfra -y INVENTORY deploy.py
     rigkit status INVENTORY [--limit RIG] [--json FILE]   read every rig's state (changes nothing), report drift
-    rigkit rollout INVENTORY [--deploy FILE] [PYINFRA_FLAGS]   deploy one rig at a time, stop at the first failure
+    rigkit rollout INVENTORY [--deploy FILE] [--accept-slower MODEL] [PYINFRA_FLAGS]   deploy one rig at a time, stop at the first failure
     rigkit verify INVENTORY [--limit NAME] [PYINFRA_FLAGS]  benchmark each served model, check GPUs under load
     rigkit bench --url URL --model NAME [...]              benchmark any OpenAI-compatible server
     rigkit tune INVENTORY --rig NAME --model NAME [--power-limits 200:350:25 ...] [--hold] [--write]
@@ -122,11 +122,13 @@ def _hosts(inventory: str) -> list:
     return list(load_inventory(inventory))
 
 
-def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool) -> list[str] | int:
+def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool,
+             accept_slower: list[str] | None = None) -> list[str] | int:
     """Everything about an inventory command that can be known offline, before pyinfra connects to any
     rig: the inventory loads, --limit selects a rig, each selected rig's files are valid (and, for a
     deploy or a verification, every rig's, which the gateway's config reads). The selected rigs' names,
     or CONFIG_ERROR after one line on stderr."""
+    from rigkit.config.errors import shown
     from rigkit.config.inventory import RigConfigError, load_inventory, select_hosts, ssh_target, validate_host
     from rigkit.gateway.topology import gateway_plan
 
@@ -140,6 +142,13 @@ def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool)
             gateway_plan(list(loaded), rigs)
     except RigConfigError as exc:
         print(f"rigkit {command}: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
+    served = sorted({m.name for rig in rigs.values() for m in rig.models})
+    unknown = [name for name in accept_slower or () if name not in served]
+    for name in unknown:
+        print(f"rigkit {command}: --accept-slower {shown(name)}: no rig this {command} reaches serves a model of "
+              f"that name; models served: {', '.join(served) or 'none'}", file=sys.stderr)
+    if unknown:
         return CONFIG_ERROR
     return [host.name for host in selected]
 
@@ -176,9 +185,11 @@ def rollout(args: argparse.Namespace) -> int:
         print(f"rigkit rollout: --deploy {args.deploy!r}: no such deploy file; give a pyinfra deploy .py file "
               "(default deploy.py, in the current directory)", file=sys.stderr)
         return CONFIG_ERROR
-    names = _refused("rollout", args.inventory, None, whole_fleet=True)
+    names = _refused("rollout", args.inventory, None, whole_fleet=True, accept_slower=args.accept_slower)
     if isinstance(names, int):
         return names
+    accepted = ["--data", f"rigkit_accept_slower={','.join(sorted(set(args.accept_slower)))}"] \
+        if args.accept_slower else []
     try:
         plan = gateway_plan(_hosts(args.inventory))
     except RigConfigError as exc:
@@ -194,7 +205,7 @@ def rollout(args: argparse.Namespace) -> int:
                       f"{name}); rigs not started: {', '.join(names[position - 1:])}", file=sys.stderr)
                 return 1
             drained = code == 0
-        command = [*PYINFRA, "-y", *pyinfra_flags(args), "--limit", name, args.inventory, args.deploy]
+        command = [*PYINFRA, "-y", *accepted, *pyinfra_flags(args), "--limit", name, args.inventory, args.deploy]
         if subprocess.run(command).returncode != 0:
             untouched = ", ".join(names[position:]) or "none"
             out = f"; {name} stays out of the gateway" if drained else ""
@@ -353,7 +364,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def deploy(args: argparse.Namespace) -> int:
-    refused = _refused("deploy", args.inventory, args.limit, whole_fleet=True)
+    refused = _refused("deploy", args.inventory, args.limit, whole_fleet=True, accept_slower=args.accept_slower)
     if isinstance(refused, int):
         return refused
     # `-y` skips pyinfra's confirmation prompt, and with it the change detection that `--dry`
@@ -362,7 +373,13 @@ def deploy(args: argparse.Namespace) -> int:
     if args.verify_weights:
         command += ["--data", "rigkit_weights_verify=1"]
     if args.no_verify:
+        if args.accept_slower:
+            print("rigkit deploy: --accept-slower with --no-verify: without verification there is no rollout gate "
+                  "to accept a slower config past; leave one of them out", file=sys.stderr)
+            return CONFIG_ERROR
         command += ["--data", "rigkit_verify=never"]
+    if args.accept_slower:
+        command += ["--data", f"rigkit_accept_slower={','.join(sorted(set(args.accept_slower)))}"]
     if args.limit:
         command += ["--limit", args.limit]
     return _pyinfra_here(command + pyinfra_flags(args) + [args.inventory, "deploy.py"], "deploy")
@@ -563,7 +580,11 @@ def main(argv: list[str] | None = None) -> int:
                                help="re-hash every weights volume against its manifest; copy again what differs")
     deploy_parser.add_argument("--limit", help="only this rig (inventory name or glob)")
     deploy_parser.add_argument("--no-verify", action="store_true",
-                               help="skip the benchmark and GPU checks after a deploy that changed the rig")
+                               help="skip the benchmark and GPU checks after a deploy that changed the rig "
+                               "(and with them the rollout gate: a new serving config is promoted once ready)")
+    deploy_parser.add_argument("--accept-slower", action="append", metavar="MODEL", type=_text("a model name", 63),
+                               help="promote this model's new serving config even when the rollout gate finds it "
+                               "slower (recorded in the result's provenance); repeat for several models")
     deploy_parser.add_argument("--dry", action="store_true",
                                help="only read: show what would change, change nothing on any rig")
     add_pyinfra_flags(deploy_parser)
@@ -571,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     rollout_parser = commands.add_parser("rollout", help="deploy one rig at a time, stop at the first failure")
     rollout_parser.add_argument("inventory")
     rollout_parser.add_argument("--deploy", default="deploy.py")
+    rollout_parser.add_argument("--accept-slower", action="append", metavar="MODEL", type=_text("a model name", 63),
+                                help="as for deploy: each rig's rollout gate promotes this model's slower config")
     add_pyinfra_flags(rollout_parser)
     rollout_parser.set_defaults(func=rollout)
     verify_parser = commands.add_parser("verify", help="benchmark each served model and check GPUs under load")

@@ -75,11 +75,14 @@ def serving_reads(rig: RigConfig) -> list[Read]:
 
 
 @deploy("Serving")
-def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | None = None) -> list:
+def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | None = None,
+            rollouts: dict | None = None, gate: bool = False) -> list:
     """Returns the operations whose change means a stack was (re)started or removed.
     `weights_ops`: {model: op}; a model whose weights were copied again is restarted on them.
     `topology`: {model: rigkit.topology.decide.Verdict} from the preflight, for models spanning GPUs:
-    its vLLM flags and environment go into the model's compose file."""
+    its vLLM flags and environment go into the model's compose file.
+    `gate`: a new config that gets ready is held un-promoted for the rollout gate (roles/verify.py),
+    which promotes or rolls it back; `rollouts`, when given, receives {model: its rollout op}."""
     topology = topology or {}
     weights_ops = weights_ops or {}
     for warning in rig.warnings:
@@ -117,12 +120,14 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
         rollout = server.shell(
             name=f"Roll out {model.name}",
-            commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)}"],
+            commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)}{' gate' if gate else ''}"],
             # A new key changes no file here but the container's environment: roll out on it too.
             _if=lambda c=compose, s=settings, st=state: (c.did_change() or s.did_change() or st["pending"]
                                                          or not st["running"] or bool(key and key.did_change())),
         )
         changes.append(rollout)
+        if rollouts is not None:
+            rollouts[model.name] = rollout
         if model.name in weights_ops:
             changes.append(server.shell(
                 name=f"Restart {model.name} on its new weights",

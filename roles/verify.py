@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +34,16 @@ from rigkit.files import FileStates, put
 from rigkit.render import module_source
 from rigkit.rigside import sampler
 from rigkit.rigside.metrics import verification_summary
-from rigkit.rigside.names import RUN_DIR, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH, SAMPLER_PATH, VERIFY_SUMMARY_DIR
+from rigkit.rigside.names import (
+    GATE_PENDING_FILE,
+    RUN_DIR,
+    SAMPLER_NVML_DIR,
+    SAMPLER_NVML_PATH,
+    SAMPLER_PATH,
+    STACK_HELPER_PATH,
+    STACKS_DIR,
+    VERIFY_SUMMARY_DIR,
+)
 from rigkit.serving.api_key import read_api_key
 from rigkit.rigside.names import served_name
 from rigkit.serving.compose import vllm_args
@@ -52,6 +63,8 @@ REQUEST_TIMEOUT_S = 120
 SAMPLER_START_S = sampler.START_WAIT_S
 SAMPLER_MAX_S = sampler.MAX_S
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
+PROMOTE_TIMEOUT_S = 60  # rigkit-stack promote: a one-token probe (30 s at most) and two file copies
+UP_TIMEOUT_S = 1800  # rigkit-stack rollback: `compose up` (its own bound), then the ready timeout
 TELEMETRY_FILES = (SAMPLER, SHIPPED_NVML)  # read in one command
 SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}
 
@@ -62,10 +75,15 @@ def verify_reads(rig: RigConfig) -> list[Read]:
 
 
 @deploy("Verify")
-def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) -> None:
-    """`after`: the deploy's operations; verification runs if any changed, or `always`."""
+def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), rollouts: dict | None = None,
+           accept_slower: frozenset[str] = frozenset()) -> None:
+    """`after`: the deploy's operations; verification runs if any changed, or `always`.
+    `rollouts`: {model: its rollout op} of a deploy whose rollouts hold a new config for the gate
+    (roles/serving.py with gate=True): where one ran, the model is gated first; a gated model's
+    verification is the gate's own runs. `accept_slower`: models whose gate waives speed."""
     if not rig.models:
         return
+    gated: set[str] = set()
     installed = []
     if rig.spec.os == "linux":  # on Windows the sampler's container gets them through the Engine API
         paths = TELEMETRY_FILES
@@ -76,10 +94,17 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=()) ->
                 dest=SHIPPED_NVML, mode="644", batch=paths),
         ]
     for model in rig.models:
+        rolled = (rollouts or {}).get(model.name)
+        if rolled is not None:
+            python.call(
+                name=f"Gate {model.name}: a new config against the last proven result, promoted or rolled back",
+                function=rig_call(_gate_model), rig=rig, model=model, results_dir=results_dir,
+                accept_slower=model.name in accept_slower, gated=gated, _if=rolled.did_change,
+            )
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
             function=rig_call(_verify_model), rig=rig, model=model, results_dir=results_dir,
-            _if=lambda: always or any(op.did_change() for op in [*after, *installed]),
+            _if=lambda m=model.name: m not in gated and (always or any(op.did_change() for op in [*after, *installed])),
         )
 
 
@@ -91,27 +116,44 @@ def _run(command: str) -> str:
     return text
 
 
-def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None:
+def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
+             workload: dict | None = None) -> tuple[list[VerificationResult], dict]:
+    """`runs` benchmarks of the model as it serves now, one sampler around them all: one verification
+    result per run (not saved), and the telemetry. `workload`: {prompt_tokens, output_tokens, concurrency}."""
     # The benchmark client (httpx) and result writer (matplotlib) are imported only when a model is
     # verified: a converged deploy skips verification and should not pay for the imports.
     from rigkit.verify.client import run_bench
-    from rigkit.verify.result import build_result, earlier_results, results_folder, roofline_tok_s, save_result
+    from rigkit.verify.result import build_result, earlier_results, roofline_tok_s
 
+    workload = workload or {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS, "concurrency": []}
     sampling = _sampling_in_container(model) if rig.spec.os == "windows" else _sampling_on_host(model)
     with sampling as sampled:
         with forward(host.connector.client.get_transport(), model.spec.port) as local_port:
-            bench = run_bench(
-                f"http://127.0.0.1:{local_port}", served_name(model), PROMPT_TOKENS, OUTPUT_TOKENS,
-                timeout_s=REQUEST_TIMEOUT_S, api_key=read_api_key(rig),
-                expected_min_decode_tok_s=model.spec.expected_min_decode_tok_s,
+            benches = [run_bench(
+                f"http://127.0.0.1:{local_port}", served_name(model), workload["prompt_tokens"],
+                workload["output_tokens"], tuple(workload["concurrency"]), timeout_s=REQUEST_TIMEOUT_S,
+                api_key=read_api_key(rig), expected_min_decode_tok_s=model.spec.expected_min_decode_tok_s,
                 roofline_tok_s=roofline_tok_s(rig, model), draft_tokens_per_step=_draft_tokens(model),
-            )
+            ) for _ in range(runs)]
     telemetry = sampled["telemetry"]
-
-    folder = results_folder(results_dir, rig.name, model.name)
     # The image as the catalog names it; its digest stays null until the serving role records one.
     serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model, rig.spec.serve_address)}
-    result = build_result(rig, model, bench, telemetry, earlier_results(folder), serving=serving)
+    earlier = earlier_results(folder)
+    return [build_result(rig, model, bench, telemetry, earlier, serving=serving) for bench in benches], telemetry
+
+
+def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None:
+    from rigkit.verify.result import results_folder
+
+    folder = results_folder(results_dir, rig.name, model.name)
+    results, telemetry = _measure(rig, model, folder)
+    _save_and_judge(rig, model, folder, results[0], telemetry)
+
+
+def _save_and_judge(rig: RigConfig, model: ModelConfig, folder: Path, result: VerificationResult, telemetry: dict,
+                    fail: bool = True) -> Path:
+    from rigkit.verify.result import save_result
+
     path = save_result(folder, result)
     from rigkit.verify.chart import (
         draw,  # matplotlib costs ~0.35 s to import: only when a chart is drawn
@@ -121,9 +163,84 @@ def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None
     if rig.spec.monitoring.enabled and rig.spec.os == "linux":
         _summary_to_rig(model, result)
     logger.info(f"{host.print_prefix}{_summary(result, path)}")
-    if not result.passed:
+    if fail and not result.passed:
         failed = "; ".join(f"{c.name}: {c.message}" for c in result.failed_checks)
         raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
+    return path
+
+
+def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_slower: bool, gated: set) -> None:
+    """The rollout gate (docs/serving.md, "The rollout gate"): the candidate `rigkit-stack rollout NAME gate`
+    holds is benchmarked GATE_RUNS times with the proven result's workload, judged against it
+    (rigkit.verify.gate), then promoted, or rolled back and the rollback verified the same way."""
+    from rigkit.verify.gate import decide, from_result
+    from rigkit.verify.gate_record import (
+        GATE_RUNS,
+        gate_document,
+        proven_baseline,
+        refusal_screen,
+        run_summary,
+        save_gate,
+        summary_line,
+        workload_of,
+    )
+    from rigkit.verify.result import results_folder
+
+    stack_dir = f"{STACKS_DIR}/{model.name}"
+    held = _run(f"cat {shlex.quote(f'{stack_dir}/{GATE_PENDING_FILE}')} 2>/dev/null || true").strip()
+    if not re.fullmatch(r"[0-9a-f]{64}", held):
+        logger.info(f"{host.print_prefix}{model.name}: no new config held for the gate (the proven one was "
+                    "restarted); verification follows")
+        return
+    gated.add(model.name)
+    folder = results_folder(results_dir, rig.name, model.name)
+    baseline = proven_baseline(folder)
+    workload = workload_of(baseline)
+    caps = {g.index: g.power_limit_w for g in rig.spec.gpus if g.index in model.spec.gpus and g.power_limit_w}
+    runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload)
+    verdict = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in runs], caps,
+                     accept_slower=accept_slower)
+    if verdict.waived:  # promoted slower on purpose: recorded in the provenance of what is saved
+        runs = [replace(r, provenance={**r.provenance, "accepted_slower": True}) for r in runs]
+    documents = [r.to_json() for r in runs]
+    helper = f"{STACK_HELPER_PATH} {{}} {shlex.quote(model.name)} {held}"
+    if verdict.promote:
+        ok, output = host.run_shell_command(command=helper.format("promote"), _timeout=PROMOTE_TIMEOUT_S)
+        said = "\n".join(output.stdout_lines + output.stderr_lines)
+        document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, ok,
+                                 bool(verdict.waived), held, {"said": said.strip()} if not ok else None)
+        path = save_gate(folder, document)
+        if not ok:
+            raise OperationError(f"{model.name}: the rollout gate passed the candidate, but rigkit-stack did not "
+                                 f"promote it:\n{said}\n(details: {path})")
+        # The candidate's verification: the run nearest the mean decode, saved as this deploy's verification.
+        middle = sorted(runs, key=lambda r: r.figures.get("decode_tok_s") or 0)[len(runs) // 2]
+        _save_and_judge(rig, model, folder, middle, telemetry, fail=False)
+        logger.info(f"{host.print_prefix}rollout gate of {model.name}:\n{verdict.reason}\n(details: {path})")
+        return
+    ok, output = host.run_shell_command(command=helper.format("rollback"),
+                                        _timeout=UP_TIMEOUT_S + model.spec.ready_timeout_s + COMMAND_TIMEOUT_S)
+    said = [line.split("rigkit-stack:", 1)[1].strip() for line in output.stdout_lines + output.stderr_lines
+            if "rigkit-stack:" in line]
+    rolled_back = any(line.startswith("ROLLED BACK") for line in said)
+    rollback = {"said": said[-1] if said else "rigkit-stack said nothing", "rolled_back": rolled_back}
+    if rolled_back:
+        # The rollback verified the same way: the restored config's runs against the proven result.
+        again, telemetry = _measure(rig, model, folder, GATE_RUNS, workload)
+        check = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in again], caps)
+        restored = run_summary([r.to_json() for r in again])
+        rollback.update(verified=check.promote, reason=check.reason, runs=restored)
+        failed = ", ".join(c.name for c in check.failed)
+        rollback["said"] = (f"ROLLED BACK to the last proven config; its verification "
+                            f"{'passed' if check.promote else f'FAILED ({failed})'}: {GATE_RUNS} runs, "
+                            f"{summary_line(restored)}")
+        if check.promote:
+            middle = sorted(again, key=lambda r: r.figures.get("decode_tok_s") or 0)[len(again) // 2]
+            _save_and_judge(rig, model, folder, middle, telemetry, fail=False)
+    document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, False, False, held,
+                             rollback)
+    path = save_gate(folder, document)
+    raise OperationError(refusal_screen(model.name, document, path, stack_dir))
 
 
 def _summary_to_rig(model: ModelConfig, result: VerificationResult) -> None:

@@ -71,10 +71,14 @@ def remove_test_stacks() -> None:
 @pytest.fixture(scope="module")
 def serving_rig(fresh_rig):
     """The session's rig, fresh, with the vLLM stand-in image and the test models' checkpoints;
-    no test model's stack before or after the module."""
+    no test model's stack before or after the module, and no results history (RESULTS): the rollout
+    gate compares a new config with the last proven result, which must be this module's own."""
+    import shutil
+
     from tests.simrig.weights import ensure_checkpoint
     from tests.vllm_standin.image import ensure_standin_image
 
+    shutil.rmtree(RESULTS, ignore_errors=True)
     ensure_standin_image()
     for name in SERVED_TEST_MODELS:
         ensure_checkpoint(name)

@@ -29,7 +29,7 @@ FLAGS = [
 def pyinfra_argv(monkeypatch):
     """The argv `rigkit deploy`/`verify` hand to pyinfra, instead of running it."""
     seen: list[list[str]] = []
-    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet: ["rig1"])  # offline checks
+    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet, **checks: ["rig1"])  # offline checks
     monkeypatch.setattr(cli, "_pyinfra_here", lambda argv, command: seen.append(argv) or 0)
     return seen
 
@@ -54,7 +54,7 @@ def test_dry_and_the_run_switches_keep_their_place(pyinfra_argv):
 @pytest.mark.parametrize(("given", "passed"), FLAGS)
 def test_rollout_passes_pyinfra_flags_to_each_rig_s_deploy(monkeypatch, given, passed):
     ran: list[list[str]] = []
-    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet: ["rig-a", "rig-b"])
+    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet, **checks: ["rig-a", "rig-b"])
     monkeypatch.setattr(cli, "_hosts", lambda inventory: [])  # no host has `gateway`: nothing to drain
     monkeypatch.setattr(cli.subprocess, "run", lambda command: ran.append(command) or SimpleNamespace(returncode=0))
     assert cli.main(["rollout", "inv.py", *given]) == 0

@@ -45,6 +45,21 @@ def test_decisions(candidates, promote, failed, says):
     assert len(verdict.reason.splitlines()) <= 24  # one screen
 
 
+def test_a_lost_prefix_cache_is_refused():
+    """The stand-in's `no_prefix_cache`: the repeated prompt takes a full prefill again (x8)."""
+    proven = RunFigures(100.0, 0.5, gpu_power_w={0: 300.0}, repeat_ttft_s=0.0625)
+
+    def cached(seconds):
+        return [RunFigures(100.0, 0.5, gpu_power_w={0: 300.0}, repeat_ttft_s=seconds) for _ in range(3)]
+
+    lost = decide(proven, cached(0.5), CAPS)
+    assert not lost.promote and [c.name for c in lost.failed] == ["prefix_cache"]
+    assert "TTFT proven 0.062 s, candidate 0.500 s (x8.0; above x2 the prefix cache is lost" in lost.reason
+    assert decide(proven, cached(0.09), CAPS).promote  # a noisy cache hit is not a loss
+    assert decide(proven, cached(None), CAPS).promote  # not measured: not compared
+    assert decide(proven, cached(0.5), CAPS, accept_slower=True).waived == ("prefix_cache",)
+
+
 def test_a_candidate_missing_a_figure_is_refused():
     verdict = decide(PROVEN, runs(decode=(100.0, None, 100.0)), CAPS)
     assert not verdict.promote and "1 of 3 candidate run(s) measured no decode" in verdict.reason
@@ -76,3 +91,110 @@ def test_figures_from_a_verification_result_document():
                 "checks": [{"name": "decode_min", "passed": False}, {"name": "x", "passed": True}],
                 "gpus": [{"index": 0, "mean_power_under_load_w": 280.0}, {"index": 1, "mean_power_under_load_w": None}]}
     assert from_result(document) == RunFigures(61.5, 0.2, 2.1, False, ("decode_min",), {0: 280.0})
+    document["bench"]["repeat_ttft_s"] = 0.03
+    assert from_result(document).repeat_ttft_s == 0.03
+
+
+def test_the_first_rollout_establishes_the_proven_result():
+    verdict = decide(None, runs(decode=(90.0, 91.0, 92.0)), CAPS)
+    assert verdict.promote and verdict.establishes
+    assert verdict.reason.startswith("PROMOTE: no proven result yet; this rollout establishes it")
+    assert "establishes decode 91.0 tok/s (mean of 3, CV 1.1%)" in verdict.reason
+    assert not decide(None, runs(passed=False), CAPS).promote  # its own checks still count
+    assert not decide(None, runs(power=340.0), CAPS).promote
+
+
+def test_accept_slower_waives_speed_only():
+    eager = runs(decode=(14.2, 14.3, 14.3), acceptance=1.0)
+    verdict = decide(PROVEN, eager, CAPS, accept_slower=True)
+    assert verdict.promote and verdict.waived == ("decode", "acceptance")
+    assert verdict.reason.startswith("PROMOTE, SLOWER AND ACCEPTED (--accept-slower): decode, acceptance")
+    assert "WAIVED  decode: proven 100.0 tok/s, candidate 14.3 tok/s" in verdict.reason
+    assert not decide(PROVEN, eager, CAPS).promote
+    # a failed check of a run or a GPU over its cap is not speed: still refused
+    refused = decide(PROVEN, runs(decode=(50.0,) * 3, passed=False), CAPS, accept_slower=True)
+    assert not refused.promote and refused.reason.startswith("REFUSE: every_check_passed")
+    assert not decide(PROVEN, runs(power=340.0), CAPS, accept_slower=True).promote
+
+
+def _document(kind, time, decode, **extra):
+    return {"kind": kind, "time": time, "figures": {"decode_tok_s": decode, "ttft_s": 0.5},
+            "workload": {"prompt_tokens": 1024, "output_tokens": 128},
+            "provenance": {"concurrency": [1, 4]}, **extra}
+
+
+def test_the_proven_result_is_the_newest_promoting_gate_or_passing_verification(tmp_path):
+    from rigkit.verify.gate_record import proven_baseline, workload_of
+    from rigkit.verify.history import write_document
+
+    assert proven_baseline(tmp_path) is None and workload_of(None)["prompt_tokens"] == 2048
+    write_document(tmp_path / "a.json", _document("verification", "2026-12-01T10:00:00+00:00", 100.0, passed=True))
+    write_document(tmp_path / "gate-b.json", _document("gate", "2026-12-01T11:00:00+00:00", 90.0, promoted=True))
+    # newer, but neither proves anything: a refused gate, a failed verification, a tune run, a cut-off file
+    write_document(tmp_path / "gate-c.json", _document("gate", "2026-12-01T12:00:00+00:00", 14.0, promoted=False))
+    write_document(tmp_path / "d.json", _document("verification", "2026-12-01T12:00:01+00:00", 14.0, passed=False))
+    write_document(tmp_path / "tune-e.json", _document("tune", "2026-12-01T13:00:00+00:00", 5.0))
+    (tmp_path / "z.json").write_text('{"kind": "verif')
+    warnings = []
+    base = proven_baseline(tmp_path, warnings.append)
+    assert base["figures"]["decode_tok_s"] == 90.0
+    assert [w.split(":")[0] for w in warnings] == [str(tmp_path / "z.json")]
+    assert workload_of(base) == {"prompt_tokens": 1024, "output_tokens": 128, "concurrency": [4]}
+    write_document(tmp_path / "f.json", _document("verification", "2026-12-01T14:00:00+00:00", 95.0, passed=True))
+    assert proven_baseline(tmp_path, None)["figures"]["decode_tok_s"] == 95.0
+
+
+def test_a_refusal_fits_one_screen_with_old_and_new_figures(tmp_path):
+    from rigkit.verify.gate_record import gate_document, refusal_screen
+
+    candidates = [_document("verification", "2026-12-01T10:00:00+00:00", d, passed=True,
+                            bench={"acceptance_length": 2.4}, checks=[]) for d in (14.2, 14.3, 14.4)]
+    verdict = decide(PROVEN, [from_result(c) for c in candidates], CAPS)
+    baseline = _document("gate", "2026-12-01T09:00:00+00:00", 100.0, promoted=True, bench={"acceptance_length": 2.4})
+    document = gate_document("rig-a", "m", baseline, {"prompt_tokens": 1024, "output_tokens": 128}, candidates,
+                             verdict, False, False, "f" * 64, {"said": "ROLLED BACK to the last proven config; its "
+                                                                "verification passed: ..."})
+    screen = refusal_screen("m", document, tmp_path / "gate.json", "/etc/rigkit/stacks/m")
+    lines = screen.splitlines()
+    assert lines[0] == "rollout gate REFUSED m: decode"
+    assert "proven (gate of 2026-12-01T09:00:00+00:00): decode 100.0 tok/s, TTFT 0.500 s, acceptance length 2.40" in screen
+    assert "candidate (3 runs): decode 14.3 tok/s (CV 0.7%), TTFT 0.500 s" in screen
+    assert "FAIL  decode: proven 100.0 tok/s, candidate 14.3 tok/s (mean of 3): 85.7% slower" in screen
+    assert "ROLLED BACK to the last proven config" in screen
+    assert lines[-1] == "a slower config meant on purpose: rigkit deploy INVENTORY --accept-slower m"
+    assert len(lines) <= 24
+
+
+def test_accept_slower_must_name_a_model_the_deployed_rigs_serve(tmp_path, monkeypatch, capsys):
+    """`rigkit deploy --accept-slower MODEL`, checked offline before pyinfra starts (no rig is reached)."""
+    import rigkit.cli
+    from tests.test_hostile_inputs import inventory, workspace
+
+    rig, catalog = workspace(tmp_path)  # serves test-alpha only
+    key = tmp_path / "id"
+    key.write_text("k")
+    key.chmod(0o600)
+    inv = str(inventory(tmp_path, rig, catalog, key=key))
+    asked = []
+    monkeypatch.setattr(rigkit.cli, "_pyinfra_here", lambda argv, command: asked.append(argv) or 0)
+    assert rigkit.cli.main(["deploy", inv, "--accept-slower", "test-beta"]) == 2
+    err = capsys.readouterr().err
+    assert "--accept-slower 'test-beta': no rig this deploy reaches serves a model of that name; " \
+           "models served: test-alpha" in err, err
+    assert rigkit.cli.main(["deploy", inv, "--accept-slower", "test-alpha", "--no-verify"]) == 2
+    assert "without verification there is no rollout gate" in capsys.readouterr().err
+    assert asked == []
+    assert rigkit.cli.main(["deploy", inv, "--accept-slower", "test-alpha"]) == 0
+    assert asked == [["-y", "--data", "rigkit_accept_slower=test-alpha", inv, "deploy.py"]]
+
+
+def test_a_bad_accept_slower_value_in_the_deploy_data_is_a_config_error():
+    from types import SimpleNamespace
+
+    from rigkit.config.inventory import RigConfigError, run_options
+
+    host = SimpleNamespace(name="rig-a", data={"rigkit_accept_slower": "test-alpha, ../x"})
+    with pytest.raises(RigConfigError, match=r"rigkit_accept_slower 'test-alpha, ../x': '../x' is not a model name"):
+        run_options(host)
+    host.data["rigkit_accept_slower"] = "test-alpha,test-beta"
+    assert run_options(host).accept_slower == {"test-alpha", "test-beta"}

@@ -28,7 +28,8 @@ def rig(serving_rig):
 
 
 def runs(model):
-    return sorted((RESULTS / "serving" / model).glob("*.json"))
+    """The model's verification results (the rollout gate's gate-*.json beside them are not)."""
+    return sorted(p for p in (RESULTS / "serving" / model).glob("*.json") if not p.name.startswith("gate-"))
 
 
 def verify(rig):
@@ -89,12 +90,21 @@ def test_an_enforced_limit_off_the_policy_fails(rig):
     assert "Traceback" not in run.output and "Unexpected error in Python callback" not in run.output
 
 
-def test_a_slower_model_is_flagged_as_a_regression(rig, tmp_path):
+def test_a_slower_config_accepted_past_the_gate_is_recorded_and_flagged_as_a_regression(rig, tmp_path):
+    """A config 15% slower, promoted with `--accept-slower test-beta` (the deploy's data, as `rigkit deploy`
+    passes it; tests/test_rollout_gate.py has the refusal without it): the gate document and the
+    verification saved with it record the acceptance, and the verification flags the regression against
+    the earlier run measured the same way."""
     folder = copy_catalog(tmp_path, test_beta=[('STANDIN_DECODE_TOK_S: "60"', 'STANDIN_DECODE_TOK_S: "51"')])
-    run = run_deploy(rig, SERVING_RIG, catalog=folder)
+    run = run_deploy(rig, SERVING_RIG, "--data", "rigkit_accept_slower=test-beta", catalog=folder)
     assert run.returncode == 0, run.output
+    assert "PROMOTE, SLOWER AND ACCEPTED (--accept-slower): decode failed and waived" in run.output, run.output
+    gate = json.loads(sorted((RESULTS / "serving" / "test-beta").glob("gate-*.json"))[-1].read_text())
+    assert gate["promoted"] and gate["accepted_slower"] and gate["provenance"]["accepted_slower"] is True
     latest = json.loads(runs("test-beta")[-1].read_text())
+    assert latest["provenance"]["accepted_slower"] is True
     [regression] = [r for r in latest["regressions"] if r["figure"] == "decode_tok_s"]
     assert regression["change"] == pytest.approx(-0.15, abs=0.02)
     assert latest["previous"]["figures"]["decode_tok_s"] == pytest.approx(60, rel=0.02)
     assert "REGRESSION decode_tok_s" in run.output
+    assert '"STANDIN_DECODE_TOK_S": "51"' in rig.exec("cat /etc/rigkit/stacks/test-beta/compose.yml")[1]  # promoted

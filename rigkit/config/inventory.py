@@ -19,6 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
+from rigkit.config.names import NAME_PATTERN
 from rigkit.config.schema import GatewaySpec, RigConfig
 
 # Defaults for every rig (group_data/all.py shows them; a host's own data overrides them).
@@ -49,6 +50,7 @@ class RunOptions:
     verify_weights: bool = False  # `rigkit deploy --verify-weights`: re-hash every weights volume
     status_dir: Path | None = None  # `rigkit status`: where each rig's status document is left
     status_inventory: str = "INVENTORY"  # `rigkit status`: the inventory, as repair commands spell it
+    accept_slower: frozenset[str] = frozenset()  # `rigkit deploy --accept-slower MODEL`: the gate waives speed
 
 
 @lru_cache(maxsize=None)
@@ -81,7 +83,20 @@ def run_options(host) -> RunOptions:
         verify_weights=bool(host.data.get("rigkit_weights_verify")),
         status_dir=Path(host.data.get("rigkit_status_dir")) if host.data.get("rigkit_status_dir") else None,
         status_inventory=str(host.data.get("rigkit_status_inventory") or "INVENTORY"),
+        accept_slower=accept_slower_models(host),
     )
+
+
+def accept_slower_models(host) -> frozenset[str]:
+    """`rigkit_accept_slower`: catalog model names, comma-separated (`rigkit deploy --accept-slower`
+    checks them against the rigs it deploys before any rig is reached)."""
+    text = str(host.data.get("rigkit_accept_slower") or "")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not NAME_PATTERN.fullmatch(n)]
+    if bad:
+        raise RigConfigError(f"host {host.name}: rigkit_accept_slower {text!r}: {', '.join(map(repr, bad))} is not a "
+                             "model name (lower-case letters, digits, '_', '-'); give the catalog names, comma-separated")
+    return frozenset(names)
 
 
 def connector_os(host) -> str:

@@ -45,3 +45,14 @@ def sha256(path: str) -> str | None:
             return hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
+
+
+def files_sha256(paths) -> str:
+    """One hex SHA-256 over the files at `paths`, in order, each followed by a NUL byte (rigkit-stack's
+    rollout gate: the wanted compose file and settings it judged). A file that cannot be read raises."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+        digest.update(b"\0")
+    return digest.hexdigest()

@@ -12,7 +12,15 @@ Refused when any of these fails (each is a `Check`, all reported at once):
 - acceptance: with drafting, accepted tokens per draft (mean acceptance length - 1) fell below
   ACCEPTANCE_COLLAPSE (half) of the proven one's: a drafter run in the wrong dtype accepts
   nothing and says nothing;
+- prefix_cache: the measured prompt sent once more (the bench's `repeat_ttft_s`) took more than
+  PREFIX_CACHE_LOSS (2x) as long as the proven one's: prefix caching lost (a repeated 11k-token prompt
+  went 0.86 s -> 7 s). A collapse check, not a share: a cache hit takes milliseconds, too noisy for 10%;
 - gpu_caps: a GPU's mean power under load above its cap (by more than POWER_TOLERANCE).
+
+With no proven result yet (`proven` None) the candidate establishes it: decode, TTFT and acceptance
+are recorded, not compared, and the reason says so. A slower config accepted on purpose
+(`rigkit deploy --accept-slower MODEL`) waives the speed checks only (SPEED_CHECKS): the
+verdict says which were waived; a failed check of a run, too few runs or a GPU over its cap still refuse.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ MIN_RUNS = 3
 ALLOWANCE = 0.10  # a candidate 10% or more slower (or TTFT 10% or more longer) is refused
 NOISE_FACTOR = 3.0  # ... or 3x the candidate runs' coefficient of variation, when that is larger
 ACCEPTANCE_COLLAPSE = 0.5  # accepted tokens per draft below half the proven one's
+PREFIX_CACHE_LOSS = 2.0  # the repeated prompt's TTFT more than twice the proven one's
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class RunFigures:
     passed: bool = True
     failed_checks: tuple[str, ...] = ()
     gpu_power_w: dict[int, float] = field(default_factory=dict)  # mean power under load per GPU index
+    repeat_ttft_s: float | None = None  # the measured prompt sent once more: a prefix-cache hit
 
 
 def from_result(document: dict) -> RunFigures:
@@ -50,13 +60,19 @@ def from_result(document: dict) -> RunFigures:
         acceptance_length=bench.get("acceptance_length"), passed=bool(document.get("passed")),
         failed_checks=tuple(c.get("name", "?") for c in document.get("checks", []) if not c.get("passed")),
         gpu_power_w={g["index"]: g["mean_power_under_load_w"] for g in document.get("gpus", [])
-                     if g.get("mean_power_under_load_w") is not None})
+                     if g.get("mean_power_under_load_w") is not None},
+        repeat_ttft_s=bench.get("repeat_ttft_s"))
+
+
+SPEED_CHECKS = ("decode", "ttft", "acceptance", "prefix_cache")  # what --accept-slower waives
 
 
 @dataclass(frozen=True)
 class Verdict:
     promote: bool
     checks: list[Check]
+    establishes: bool = False  # no proven result yet: this candidate's figures become the first
+    waived: tuple[str, ...] = ()  # failed speed checks accepted with --accept-slower
 
     @property
     def failed(self) -> list[Check]:
@@ -65,9 +81,18 @@ class Verdict:
     @property
     def reason(self) -> str:
         """One screen: the verdict, then each check with the old and new figures."""
-        head = "PROMOTE: the candidate is as good as the proven config" if self.promote else \
-            "REFUSE: " + ", ".join(c.name for c in self.failed)
-        return "\n".join([head, *(f"{'ok  ' if c.passed else 'FAIL'}  {c.name}: {c.message}" for c in self.checks)])
+        if not self.promote:
+            head = "REFUSE: " + ", ".join(c.name for c in self.failed if c.name not in self.waived)
+        elif self.waived:
+            head = f"PROMOTE, SLOWER AND ACCEPTED (--accept-slower): {', '.join(self.waived)} failed and waived"
+        elif self.establishes:
+            head = "PROMOTE: no proven result yet; this rollout establishes it"
+        else:
+            head = "PROMOTE: the candidate is as good as the proven config"
+
+        def mark(c: Check) -> str:
+            return "ok  " if c.passed else "WAIVED" if c.name in self.waived else "FAIL"
+        return "\n".join([head, *(f"{mark(c)}  {c.name}: {c.message}" for c in self.checks)])
 
 
 def allowance(values: Sequence[float]) -> tuple[float, float]:
@@ -77,8 +102,12 @@ def allowance(values: Sequence[float]) -> tuple[float, float]:
     return max(ALLOWANCE, NOISE_FACTOR * cv), cv
 
 
-def decide(proven: RunFigures, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None) -> Verdict:
-    """Promote or refuse; `caps_w`: each GPU's power cap in W (None or missing: no cap)."""
+def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None,
+           accept_slower: bool = False) -> Verdict:
+    """Promote or refuse; `proven` None: no proven result yet (the candidate establishes it);
+    `caps_w`: each GPU's power cap in W (None or missing: no cap); `accept_slower`: waive SPEED_CHECKS."""
+    establishes = proven is None
+    proven = proven or RunFigures(decode_tok_s=None, ttft_s=None)
     checks = [Check("runs", len(candidates) >= MIN_RUNS,
                         f"{len(candidates)} candidate run(s); {MIN_RUNS} or more are needed to judge noise")]
     failed_runs = [(n, r.failed_checks) for n, r in enumerate(candidates, 1) if not r.passed]
@@ -91,8 +120,25 @@ def decide(proven: RunFigures, candidates: Sequence[RunFigures], caps_w: dict[in
     acceptance = _acceptance(proven.acceptance_length, [r.acceptance_length for r in candidates])
     if acceptance:
         checks.append(acceptance)
+    cache = _prefix_cache(proven.repeat_ttft_s, [r.repeat_ttft_s for r in candidates])
+    if cache:
+        checks.append(cache)
     checks.append(_caps(candidates, caps_w or {}))
-    return Verdict(all(c.passed for c in checks), checks)
+    if establishes:
+        checks = [_established(c, candidates) if c.name in ("decode", "ttft") else c for c in checks]
+    waived = tuple(c.name for c in checks if not c.passed and c.name in SPEED_CHECKS) if accept_slower else ()
+    promote = all(c.passed or c.name in waived for c in checks)
+    return Verdict(promote, checks, establishes, waived)
+
+
+def _established(check: Check, runs: Sequence[RunFigures]) -> Check:
+    label, unit, digits = ("decode", "tok/s", ".1f") if check.name == "decode" else ("TTFT", "s", ".3f")
+    values = [v for v in (r.decode_tok_s if check.name == "decode" else r.ttft_s for r in runs) if v is not None]
+    if not values:
+        return Check(check.name, False, f"no candidate run measured {label}: nothing to establish")
+    _, cv = allowance(values)
+    return Check(check.name, True, f"no proven result yet: this rollout establishes {label} "
+                 f"{statistics.fmean(values):{digits}} {unit} (mean of {len(values)}, CV {cv:.1%})")
 
 
 def _compare(name: str, label: str, old: float | None, runs: list[float | None], unit: str,
@@ -127,6 +173,17 @@ def _acceptance(old: float | None, runs: list[float | None]) -> Check | None:
                      f"mean acceptance length proven {old:.2f}, candidate {new:.2f}: accepted tokens per draft "
                      f"{old - 1:.2f} -> {new - 1:.2f} ({share:.0%} of the proven; below "
                      f"{ACCEPTANCE_COLLAPSE:.0%} is a collapse: check the drafter's --dtype)")
+
+
+def _prefix_cache(old: float | None, runs: list[float | None]) -> Check | None:
+    values = [v for v in runs if v is not None]
+    if not old or not values:
+        return None  # not measured on one side (a prompt too short, an old result): nothing to compare
+    new = statistics.fmean(values)
+    return Check("prefix_cache", new <= old * PREFIX_CACHE_LOSS,
+                 f"the measured prompt sent again: TTFT proven {old:.3f} s, candidate {new:.3f} s "
+                 f"(x{new / old:.1f}; above x{PREFIX_CACHE_LOSS:.0f} the prefix cache is lost: check "
+                 "--enable-prefix-caching)")
 
 
 def _caps(runs: Sequence[RunFigures], caps_w: dict[int, float]) -> Check:

@@ -41,9 +41,14 @@ def _lock(spec) -> list[int] | None:
     return [lock.floor_mhz, lock.ceiling_mhz] if lock else None
 
 
+# Recorded in provenance, but not how a figure was measured: `rigkit deploy --accept-slower` (the rollout
+# gate promoted a slower config on purpose) changes no figure's meaning.
+NOT_COMPARED = frozenset({"accepted_slower"})
+
+
 def changes(before: dict | None, now: dict) -> list[dict]:
     """[{key, previous, now}] for every key that differs; one entry when the earlier result has no provenance."""
     if not before:
         return [{"key": "provenance", "previous": None, "now": "recorded (the earlier result has none)"}]
-    keys = sorted(set(before) | set(now))
+    keys = sorted((set(before) | set(now)) - NOT_COMPARED)
     return [{"key": k, "previous": before.get(k), "now": now.get(k)} for k in keys if before.get(k) != now.get(k)]

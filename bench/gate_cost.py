@@ -1,0 +1,102 @@
+"""What does the rollout gate cost, and how often is it wrong?
+
+1. Seconds per model (measured): rigkit's benchmark client against a local vLLM stand-in (no Docker)
+   decoding at test-alpha's rate, at verification's workload (2048 prompt, 256 output tokens). Before
+   the gate a changing deploy benchmarked each model once; the gate benchmarks a new config
+   GATE_RUNS times (and that replaces the verification), so a promotion adds GATE_RUNS - 1 runs; a
+   refusal adds the rollback's own GATE_RUNS runs on top (plus the rollback's restart, not counted).
+2. False rollbacks and misses (simulated, no server): rigkit.verify.gate.decide on figures drawn with
+   the stand-in's run-to-run noise (STANDIN_NOISE_SHARE: relative sd 0.6% of decode, 0.9% of prefill
+   and so of TTFT), the proven figures themselves the mean of GATE_RUNS noisy runs (a promoting gate's
+   document), for configs 0-20% slower and eager mode (7x). Seeded; TRIALS per row.
+
+    .venv/bin/python bench/gate_cost.py [--trials N] [--skip-timing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rigkit.verify.gate import ALLOWANCE, RunFigures, decide  # noqa: E402
+from rigkit.verify.gate_record import GATE_RUNS  # noqa: E402
+
+DECODE_TOK_S, PREFILL_TOK_S = 100.0, 4000.0  # test-alpha's stand-in
+PROMPT_TOKENS, OUTPUT_TOKENS = 2048, 256  # verification's workload (roles/verify.py)
+NOISE = 0.006  # the stand-in's default STANDIN_NOISE_SHARE (decode; prefill 1.5x)
+SLOWER = (0.0, 0.02, 0.05, 0.08, 0.09, 0.10, 0.11, 0.12, 0.15, 0.20, 6 / 7)
+
+
+def timing() -> tuple[float, float]:
+    """Seconds of one benchmark run, mean and sd over GATE_RUNS, against a local stand-in."""
+    from rigkit.verify.client import run_bench
+    from tests.standin import standin
+
+    with tempfile.TemporaryDirectory() as folder, standin(
+            Path(folder), standin_decode_tok_s=str(DECODE_TOK_S), standin_prefill_tok_s=str(PREFILL_TOK_S),
+            standin_noise_share=str(NOISE), standin_seed="29") as url:
+        seconds = []
+        for _ in range(GATE_RUNS):
+            started = time.monotonic()
+            result = run_bench(url, "m", PROMPT_TOKENS, OUTPUT_TOKENS, timeout_s=120)
+            seconds.append(time.monotonic() - started)
+            assert result.passed, result.checks
+    return statistics.fmean(seconds), statistics.stdev(seconds)
+
+
+def draw(rng: random.Random, slower: float, noise: float) -> RunFigures:
+    decode = DECODE_TOK_S * (1 - slower) * rng.gauss(1, noise)
+    prefill = PREFILL_TOK_S * (1 - slower) * rng.gauss(1, noise * 1.5)
+    return RunFigures(decode_tok_s=decode, ttft_s=PROMPT_TOKENS / prefill)
+
+
+def proven(rng: random.Random, noise: float) -> RunFigures:
+    runs = [draw(rng, 0.0, noise) for _ in range(GATE_RUNS)]
+    return RunFigures(statistics.fmean(r.decode_tok_s for r in runs), statistics.fmean(r.ttft_s for r in runs))
+
+
+def refused_share(slower: float, noise: float, trials: int, rng: random.Random) -> float:
+    refused = sum(not decide(proven(rng, noise), [draw(rng, slower, noise) for _ in range(GATE_RUNS)]).promote
+                  for _ in range(trials))
+    return refused / trials
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10000)
+    parser.add_argument("--skip-timing", action="store_true", help="only the simulation")
+    args = parser.parse_args()
+
+    if not args.skip_timing:
+        run_s, sd_s = timing()
+        print(f"one benchmark run at {PROMPT_TOKENS}/{OUTPUT_TOKENS} tokens, {DECODE_TOK_S:.0f} tok/s decode, "
+              f"{PREFILL_TOK_S:.0f} tok/s prefill: {run_s:.2f} s (sd {sd_s:.2f} s, {GATE_RUNS} runs, local stand-in)")
+        print(f"the gate adds per model: {(GATE_RUNS - 1) * run_s:.1f} s to a promoted rollout "
+              f"({GATE_RUNS} runs instead of verification's 1), "
+              f"{(2 * GATE_RUNS - 1) * run_s:.1f} s to a refused one (+ the rollback's {GATE_RUNS} runs and restart)")
+        print(f"  (a run is about warm-up + {PROMPT_TOKENS}/prefill + {OUTPUT_TOKENS}/decode + a repeat prompt: "
+              f"on a real model at 30 tok/s decode, ~{OUTPUT_TOKENS / 30:.0f} s per run)")
+    print()
+    print(f"refused share, {args.trials} trials per row, seeded; proven = mean of {GATE_RUNS} runs; allowance "
+          f"{ALLOWANCE:.0%} or 3x the candidate runs' CV")
+    noises = (NOISE, 0.02, 0.05)
+    print(f"{'config':>22} " + " ".join(f"{f'noise {n:.1%}':>12}" for n in noises))
+    for slower in SLOWER:
+        rng = random.Random(f"gate-{slower}")
+        label = "eager (decode /7)" if slower > 0.5 else ("unchanged" if slower == 0 else f"{slower:.0%} slower")
+        shares = [refused_share(slower, n, args.trials, rng) for n in noises]
+        kind = "false rollbacks" if slower < ALLOWANCE else "caught" if slower > ALLOWANCE else "caught (at the line)"
+        print(f"{label:>22} " + " ".join(f"{s:>12.2%}" for s in shares) + f"   {kind}")
+    print("(a config s slower in both rates has a TTFT 1/(1-s) longer: 9% slower is 9.9% longer TTFT, at the line)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
