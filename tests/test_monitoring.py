@@ -72,6 +72,12 @@ def by_gpu(result: list[dict]) -> dict[str, float]:
     return {r["metric"]["gpu"]: float(r["value"][1]) for r in result}
 
 
+def last_verification(folder):
+    """The newest verification result file (named by its time); the rollout gate's and tune's
+    documents beside it are named gate-* and tune-*."""
+    return sorted(p for p in folder.glob("*.json") if not p.name.startswith(("gate-", "tune-")))[-1]
+
+
 def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second_deploy_changes_nothing(monitored):
     rig, path, first = monitored
     assert first.returncode == 0, first.output[-5000:]
@@ -100,7 +106,7 @@ def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second
     assert by_gpu(query("rigkit_gpu_clock_lock_ceiling_mhz")) == {"0": 2200, "1": 2200}
     assert by_gpu(query("rigkit_gpu_policy_drift")) == {"0": 0, "1": 0}
     # The last verification's figures, as the deploy's result file has them
-    result = json.loads(sorted((RESULTS / path.stem / "test-alpha").glob("*.json"))[-1].read_text())
+    result = json.loads(last_verification(RESULTS / path.stem / "test-alpha").read_text())
     shown = wait_for('rigkit_verify_joules_per_output_token{model="test-alpha"}', "the last verification's J/token")
     assert float(shown[0]["value"][1]) == pytest.approx(result["figures"]["joules_per_output_token"])
     # vLLM's own metrics arrive labelled with the catalog model
@@ -161,7 +167,7 @@ def test_energy_per_token_from_prometheus_agrees_with_the_verification(monitored
     joules_per_output_token `rigkit verify` measured for one such request in this module's deploy."""
     rig, path, first = monitored
     assert first.returncode == 0, first.output[-3000:]
-    verified = json.loads(sorted((RESULTS / path.stem / "test-alpha").glob("*.json"))[-1].read_text())
+    verified = json.loads(last_verification(RESULTS / path.stem / "test-alpha").read_text())
     expected = verified["figures"]["joules_per_output_token"]
     requests = _verification_workload(18101, LOAD_S)
     end = time.time()
