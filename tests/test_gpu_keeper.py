@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from rigkit.rigside.names import TUNE_DEADMAN_UNIT
 from tests.conftest import POLICY_RIG, REPO, RESULTS, STATE_ROOT, TEST_CATALOG, run_deploy
 
 pytestmark = pytest.mark.simrig
@@ -141,14 +142,19 @@ def test_a_tune_session_is_not_disturbed(rig):
     """While tune's dead man's switch is armed (the transient timer `rigkit tune` arms for its whole
     session, rigkit/tune/rigside.py) a changed limit is tune's: left alone."""
     counts = keeper_state(rig)["counts"]
-    rig.exec("systemd-run --unit=rigkit-tune-deadman --on-active=300s /bin/true && nvidia-smi -i 0 -pl 250")
+    assert "rigkit tune" not in (keeper_state(rig).get("holding") or "")  # a hold seen below is this one
+    rig.exec(f"systemd-run --unit={TUNE_DEADMAN_UNIT} --on-active=300s /bin/true && nvidia-smi -i 0 -pl 250")
     try:
-        time.sleep(6)
+        # The keeper records a hold when its watch has seen the changed limit and decided to leave it.
+        started = time.monotonic()
+        while ("rigkit tune holds its session" not in (keeper_state(rig).get("holding") or "")
+               and time.monotonic() - started < REPAIR_BOUND_S):
+            time.sleep(0.2)
+        assert "rigkit tune holds its session" in (keeper_state(rig).get("holding") or ""), keeper_state(rig)
         assert rig.gpu_state()[0]["power_limit_w"] == 250
         assert keeper_state(rig)["counts"] == counts
-        assert "rigkit tune holds its session" in keeper_state(rig).get("holding", "")
     finally:
-        rig.exec("systemctl stop rigkit-tune-deadman.timer")
+        rig.exec(f"systemctl stop {TUNE_DEADMAN_UNIT}.timer")
     # Disarmed without a restore (a controller that vanished after the deadline): the keeper repairs.
     started = time.monotonic()
     while not held(rig) and time.monotonic() - started < REPAIR_BOUND_S:
