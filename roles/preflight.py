@@ -39,7 +39,7 @@ from rigkit.preflight.facts import DockerDiskFree, WeightsBytes
 from rigkit.rigside.names import volume_name
 from rigkit.topology.decide import Verdict
 from rigkit.topology.facts import GpuTopology
-from rigkit.topology.rig import needs_topology, render_verdict, verdicts_from_fact
+from rigkit.topology.rig import needs_topology, render_verdict, spans_gpus, verdicts_from_fact
 from rigkit.weights.facts import volume_states, volume_states_reads
 
 
@@ -90,7 +90,7 @@ def _topology(rig: RigConfig) -> tuple[dict[str, Verdict], list[str]]:
         logger.warning(f"{host.print_prefix}topology: not read: {note}")
     if not verdicts:
         logger.warning(f"{host.print_prefix}topology: no `nvidia-smi topo -m`, so the links of "
-                       + ", ".join(m.name for m in rig.models if m.spec.parallel.tensor * m.spec.parallel.pipeline > 1)
+                       + ", ".join(m.name for m in rig.models if spans_gpus(m))
                        + " are not checked and vLLM gets no P2P settings from rigkit")
     problems = []
     for verdict in verdicts.values():

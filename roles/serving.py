@@ -42,6 +42,7 @@ from rigkit.rigside.names import (
     WATCHDOG_TIMER,
 )
 from rigkit.serving.compose import render_compose, stack_settings
+from rigkit.topology.rig import compose_additions
 from rigkit.serving.facts import RigkitStacks
 from rigkit.units import UnitStates
 from rigkit.serving.watchdog import (
@@ -107,11 +108,9 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
 
     for model in rig.models:
         compose_path, settings_path = wanted_files[model.name]
-        verdict = topology.get(model.name)
         compose = put(name=f"Compose file for {model.name}",
                       data=render_compose(model, with_key, host=rig.spec.serve_address,
-                                          topology_args=tuple(verdict.vllm_args) if verdict else (),
-                                          topology_env=verdict.env if verdict else None),
+                                          **compose_additions(topology.get(model.name))),
                       dest=compose_path, mode="644", batch=paths)
         settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
                        dest=settings_path, mode="644", batch=paths)

@@ -34,7 +34,7 @@ from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.status.facts import RigStatusProbe, probe_args
 from rigkit.status.report import Commands, build_status, sha256
 from rigkit.topology.facts import GpuTopology
-from rigkit.topology.rig import needs_topology, verdicts_from_fact
+from rigkit.topology.rig import compose_additions, needs_topology, verdicts_from_fact
 from rigkit.verify.result import latest_result, results_folder
 from rigkit.weights.facts import volume_states
 
@@ -53,14 +53,9 @@ def wanted_files(rig: RigConfig, topology: dict | None = None) -> dict[str, dict
     except SecretFileError:
         with_key = True  # the deploy refuses such a key file; the files are judged as if it were fixed
     topology = topology or {}
-
-    def compose(m):
-        verdict = topology.get(m.name)
-        return render_compose(m, with_key, host=rig.spec.serve_address,
-                              topology_args=tuple(verdict.vllm_args) if verdict else (),
-                              topology_env=verdict.env if verdict else None)
-
-    return {m.name: {"compose.yml": sha256(compose(m)), "stack.json": sha256(stack_settings(m, with_key))}
+    return {m.name: {"compose.yml": sha256(render_compose(m, with_key, host=rig.spec.serve_address,
+                                                          **compose_additions(topology.get(m.name)))),
+                     "stack.json": sha256(stack_settings(m, with_key))}
             for m in rig.models}
 
 

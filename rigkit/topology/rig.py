@@ -8,9 +8,22 @@ from rigkit.topology.decide import RigTopology, Verdict, decide
 from rigkit.topology.report import read_report
 
 
+def spans_gpus(model) -> bool:
+    """The model's engine spans GPUs (tensor x pipeline above 1): its links matter."""
+    return model.spec.parallel.tensor * model.spec.parallel.pipeline > 1
+
+
 def needs_topology(rig: RigConfig) -> bool:
-    """Some model of the rig spans GPUs (tensor x pipeline above 1): the deploy reads the topology."""
-    return any(m.spec.parallel.tensor * m.spec.parallel.pipeline > 1 for m in rig.models)
+    """Some model of the rig spans GPUs: the deploy reads the topology."""
+    return any(spans_gpus(m) for m in rig.models)
+
+
+def compose_additions(verdict: Verdict | None) -> dict:
+    """What a model's verdict adds to its compose file: render_compose's topology_args and
+    topology_env (the serving role writes them, `rigkit status` judges the file with them)."""
+    if verdict is None:
+        return {}
+    return {"topology_args": tuple(verdict.vllm_args), "topology_env": verdict.env}
 
 
 def verdicts_from_fact(rig: RigConfig, lines: list[str]) -> tuple[dict[str, Verdict], list[str]]:
@@ -28,7 +41,7 @@ def rig_verdicts(rig: RigConfig, topo: RigTopology) -> list[Verdict]:
     verdicts = []
     for model in rig.models:
         parallel = model.spec.parallel
-        if parallel.tensor * parallel.pipeline > 1:
+        if spans_gpus(model):
             verdicts.append(decide(topo, model.name, list(model.spec.gpus), parallel.tensor, parallel.pipeline, override))
     return verdicts
 
