@@ -251,26 +251,28 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, False, False, held,
                              rollback)
     path = save_gate(folder, document)
-    screen = refusal_screen(model.name, document, path, stack_dir)
-    logger.info(f"{host.print_prefix}{screen}")
-    refusals.append({"model": model.name, "rolled_back": rolled_back, "verified": bool(rollback.get("verified")),
-                     "screen": screen})
+    logger.info(f"{host.print_prefix}{refusal_screen(model.name, document, path, stack_dir)}")
+    refusals.append({"model": model.name, "rolled_back": rolled_back, "verified": bool(rollback.get("verified"))})
 
 
 def _refused(refusals: list[dict], outcome: Path | None) -> None:
     """Fail the deploy for the models the gate refused. For `rigkit rollout`, first write to `outcome`
     whether every refused model is back on its last proven config and that config verified: nothing
     else failed before this step (a failed operation stops the rig's run), so the rig then serves only
-    proven configs and is put back in the gateway (docs/gateway.md, "Rolling rollouts")."""
+    proven configs and is put back in the gateway (docs/gateway.md, "Drain during a rollout")."""
     if outcome is not None:
         from rigkit.verify.history import write_document
 
         write_document(outcome, {
             "kind": "rollout-outcome", "rig": host.name,
-            "refused": [{k: r[k] for k in ("model", "rolled_back", "verified")} for r in refusals],
+            "refused": refusals,
             "serving_proven": all(r["rolled_back"] and r["verified"] for r in refusals)})
-    names = ", ".join(r["model"] for r in refusals)
-    raise OperationError(f"the rollout gate refused {names}:\n" + "\n".join(r["screen"] for r in refusals))
+
+    def became(r: dict) -> str:
+        return ("rolled back to the last proven config, verified" if r["verified"] else
+                "rolled back, its verification FAILED" if r["rolled_back"] else "NOT rolled back")
+    raise OperationError("the rollout gate refused " + "; ".join(f"{r['model']} ({became(r)})" for r in refusals)
+                         + ": each refusal's screen is above (rollout gate REFUSED ...)")
 
 
 def _summary_to_rig(model: ModelConfig, result: VerificationResult) -> None:
