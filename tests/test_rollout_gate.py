@@ -82,8 +82,8 @@ SEED_FAULTS = {
     "eager": ([EAGER], {"decode"}, set(), r"FAIL  decode: proven (99\d|10\d\d)\.\d tok/s, candidate 14\d\.\d tok/s "
                                    r"\(mean of 3\): 8\d\.\d% slower; 10\.0% allowed"),
     "half_dtype_draft": ([HALF_DTYPE_DRAFT], {"decode", "acceptance"}, set(),
-                         r"FAIL  acceptance: mean acceptance length proven 2\.4\d, candidate 1\.00: accepted tokens "
-                         r"per draft 1\.4\d -> 0\.00 \(0% of the proven"),
+                         r"FAIL  acceptance: mean acceptance length proven 2\.[34]\d, candidate 1\.00: accepted tokens "
+                         r"per draft 1\.[34]\d -> 0\.00 \(0% of the proven"),
     "no_prefix_cache": ([NO_PREFIX_CACHE], {"prefix_cache"}, set(),
                         r"FAIL  prefix_cache: the measured prompt sent again: TTFT proven 0\.0\d\d s, candidate "
                         r"0\.5\d\d s \(x[6-9]\.\d; above x2 the prefix cache is lost"),
