@@ -12,7 +12,8 @@ Linux rigs (systemd, over SSH):
 6. weights: each model's weights copied onto its Docker volume, verified;
 7. serving: one vLLM compose stack per model, rolled out with rollback;
 8. verify: first the rollout gate of each model whose config changed (benchmarked against its last
-   proven result; promoted, or rolled back and the deploy fails), then benchmark each model and check
+   proven result; promoted, or rolled back and, once every model was gated, the deploy fails), then
+   benchmark each model and check
    GPUs under load (when this deploy changed the rig; `rigkit verify` runs it on demand);
 9. monitoring (when the rig file asks: `monitoring: {enabled: true}`): the exporter of GPU power,
    clocks, policy drift and verification figures, and Debian's Prometheus scraping it and the models;
@@ -76,7 +77,7 @@ if rig.spec.os == "linux":
                + serving(rig, copied, checked.topology, rollouts=rollouts, gate=not options.verify_never))
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes, rollouts=rollouts,
-               accept_slower=options.accept_slower)
+               accept_slower=options.accept_slower, rollout_outcome=options.rollout_outcome)
     monitoring(rig, runtime_changes)  # off unless the rig file asks; after verify, which its figures come from
     if fleet_gateway is not None and fleet_gateway.host == host.name:
         fleet = {name: rig_config(h) for h in inventory for name in [h.name]}

@@ -9,6 +9,8 @@
    the stand-in's run-to-run noise (STANDIN_NOISE_SHARE: relative sd 0.6% of decode, 0.9% of prefill
    and so of TTFT), the proven figures themselves the mean of GATE_RUNS noisy runs (a promoting gate's
    document), for configs 0-20% slower and eager mode (7x). Seeded; TRIALS per row.
+   The same through real rollouts on a simulated rig (fewer of them, minutes each batch):
+   bench/gate_rollouts.py.
 
     .venv/bin/python bench/gate_cost.py [--trials N] [--skip-timing]
 """

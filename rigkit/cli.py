@@ -174,9 +174,15 @@ def gateway_config(args: argparse.Namespace) -> int:
 
 
 def rollout(args: argparse.Namespace) -> int:
-    """Rolling rollout: each rig gets the whole deploy (and its rollback) before the next starts.
-    With a gateway in the inventory, each rig's replicas are drained from it first (bounded wait for
-    their in-flight requests) and put back once the rig deployed; a rig that fails stays out."""
+    """Rolling rollout: each rig gets the whole deploy (and its rollback) before the next starts; the
+    first is the canary: a failure stops the rollout before the next rig. With a gateway in the
+    inventory, each rig's replicas are drained from it first (bounded wait for their in-flight
+    requests) and put back once the rig deployed. A rig that fails stays out, unless all that failed
+    was the rollout gate refusing new configs, each rolled back to its last proven config and that
+    verified (the deploy's outcome file says so): the rig then serves what it served before, proven,
+    and is put back."""
+    import tempfile
+
     from rigkit.config.inventory import RigConfigError
     from rigkit.gateway.topology import gateway_plan
 
@@ -195,6 +201,11 @@ def rollout(args: argparse.Namespace) -> int:
     except RigConfigError as exc:
         print(f"rigkit rollout: {exc}", file=sys.stderr)
         return CONFIG_ERROR
+    with tempfile.TemporaryDirectory(prefix="rigkit-rollout-") as outcomes:
+        return _roll(args, names, plan, accepted, Path(outcomes))
+
+
+def _roll(args: argparse.Namespace, names: list[str], plan, accepted: list[str], outcomes: Path) -> int:
     for position, name in enumerate(names, 1):
         print(f"rigkit rollout: rig {position}/{len(names)}: {name}", flush=True)
         drained = False
@@ -205,11 +216,22 @@ def rollout(args: argparse.Namespace) -> int:
                       f"{name}); rigs not started: {', '.join(names[position - 1:])}", file=sys.stderr)
                 return 1
             drained = code == 0
-        command = [*PYINFRA, "-y", *accepted, *pyinfra_flags(args), "--limit", name, args.inventory, args.deploy]
+        outcome = outcomes / f"{position}.json"
+        command = [*PYINFRA, "-y", *accepted, "--data", f"rigkit_rollout_outcome={outcome}", *pyinfra_flags(args),
+                   "--limit", name, args.inventory, args.deploy]
         if subprocess.run(command).returncode != 0:
             untouched = ", ".join(names[position:]) or "none"
-            out = f"; {name} stays out of the gateway" if drained else ""
-            print(f"rigkit rollout: STOPPED: {name} failed{out}; rigs not started: {untouched}", file=sys.stderr)
+            refused = _refused_and_proven(outcome, name)
+            if refused is None:
+                out = f"; {name} stays out of the gateway" if drained else ""
+                print(f"rigkit rollout: STOPPED: {name} failed{out}; rigs not started: {untouched}", file=sys.stderr)
+                return 1
+            back = ""
+            if drained:
+                back = ("; it is back in the gateway" if _gateway(args.inventory, plan, "undrain", name) == 0
+                        else "; the gateway did NOT take it back (see above)")
+            print(f"rigkit rollout: STOPPED: the rollout gate refused {refused} on {name}, rolled back to the last "
+                  f"proven config and verified{back}; rigs not started: {untouched}", file=sys.stderr)
             return 1
         if drained and _gateway(args.inventory, plan, "undrain", name) != 0:
             print(f"rigkit rollout: STOPPED: {name} deployed, but the gateway did not take it back", file=sys.stderr)
@@ -219,6 +241,18 @@ def rollout(args: argparse.Namespace) -> int:
 
 
 NOT_INSTALLED = 9  # the gateway helper is not on its rig yet (a first rollout) or not running: nothing to drain
+
+
+def _refused_and_proven(outcome: Path, name: str) -> str | None:
+    """The models the rollout gate refused on rig `name`, when its deploy's outcome file says every one was
+    rolled back and verified and nothing else failed (roles/verify.py writes it last); else None."""
+    try:
+        said = json.loads(outcome.read_text())
+    except (OSError, ValueError):
+        return None  # not written: the deploy failed before or apart from the gate's refusals
+    if not isinstance(said, dict) or said.get("rig") != name or said.get("serving_proven") is not True:
+        return None
+    return ", ".join(str(r.get("model")) for r in said.get("refused") or []) or None
 
 
 def _gateway(inventory: str, plan, *action: str) -> int:

@@ -76,14 +76,18 @@ def verify_reads(rig: RigConfig) -> list[Read]:
 
 @deploy("Verify")
 def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), rollouts: dict | None = None,
-           accept_slower: frozenset[str] = frozenset()) -> None:
+           accept_slower: frozenset[str] = frozenset(), rollout_outcome: Path | None = None) -> None:
     """`after`: the deploy's operations; verification runs if any changed, or `always`.
     `rollouts`: {model: its rollout op} of a deploy whose rollouts hold a new config for the gate
     (roles/serving.py with gate=True): where one ran, the model is gated first; a gated model's
-    verification is the gate's own runs. `accept_slower`: models whose gate waives speed."""
+    verification is the gate's own runs. `accept_slower`: models whose gate waives speed.
+    A refused model fails the deploy only after every model of the rig was gated or verified, so that
+    no other model is left serving a candidate the gate never judged; `rollout_outcome` (set by
+    `rigkit rollout`): where that last step writes what the refusals left serving (_refused)."""
     if not rig.models:
         return
     gated: set[str] = set()
+    refusals: list[dict] = []
     installed = []
     if rig.spec.os == "linux":  # on Windows the sampler's container gets them through the Engine API
         paths = TELEMETRY_FILES
@@ -99,12 +103,17 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), ro
             python.call(
                 name=f"Gate {model.name}: a new config against the last proven result, promoted or rolled back",
                 function=rig_call(_gate_model), rig=rig, model=model, results_dir=results_dir,
-                accept_slower=model.name in accept_slower, gated=gated, _if=rolled.did_change,
+                accept_slower=model.name in accept_slower, gated=gated, refusals=refusals, _if=rolled.did_change,
             )
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
             function=rig_call(_verify_model), rig=rig, model=model, results_dir=results_dir,
             _if=lambda m=model.name: m not in gated and (always or any(op.did_change() for op in [*after, *installed])),
+        )
+    if rollouts:
+        python.call(
+            name="Rollout gate: fail the deploy for each refused model (rolled back)",
+            function=rig_call(_refused), refusals=refusals, outcome=rollout_outcome, _if=lambda: bool(refusals),
         )
 
 
@@ -169,10 +178,12 @@ def _save_and_judge(rig: RigConfig, model: ModelConfig, folder: Path, result: Ve
     return path
 
 
-def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_slower: bool, gated: set) -> None:
+def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_slower: bool, gated: set,
+                refusals: list) -> None:
     """The rollout gate (docs/serving.md, "The rollout gate"): the candidate `rigkit-stack rollout NAME gate`
     holds is benchmarked GATE_RUNS times with the proven result's workload, judged against it
-    (rigkit.verify.gate), then promoted, or rolled back and the rollback verified the same way."""
+    (rigkit.verify.gate), then promoted, or rolled back and the rollback verified the same way (a refusal
+    is added to `refusals`: the deploy fails once every model was gated)."""
     from rigkit.verify.gate import decide, from_result
     from rigkit.verify.gate_record import (
         GATE_RUNS,
@@ -240,7 +251,28 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, False, False, held,
                              rollback)
     path = save_gate(folder, document)
-    raise OperationError(refusal_screen(model.name, document, path, stack_dir))
+    logger.info(f"{host.print_prefix}{refusal_screen(model.name, document, path, stack_dir)}")
+    refusals.append({"model": model.name, "rolled_back": rolled_back, "verified": bool(rollback.get("verified"))})
+
+
+def _refused(refusals: list[dict], outcome: Path | None) -> None:
+    """Fail the deploy for the models the gate refused. For `rigkit rollout`, first write to `outcome`
+    whether every refused model is back on its last proven config and that config verified: nothing
+    else failed before this step (a failed operation stops the rig's run), so the rig then serves only
+    proven configs and is put back in the gateway (docs/gateway.md, "Drain during a rollout")."""
+    if outcome is not None:
+        from rigkit.verify.history import write_document
+
+        write_document(outcome, {
+            "kind": "rollout-outcome", "rig": host.name,
+            "refused": refusals,
+            "serving_proven": all(r["rolled_back"] and r["verified"] for r in refusals)})
+
+    def became(r: dict) -> str:
+        return ("rolled back to the last proven config, verified" if r["verified"] else
+                "rolled back, its verification FAILED" if r["rolled_back"] else "NOT rolled back")
+    raise OperationError("the rollout gate refused " + "; ".join(f"{r['model']} ({became(r)})" for r in refusals)
+                         + ": each refusal's screen is above (rollout gate REFUSED ...)")
 
 
 def _summary_to_rig(model: ModelConfig, result: VerificationResult) -> None:

@@ -58,7 +58,10 @@ def test_rollout_passes_pyinfra_flags_to_each_rig_s_deploy(monkeypatch, given, p
     monkeypatch.setattr(cli, "_hosts", lambda inventory: [])  # no host has `gateway`: nothing to drain
     monkeypatch.setattr(cli.subprocess, "run", lambda command: ran.append(command) or SimpleNamespace(returncode=0))
     assert cli.main(["rollout", "inv.py", *given]) == 0
-    assert ran == [[*cli.PYINFRA, "-y", *passed, "--limit", rig, "inv.py", "deploy.py"] for rig in ("rig-a", "rig-b")]
+    outcomes = [command[command.index("--data") + 1] for command in ran]
+    assert all(o.startswith("rigkit_rollout_outcome=") for o in outcomes) and len(set(outcomes)) == 2
+    assert ran == [[*cli.PYINFRA, "-y", "--data", outcome, *passed, "--limit", rig, "inv.py", "deploy.py"]
+                   for rig, outcome in zip(("rig-a", "rig-b"), outcomes)]
 
 
 def test_serial_and_parallel_exclude_each_other(capsys):

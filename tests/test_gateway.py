@@ -391,15 +391,18 @@ def back_to_normal(fleet) -> None:
     write_catalog(fleet.catalog, 220)
 
 
-def test_a_deploy_verifies_each_model_through_the_gateway_with_usage_and_the_added_ttft(fleet, tmp_path):
+def test_a_deploy_verifies_each_model_through_the_gateway_with_usage_and_the_added_ttft(fleet):
     """Both rigs' models change, so the deploy verifies them directly and then, on rig-a, through the
-    gateway: one entry per served name, tokens from usage, TTFT against rig-a's replica, alternating."""
+    gateway: one entry per served name, tokens from usage, TTFT against rig-a's replica, alternating.
+    (Its results folder is the module's: each model's gate here establishes the proven result that the
+    canary test below is gated against.)"""
     back_to_normal(fleet)
-    run = verify_run(fleet, tmp_path)
+    results = fleet.folder / "results"
+    run = verify_run(fleet, results)
     assert run.returncode == 0, run.output[-6000:]
     assert "verification through the gateway:" in run.output, run.output[-8000:]
     assert "PASS  gateway gw-chat: 64 of 64 tokens counted from the server's usage" in run.output, run.output[-8000:]
-    [doc] = gateway_results(tmp_path)
+    [doc] = gateway_results(results)
     assert doc["kind"] == "gateway" and doc["gateway_host"] == "rig-a" and doc["passed"] is True
     [entry] = doc["models"]
     assert entry["model"] == "gw-chat" and set(entry["replicas"]) == {"rig-a.gw-chat-a", "rig-b.gw-chat-b"}
@@ -417,9 +420,9 @@ def test_a_deploy_verifies_each_model_through_the_gateway_with_usage_and_the_add
                        timeout=60).json()
     assert health["healthy_count"] == 2 and health["unhealthy_count"] == 0, health
     # Nothing changed since: the next deploy changes nothing and verifies nothing.
-    again = verify_run(fleet, tmp_path)
+    again = verify_run(fleet, results)
     assert again.returncode == 0 and again.changed_operations() == 0, again.output[-6000:]
-    assert "verification through the gateway" not in again.output and len(gateway_results(tmp_path)) == 1
+    assert "verification through the gateway" not in again.output and len(gateway_results(results)) == 1
 
 
 def test_a_gateway_that_drops_usage_from_streams_fails_verification_through_it(fleet, tmp_path):
@@ -457,3 +460,57 @@ def test_a_gateway_that_drops_usage_from_streams_fails_verification_through_it(f
     repaired = verify_run(fleet, tmp_path)  # a deploy: the compose file differs, so the gateway is redone
     assert repaired.returncode == 0, repaired.output[-6000:]
     assert "PASS  gateway gw-chat: 64 of 64 tokens counted from the server's usage" in repaired.output
+
+
+def gated_inventory(fleet, results) -> object:
+    """The fixture's inventory with verification on (and with it the rollout gate), results in `results`."""
+    found: dict = {}
+    exec(fleet.inventory.read_text(), found)  # noqa: S102 (the fixture's own file: `rigs = [...]`)
+    hosts = [(name, {**data, "rigkit_verify": "after-changes", "results_dir": str(results)})
+             for name, data in found["rigs"]]
+    path = fleet.folder / "inventory-gated.py"
+    path.write_text(f"rigs = {hosts!r}\n")
+    return path
+
+
+def test_a_rollout_whose_canary_the_gate_refuses_stops_there_and_the_canary_is_put_back(fleet):
+    """The canary: a two-rig `rigkit rollout` with verification on, to a config with prefix caching off
+    (a seed class: a repeated prompt pays its whole prefill again). rig-a goes first, drained from the
+    gateway; its rollout gate refuses the config and rolls back, the old config verified; the rollout
+    stops before rig-b, which is not touched (its container, its config, its stack files). rig-a then
+    serves only its proven config, so it is put back in the gateway: requests reach both rigs again.
+    Gated against the proven results the test above established (its results folder is the module's)."""
+    results = fleet.folder / "results"
+    inventory = gated_inventory(fleet, results)
+    engine = docker.from_env()
+    before_b = engine.containers.get("rigkit-gw-chat-b-vllm-1").id
+    stack_b = fleet.rig_b.exec("cd /etc/rigkit/stacks/gw-chat-b && sha256sum *")[1]
+    for name in PORTS:
+        (fleet.catalog / f"{name}.yml").write_text(model_text(name, 220).replace(
+            "served_model_name: gw-chat}", "served_model_name: gw-chat, enable_prefix_caching: false}"))
+    rollout = subprocess.run([sys.executable, "-m", "rigkit.cli", "rollout", str(inventory)], cwd=REPO,
+                             env=fleet.env(), capture_output=True, text=True, timeout=900)
+    output = rollout.stdout + rollout.stderr
+    (fleet.folder / "canary-rollout.log").write_text(output)
+    assert rollout.returncode == 1, output[-6000:]
+    assert "rollout gate REFUSED gw-chat-a: prefix_cache" in output, output[-6000:]
+    assert "ROLLED BACK to the last proven config; its verification passed" in output, output[-6000:]
+    assert ("STOPPED: the rollout gate refused gw-chat-a on rig-a, rolled back to the last proven config and "
+            "verified; it is back in the gateway; rigs not started: rig-b") in output, output[-4000:]
+    assert "drained rig-a" in output and "rig 2/2" not in output, output[-4000:]
+    # rig-b untouched: the same container, its files as they were; each stand-in serves its old config.
+    assert engine.containers.get("rigkit-gw-chat-b-vllm-1").id == before_b
+    assert fleet.rig_b.exec("cd /etc/rigkit/stacks/gw-chat-b && sha256sum *")[1] == stack_b
+    for port in PORTS.values():
+        info = httpx.get(f"http://127.0.0.1:{port}/standin/info", timeout=5).json()
+        assert info["args"]["enable_prefix_caching"] and info["decode_tok_s"] == 220.0, info
+    # rig-a is back: the gateway routes to both replicas again (once LiteLLM's checks pass its restart).
+    seen: set = set()
+
+    def both_serve():
+        with httpx.Client() as client:
+            answers = [chat(client) for _ in range(6)]
+        assert all(a["ok"] for a in answers), answers[:3]
+        seen.update(a["deployment"] for a in answers)
+        return seen == set(REPLICA_IDS.values())
+    wait_for("the gateway to route to rig-a again", both_serve, 3 * HEALTH_CHECK_S + 30, every_s=0.5)

@@ -1,10 +1,20 @@
 """The rollout gate end to end: pyinfra over SSH to the simulated rig, rigkit-stack holding a new config
 un-promoted, the gate's benchmarks through the SSH forward against the last proven result, then the
-promotion, or the rollback and its verification. (`--accept-slower`: tests/test_verify.py.)
+promotion, or the rollback and its verification. (`--accept-slower`: tests/test_verify.py; the canary of a
+two-rig `rigkit rollout`: tests/test_gateway.py; false rollbacks and misses with noise on:
+bench/gate_rollouts.py.)
 
-Simulated: vLLM (tests/vllm_standin: `--enforce-eager` makes its decode 7x slower, the fault `slower_by`
-a set share slower, its rates exact: no noise) and the GPUs (the simulated rig's fake NVML). The stand-in
-decodes at 1000 tok/s here so that three runs of the eager config (143 tok/s) take seconds.
+The tests share one deploy history, in order: the first rollout establishes the proven result; each
+seed fault class is refused against it and rolled back (the old config serving and verified); a 2%
+slower config passes; a second deploy changes nothing.
+
+Simulated: vLLM (tests/vllm_standin, its rates exact: no noise) and its fault modes for the seeds'
+classes: `--enforce-eager` (decode 7x slower), the fault `half_dtype_draft` (the drafter accepts nothing
+and decode is 3x slower: what vLLM does with `--dtype half` and a bfloat16 drafter, which the catalog's
+own lint refuses, so the gate meets it as a server that says nothing), `--no-enable-prefix-caching` (a
+repeated prompt pays its whole prefill again, x8) and `slower_by` (a set share slower, prefill and
+decode); and the GPUs (the simulated rig's fake NVML). The stand-in decodes at 1000 tok/s here so that
+three runs of the eager config (143 tok/s) take seconds.
 """
 
 from __future__ import annotations
@@ -22,24 +32,27 @@ pytestmark = pytest.mark.simrig
 
 FAST = ('STANDIN_DECODE_TOK_S: "100"', 'STANDIN_DECODE_TOK_S: "1000"')
 EAGER = ("dtype: bfloat16\n", "dtype: bfloat16\n  enforce_eager: true\n")
+HALF_DTYPE_DRAFT = ("env:\n", "env:\n  STANDIN_FAULT: half_dtype_draft\n")
+NO_PREFIX_CACHE = ("dtype: bfloat16\n", "dtype: bfloat16\n  enable_prefix_caching: false\n")
+TEN_PERCENT_SLOWER = ("env:\n", "env:\n  STANDIN_FAULT: slower_by\n  STANDIN_SLOWER_BY: \"0.10\"\n")
 TWO_PERCENT_SLOWER = ("env:\n", "env:\n  STANDIN_FAULT: slower_by\n  STANDIN_SLOWER_BY: \"0.02\"\n")
+COMPOSE, REFUSED_COMPOSE = "/etc/rigkit/stacks/test-alpha/compose.yml", "/etc/rigkit/stacks/test-alpha/compose.failed.yml"
 
 
 @pytest.fixture(scope="module")
-def rig(serving_rig):
-    return serving_rig
+def history(serving_rig, tmp_path_factory):
+    """The module's rig, a rig file serving test-alpha alone (a deploy that changes the rig verifies every
+    model it serves) and its results folder, shared by the tests in order."""
+    folder = tmp_path_factory.mktemp("gate")
+    alpha_only = folder / "alpha.yml"
+    alpha_only.write_text(SERVING_RIG.read_text().replace("models: [test-alpha, test-beta]", "models: [test-alpha]"))
+    serving_rig.exec("rigkit-stack down test-alpha; rigkit-stack down test-beta")  # no proven config yet
+    return serving_rig, alpha_only, folder
 
 
-@pytest.fixture
-def alpha_only(tmp_path):
-    """A rig file serving test-alpha alone (a deploy that changes the rig verifies every model it serves)."""
-    path = tmp_path / "alpha.yml"
-    path.write_text(SERVING_RIG.read_text().replace("models: [test-alpha, test-beta]", "models: [test-alpha]"))
-    return path
-
-
-def run(rig, rig_file, catalog, results, *extra):
-    return deploy(rig, rig_file, "--data", f"results_dir={results}", *extra, catalog=catalog)
+def run(history, catalog, *extra):
+    rig, rig_file, folder = history
+    return deploy(rig, rig_file, "--data", f"results_dir={folder / 'results'}", *extra, catalog=catalog)
 
 
 def served() -> dict:
@@ -47,47 +60,79 @@ def served() -> dict:
     return httpx.get("http://127.0.0.1:18101/standin/info", timeout=5).json()
 
 
-def documents(folder, kind):
-    found = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+def documents(history, kind):
+    found = [json.loads(p.read_text()) for p in (history[2] / "results" / "alpha" / "test-alpha").glob("*.json")]
     return sorted((d for d in found if d.get("kind") == kind), key=lambda d: d["time"])
 
 
-def test_eager_mode_is_refused_and_rolled_back_and_a_healthy_change_passes(rig, tmp_path, alpha_only):
-    """A first rollout establishes the proven result; a rollout to eager mode (decode /7) is refused and
-    rolled back, the old config serving and verified; a 2% slower config passes; a second deploy changes
-    nothing."""
-    results = tmp_path / "results"
-    folder = results / "alpha" / "test-alpha"  # results/<rig file name>/<model>
-    good = copy_catalog(tmp_path / "good", test_alpha=[FAST])
-    rig.exec("rigkit-stack down test-alpha; rigkit-stack down test-beta")  # no proven config: the first establishes
-
-    first = run(rig, alpha_only, good, results)
+def test_the_first_rollout_establishes_the_proven_result(history, tmp_path):
+    first = run(history, copy_catalog(tmp_path, test_alpha=[FAST]))
     assert first.returncode == 0, first.output
     assert "PROMOTE: no proven result yet; this rollout establishes it" in first.output, first.output
-    [established] = documents(folder, "gate")
+    [established] = documents(history, "gate")
     assert established["promoted"] and established["establishes"]
     assert len(established["runs"]["decode_tok_s"]["runs"]) == 3
+    assert established["bench"]["acceptance_length"] == pytest.approx(2.4, abs=0.05)  # the drafter's, k=2
+    assert established["bench"]["repeat_ttft_s"] < established["figures"]["ttft_s"] / 4  # a prefix-cache hit
 
-    eager = copy_catalog(tmp_path / "eager", test_alpha=[FAST, EAGER])
-    refused = run(rig, alpha_only, eager, results)
-    assert refused.returncode != 0
-    assert "rollout gate REFUSED test-alpha: decode" in refused.output, refused.output
-    assert re.search(r"FAIL  decode: proven (99\d|10\d\d)\.\d tok/s, candidate 14\d\.\d tok/s \(mean of 3\): 8\d\.\d% slower; "
-                     r"10\.0% allowed", refused.output), refused.output
+
+# Each seed class: the catalog change, the checks that must refuse it, the other speed checks that may
+# (a 10% slower config is at decode's line and 11% over TTFT's: either or both refuse it, as measured by
+# bench/gate_rollouts.py), and a line of the refusal screen.
+SEED_FAULTS = {
+    "eager": ([EAGER], {"decode"}, set(), r"FAIL  decode: proven (99\d|10\d\d)\.\d tok/s, candidate 14\d\.\d tok/s "
+                                   r"\(mean of 3\): 8\d\.\d% slower; 10\.0% allowed"),
+    "half_dtype_draft": ([HALF_DTYPE_DRAFT], {"decode", "acceptance"}, set(),
+                         r"FAIL  acceptance: mean acceptance length proven 2\.[34]\d, candidate 1\.00: accepted tokens "
+                         r"per draft 1\.[34]\d -> 0\.00 \(0% of the proven"),
+    "no_prefix_cache": ([NO_PREFIX_CACHE], {"prefix_cache"}, set(),
+                        r"FAIL  prefix_cache: the measured prompt sent again: TTFT proven 0\.0\d\d s, candidate "
+                        r"0\.5\d\d s \(x[6-9]\.\d; above x2 the prefix cache is lost"),
+    "ten_percent_slower": ([TEN_PERCENT_SLOWER], set(), {"decode", "ttft"},
+                           r"FAIL  (decode: proven \d+\.\d tok/s, candidate (89\d|90\d)\.\d tok/s \(mean of 3\): "
+                           r"(9|10)\.\d% slower|ttft: proven 0\.5\d\d s, candidate 0\.5\d\d s \(mean of 3\): "
+                           r"1[01]\.\d% longer)"),
+}
+
+
+@pytest.mark.parametrize("fault", list(SEED_FAULTS))
+def test_each_seed_fault_is_refused_with_its_reason_and_the_old_config_serves_verified(history, tmp_path, fault):
+    """A rollout to the seed class is refused by the gate, naming the check that caught it with old and new
+    figures; the rig rolls back, the old config serves (read from the stand-in itself and the rig's files)
+    and its verification (3 more runs against the proven result) passed."""
+    changes, reasons, also, line = SEED_FAULTS[fault]
+    verifications = len(documents(history, "verification"))
+    refused = run(history, copy_catalog(tmp_path, test_alpha=[FAST, *changes]))
+    assert refused.returncode != 0, refused.output
+    named = re.search(r"rollout gate REFUSED test-alpha: ([a-z_, ]+)", refused.output)
+    assert named, refused.output
+    failed = set(named.group(1).split(", "))
+    speed = {"decode", "ttft", "acceptance", "prefix_cache"}
+    assert reasons <= failed and failed & speed & (reasons | also) and not failed & speed - reasons - also, \
+        refused.output
+    assert re.search(line, refused.output), refused.output
     assert "ROLLED BACK to the last proven config; its verification passed" in refused.output, refused.output
-    info = served()
-    assert not info["args"]["enforce_eager"] and info["decode_tok_s"] == 1000.0  # the old config serves
-    assert "--enforce-eager" not in rig.exec("cat /etc/rigkit/stacks/test-alpha/compose.yml")[1]
-    assert "--enforce-eager" in rig.exec("cat /etc/rigkit/stacks/test-alpha/compose.failed.yml")[1]
+    assert "Traceback" not in refused.output
+    info = served()  # the old config serves: no fault, the drafter accepting, the cache on, full speed
+    assert info["decode_tok_s"] == 1000.0 and not info["args"]["enforce_eager"], info
+    assert info["args"]["enable_prefix_caching"] and info["args"]["speculative_config"], info
+    rig = history[0]
+    assert "STANDIN_FAULT" not in rig.exec(f"cat {COMPOSE}")[1] and "--no-enable-prefix" not in rig.exec(f"cat {COMPOSE}")[1]
+    assert rig.exec(f"cat {REFUSED_COMPOSE}")[1] != rig.exec(f"cat {COMPOSE}")[1]
     assert rig.exec("test -e /etc/rigkit/stacks/test-alpha/gate.pending")[0] != 0
-    gate = documents(folder, "gate")[-1]
-    assert not gate["promoted"] and gate["rollback"]["verified"], gate
-    assert documents(folder, "verification")[-1]["figures"]["decode_tok_s"] == pytest.approx(1000, rel=0.05)
+    gate = documents(history, "gate")[-1]
+    assert not gate["promoted"] and gate["rollback"]["rolled_back"] and gate["rollback"]["verified"], gate
+    assert {c["name"] for c in gate["checks"] if not c["passed"]} == failed
+    assert len(documents(history, "verification")) == verifications + 1  # the rollback's, saved as it passed
+    verified = documents(history, "verification")[-1]
+    assert verified["passed"] and verified["figures"]["decode_tok_s"] == pytest.approx(1000, rel=0.05)
 
-    healthy = copy_catalog(tmp_path / "healthy", test_alpha=[FAST, TWO_PERCENT_SLOWER])
-    passed = run(rig, alpha_only, healthy, results)
+
+def test_a_two_percent_slower_config_passes_and_a_second_deploy_changes_nothing(history, tmp_path):
+    healthy = copy_catalog(tmp_path, test_alpha=[FAST, TWO_PERCENT_SLOWER])
+    passed = run(history, healthy)
     assert passed.returncode == 0, passed.output
     assert "PROMOTE: the candidate is as good as the proven config" in passed.output, passed.output
     assert served()["decode_tok_s"] == pytest.approx(980.0)
-    again = run(rig, alpha_only, healthy, results)
+    again = run(history, healthy)
     assert again.returncode == 0 and again.changed_operations() == 0, again.output

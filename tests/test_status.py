@@ -96,7 +96,25 @@ def engine_state() -> tuple:
 
 
 def test_a_deployed_rig_is_in_order_and_every_section_is_filled(rig, tmp_path):
-    code, text, report = status(rig, tmp_path)
+    """Also: the results history after `rigkit tune` (its document, written by tune's own writer, newer than
+    the verification) and a result file cut off by a crash, newer still: status reads the verification,
+    stays green, and names the cut-off file."""
+    from rigkit.tune.inputs import write_json
+
+    planted = []
+    for model in MODELS:
+        folder = RESULTS / "serving" / model
+        assert any(folder.glob("*.json")), f"the deploy verified {model} into {folder}"
+        planted.append(folder / "tune-29990101T000000Z.json")
+        write_json(planted[-1], {"rig": "serving", "model": model, "table": []})
+    planted.append(RESULTS / "serving" / "test-alpha" / "2999-01-01T000001Z.json")
+    planted[-1].write_text('{"kind": "verification", "time": "2999-01-01T00:00:01+00:00", "pas')
+    try:
+        code, text, report = status(rig, tmp_path)
+    finally:
+        for path in planted:
+            path.unlink()
+    assert f"{planted[-1]}: skipped, not readable as JSON" in text, text
     assert code == 0, text
     (doc,) = report["rigs"]
     assert doc["reachable"] and doc["ok"] and doc["drift"] == [] and doc["failures"] == [], text

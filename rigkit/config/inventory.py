@@ -51,6 +51,7 @@ class RunOptions:
     status_dir: Path | None = None  # `rigkit status`: where each rig's status document is left
     status_inventory: str = "INVENTORY"  # `rigkit status`: the inventory, as repair commands spell it
     accept_slower: frozenset[str] = frozenset()  # `rigkit deploy --accept-slower MODEL`: the gate waives speed
+    rollout_outcome: Path | None = None  # `rigkit rollout`: where a refused gate says what the rig serves now
 
 
 @lru_cache(maxsize=None)
@@ -84,6 +85,7 @@ def run_options(host) -> RunOptions:
         status_dir=Path(host.data.get("rigkit_status_dir")) if host.data.get("rigkit_status_dir") else None,
         status_inventory=str(host.data.get("rigkit_status_inventory") or "INVENTORY"),
         accept_slower=accept_slower_models(host),
+        rollout_outcome=Path(host.data.get("rigkit_rollout_outcome")) if host.data.get("rigkit_rollout_outcome") else None,
     )
 
 
