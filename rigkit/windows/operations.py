@@ -134,3 +134,33 @@ def uninstall(script: str, task_names: list[str]):
 def uninstall_script(script: str, task_names: list[str]) -> str:
     names = " ".join(ps_quote(t) for t in task_names)
     return f"# rigkit: uninstall {ps_quote(INSTALL_DIR)} {names}\n{script}"
+
+
+WSL_SHUTDOWN_S = 60  # `wsl --shutdown` returns once every WSL2 VM has stopped
+
+
+@operation()
+def restart_wsl():
+    """Stop Docker Desktop and shut the WSL2 VM down, so that it starts again with .wslconfig's
+    `memory=` and `swap=` (Microsoft: they take effect after `wsl --shutdown`). The bootstrap task,
+    which the role then runs, starts Docker Desktop again in the user's session and brings the
+    stacks up. The caller runs it only when .wslconfig changed and no model is serving (`_if`)."""
+    yield restart_wsl_script()
+
+
+def restart_wsl_script() -> str:
+    return (
+        "# rigkit: wsl-shutdown\n"
+        # Docker Desktop, left running, would find its VM gone and not bring its engine back by itself.
+        "Get-Process -Name 'Docker Desktop' -ErrorAction SilentlyContinue | Stop-Process -Force\n"
+        "$info = New-Object System.Diagnostics.ProcessStartInfo\n"
+        "$info.FileName = 'wsl.exe'\n"
+        "$info.Arguments = '--shutdown'\n"
+        "$info.UseShellExecute = $false\n"
+        "$info.CreateNoWindow = $true\n"
+        "$process = [Diagnostics.Process]::Start($info)\n"
+        f"if (-not $process.WaitForExit({WSL_SHUTDOWN_S * 1000})) {{ "
+        f"throw 'wsl --shutdown did not return within {WSL_SHUTDOWN_S} s' }}\n"
+        "if ($process.ExitCode -ne 0) { throw ('wsl --shutdown failed with exit code {0}' -f $process.ExitCode) }\n"
+        "'WSL shut down; Docker Desktop starts again with the new .wslconfig'"
+    )
