@@ -71,7 +71,7 @@ from rigkit.windows.preflight import (
 )
 from rigkit.windows.private_file import private_file
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
-from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
+from rigkit.windows.watchdog import TASK_WATCHDOG
 from rigkit.windows.weights import weights_onto_volumes
 
 SECURE_NAME = f"Secure {INSTALL_DIR}: owned by Administrators, SYSTEM and Administrators only"
@@ -101,16 +101,13 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
         raise DeployError(f"rig {rig.name}, nothing was changed: {exc}") from None
     wslconfig, restart_wsl = _preflight(rig)
 
-    # What a bootstrap run depends on: the files it reads (not the watchdog's), and the key.
-    watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
-    bootstrap_inputs = {path: data for path, data in installed.items() if path not in watchdog_files}
+    key_data = api_key_env_file(api_key) if api_key is not None else None
+    inputs = winops.task_inputs(installed, key_data)  # what each task's run depends on
     # Before anything is put there: a user who made the folder first would own it (install_dir).
     secure_install_dir(name=SECURE_NAME)
-    if api_key is not None:
-        key_data = api_key_env_file(api_key)
+    if key_data is not None:
         private_file(name="Install the API key (SYSTEM and Administrators only)", dest=str(API_KEY_FILE),
                      data=key_data)
-        bootstrap_inputs[str(API_KEY_FILE)] = key_data  # a new key: the stacks come up again with it
     for path, data in installed.items():
         winops.file(name=f"Put {path}", dest=path, data=data)
     if wslconfig is not None:
@@ -132,9 +129,8 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
     drift = power_drift(rig.spec, report)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
-    power_files = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
     power_run = winops.run_task(
-        name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
+        name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=inputs[TASK_POWER],
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
     )
     # Weights copied again: the bootstrap recreates that model's stack (its container still serves
@@ -143,10 +139,9 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
     for model_name, copy in copied.items():
         winops.file(name=f"Mark {model_name} to be recreated on its new weights", dest=recreate_marker(model_name),
                     data=b"weights copied again\r\n", _if=copy.did_change)
-    inputs = winops.inputs_digest(bootstrap_inputs)
-    stale = bool(drift) or restart_wsl or not winops.ran_on(TASK_BOOTSTRAP, inputs)
+    stale = bool(drift) or restart_wsl or not winops.ran_on(TASK_BOOTSTRAP, inputs[TASK_BOOTSTRAP])
     bootstrap_run = winops.run_task(
-        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=inputs,
+        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=inputs[TASK_BOOTSTRAP],
         wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=stale or bool(copies),
         _if=lambda: stale or any(copy.did_change() for copy in copies),
     )

@@ -75,6 +75,22 @@ def inputs_digest(files: dict[str, bytes]) -> str:
     return digest.hexdigest()
 
 
+def task_inputs(installed: dict[str, bytes], api_key_file: bytes | None) -> dict[str, str]:
+    """{task: inputs_digest} of what each logon task's run depends on: GPU-PowerPolicy its script
+    and XML; the bootstrap every installed file but the watchdog's, and the API key's env file (a
+    new key brings the stacks up again). The deploy records it after a successful run; status reads
+    it back."""
+    from rigkit.windows.bundle import API_KEY_FILE, POWER_SCRIPT, TASK_BOOTSTRAP, TASK_POWER, task_xml_path
+    from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
+
+    watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
+    bootstrap = {path: data for path, data in installed.items() if path not in watchdog_files}
+    if api_key_file is not None:
+        bootstrap[str(API_KEY_FILE)] = api_key_file
+    power = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
+    return {TASK_POWER: inputs_digest(power), TASK_BOOTSTRAP: inputs_digest(bootstrap)}
+
+
 def ran_on(task_name: str, inputs: str) -> bool:
     """Whether the task's last successful run had these `inputs` (read from the rig while planning)."""
     return read_once(WindowsTextFile, path=str(APPLIED_DIR / f"{task_name}.txt")) == inputs

@@ -308,5 +308,6 @@ def preflight_problems(rig: RigConfig, facts: PreflightFacts, image: str | None,
     problems += gpu_problems(rig, facts, image)[0]
     problems += memory_problems(rig, facts, will_apply)
     problems += disk_problems(weights_needs(rig, facts), facts.disk_free_bytes,
-                              f"the drive of Docker Desktop's disk image ({facts.disk_dir})")
+                              f"the drive of Docker Desktop's disk image ({facts.disk_dir})",
+                              "move Docker Desktop's disk image to a bigger drive (Settings > Resources > Advanced)")
     return problems
