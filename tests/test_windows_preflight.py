@@ -46,8 +46,8 @@ def facts(**changes) -> PreflightFacts:
     version = {"Client": {"Os": "windows"}, "Server": {"Platform": {"Name": "Docker Desktop 4.37.1 (178610)"},
                                                       "KernelVersion": WSL2, "Os": "linux"}}
     info = {"OperatingSystem": "Docker Desktop", "KernelVersion": WSL2, "MemTotal": int(16 * GIB * 0.96)}
-    values = dict(
-        version=Answer(0, json.dumps(version)), info=Answer(0, json.dumps(info)), compose=Answer(0, "2.31.0"),
+    values = dict(  # docker.exe's stderr follows its stdout in the fact's output
+        version=Answer(0, json.dumps(version)), info=Answer(0, json.dumps(info) + "\nWARNING: a warning on stderr"), compose=Answer(0, "2.31.0"),
         gpu=Answer(0, "0, NVIDIA GeForce RTX 4090, 580.88, 8.9\n1, NVIDIA GeForce RTX 4090, 580.88, 8.9"),
         serving=Answer(0, ""), volumes=Answer(0, ""), user_profile="C:\\Users\\you", host_memory_bytes=32 * GIB,
         disk_dir="C:\\Users\\you\\AppData\\Local\\Docker\\wsl", disk_free_bytes=500 * 10 ** 9, wslconfig=None,

@@ -75,9 +75,11 @@ class PreflightFacts:
 
 
 def _json(answer: Answer) -> dict:
+    """The JSON line of a `--format '{{json .}}'` answer (docker.exe's stderr follows it: warnings)."""
+    line = next((line for line in answer.output.splitlines() if line.startswith("{")), None)
     try:
-        value = json.loads(answer.output.strip().splitlines()[-1]) if answer.exit_code == 0 else {}
-    except (IndexError, ValueError):
+        value = json.loads(line) if answer.exit_code == 0 and line else {}
+    except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
 
