@@ -155,7 +155,7 @@ def _preflight(rig: RigConfig) -> tuple[tuple[str, str] | None, bool]:
     sources = {m.name: m.spec.weights.source for m in rig.models if m.spec.weights.storage == "volume"}
     facts = host.get_fact(WindowsPreflightFacts, image=image, sources=sources)
     wanted = wslconfig_text(facts.wslconfig, rig.spec.wsl_memory_gb, rig.spec.wsl_swap_gb)
-    changed = wanted is not None and _lines(wanted) != _lines(facts.wslconfig or "")
+    changed = wanted is not None and wanted != facts.wslconfig
     pending = changed or (rig.spec.wsl_memory_gb is not None and not vm_applied(rig, facts))
     serving = serving_models(rig, facts)
     problems = preflight_problems(rig, facts, image, pending and not serving)
@@ -172,14 +172,6 @@ def _preflight(rig: RigConfig) -> tuple[tuple[str, str] | None, bool]:
                 + (f"VM memory {memory / 1024 ** 3:.1f} GB" if isinstance(memory, int) else "VM memory unknown"))
     path = f"{facts.user_profile}\\.wslconfig"
     return ((path, wanted) if wanted is not None and facts.user_profile else None), pending and not serving
-
-
-def _lines(text: str) -> list[str]:
-    """A text file's lines as the fact reads them back (line endings and trailing blank lines aside)."""
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
 
 
 def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:

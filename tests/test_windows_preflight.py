@@ -7,6 +7,7 @@ tests/test_windows_deploy.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -172,6 +173,10 @@ def test_parse_reads_each_section():
     assert parsed.gpu is None and parsed.serving.exit_code == -1
     assert (parsed.user_profile, parsed.host_memory_bytes, parsed.disk_free_bytes) == ("C:\\Users\\you", 32 * GIB, 123)
     assert parsed.wslconfig is None and parsed.source_bytes == {"test-alpha": 1000, "gone": None}
+    for data in (b"[wsl2]\r\nmemory=8GB\r\n", b"\xef\xbb\xbf[wsl2]\r\nmemory=8GB\r\n",
+                 "[wsl2]\r\nmemory=8GB\r\n".encode("utf-16")):  # as written by hand, with a BOM, by Out-File
+        read = parse_preflight(["rigkit-section=wslconfig", base64.b64encode(data).decode()]).wslconfig
+        assert read == "[wsl2]\r\nmemory=8GB\r\n"
 
 
 def test_wslconfig_sets_memory_and_swap_and_keeps_everything_else():

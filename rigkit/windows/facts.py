@@ -226,7 +226,9 @@ def preflight_script(image: str | None, sources: dict[str, str]) -> str:
         "'disk-free={0}' -f ([System.IO.DriveInfo] [System.IO.Path]::GetPathRoot($env:LOCALAPPDATA)).AvailableFreeSpace\n"
         "'rigkit-section=wslconfig'\n"
         "$wslconfig = Join-Path $env:USERPROFILE '.wslconfig'\n"
-        "if (Test-Path -LiteralPath $wslconfig -PathType Leaf) { Get-Content -Raw -Encoding UTF8 -LiteralPath $wslconfig } "
+        # Its bytes, so its line endings and encoding come back as they are.
+        "if (Test-Path -LiteralPath $wslconfig -PathType Leaf) { "
+        "[Convert]::ToBase64String([IO.File]::ReadAllBytes($wslconfig)) } "
         f"else {{ {ps_quote(ABSENT)} }}\n"
     )
     for model, source in sources.items():

@@ -17,6 +17,7 @@ Desktop's "Enable host networking" nor Enhanced Container Isolation matters to r
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from dataclasses import dataclass, field
@@ -282,7 +283,7 @@ def parse_preflight(lines: list[str]) -> PreflightFacts:
         return Answer(int(found[1]), "\n".join(body[1:]), found[2] == "True")
 
     host = dict(line.split("=", 1) for line in sections.get("host", []) if "=" in line)
-    wslconfig = "\n".join(sections.get("wslconfig", []))
+    wslconfig = "".join(sections.get("wslconfig", [])).strip()  # base64 of its bytes, or ABSENT
     sources = {}
     for name, body in sections.items():
         if name.startswith("source "):
@@ -296,9 +297,18 @@ def parse_preflight(lines: list[str]) -> PreflightFacts:
         host_memory_bytes=int(host["memory"]) if host.get("memory", "").strip().isdigit() else None,
         disk_dir=host.get("disk-dir", "").strip(),
         disk_free_bytes=int(host["disk-free"]) if host.get("disk-free", "").strip().isdigit() else None,
-        wslconfig=None if wslconfig.strip() == ABSENT else wslconfig,
+        wslconfig=None if wslconfig == ABSENT else _text(wslconfig),
         source_bytes=sources,
     )
+
+
+def _text(base64_bytes: str) -> str:
+    """.wslconfig's text from its bytes (UTF-8, with or without a BOM; UTF-16 where Notepad's
+    "Unicode" or PowerShell 5.1's Out-File wrote it)."""
+    data = base64.b64decode(base64_bytes or "", validate=False)
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16")
+    return data.decode("utf-8-sig", errors="replace")
 
 
 def preflight_problems(rig: RigConfig, facts: PreflightFacts, image: str | None, will_apply: bool) -> list[str]:
