@@ -198,7 +198,7 @@ def test_wsl_memory_is_written_to_wslconfig_and_applied_once(rig, tmp_path):
     (nothing serves: the fake tasks start no model) and the bootstrap brings Docker Desktop and the
     stacks back; Docker Desktop's stand-in then reports the VM's new memory. A second deploy changes
     nothing; a rig without the settings leaves the file alone."""
-    sized = tmp_path / "sized.yml"
+    sized = tmp_path / "windows.yml"  # the same stem: the same rendered files (scripts name the rig)
     sized.write_text(WIN_RIG.read_text() + "wsl_memory_gb: 24\nwsl_swap_gb: 8\n")
     on_rig(rig, "mkdir -p /C:/Users/root && printf '[wsl2]\\r\\nprocessors=8\\r\\n' > /C:/Users/root/.wslconfig")
     before = len(runs(rig))
