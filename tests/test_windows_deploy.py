@@ -205,11 +205,12 @@ def test_wsl_memory_is_written_to_wslconfig_and_applied_once(rig, tmp_path):
     run = deploy(rig, sized)
     assert run.returncode == 0, run.output
     assert on_rig(rig, "cat /C:/Users/root/.wslconfig") == "[wsl2]\r\nprocessors=8\r\nmemory=24GB\r\nswap=8GB\r\n"
-    assert runs(rig)[before:] == ["wsl-shutdown", TASK_BOOTSTRAP]
+    # (GPU-PowerPolicy runs too where the test before left another clock lock: not this test's concern.)
+    assert [r for r in runs(rig)[before:] if r != TASK_POWER] == ["wsl-shutdown", TASK_BOOTSTRAP]
     assert json.loads(on_rig(rig, f"cat {STORE}/docker-desktop.json"))["wsl_memory_mb"] == 24 * 1024
     assert deploy(rig, sized).changed_operations() == 0
     assert deploy(rig).changed_operations() == 0
-    assert runs(rig)[before:] == ["wsl-shutdown", TASK_BOOTSTRAP]
+    assert [r for r in runs(rig)[before:] if r != TASK_POWER] == ["wsl-shutdown", TASK_BOOTSTRAP]
     desktop(rig)
     on_rig(rig, "rm /C:/Users/root/.wslconfig")
 
