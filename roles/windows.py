@@ -29,7 +29,11 @@ weights were copied again is marked (C:\\ProgramData\\rigkit\\recreate\\<model>.
 runs, recreating its stack on them (Linux's rollout does the same).
 
 Checks first, as on Linux: the GPUs (read through nvidia-smi.exe) are the rig file's, caps
-within the driver's range, PSU budget; and the bootstrap's time fits (rigkit.windows.timing).
+within the driver's range, PSU budget; the bootstrap's time fits (rigkit.windows.timing); and the
+Windows preflight (rigkit.windows.preflight): Docker Desktop on WSL2, the GPUs inside a container,
+driver and architectures against the images, the WSL2 VM's memory, disk for the weights. With the
+rig's `wsl_memory_gb`/`wsl_swap_gb`, %UserProfile%\\.wslconfig gets them and WSL is restarted
+(`wsl --shutdown`) when they changed and no model is serving; the bootstrap then runs.
 """
 
 from __future__ import annotations
@@ -56,11 +60,18 @@ from rigkit.windows.bundle import (
     render_bundle,
     task_xml_path,
 )
-from rigkit.windows.facts import WindowsNvidiaGpus
+from rigkit.windows.facts import WindowsNvidiaGpus, WindowsPreflightFacts
 from rigkit.windows.install_dir import secure_install_dir
+from rigkit.windows.preflight import (
+    docker_desktop_version,
+    preflight_problems,
+    serving_models,
+    vm_applied,
+    wslconfig_text,
+)
 from rigkit.windows.private_file import private_file
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
-from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
+from rigkit.windows.watchdog import TASK_WATCHDOG
 from rigkit.windows.weights import weights_onto_volumes
 
 SECURE_NAME = f"Secure {INSTALL_DIR}: owned by Administrators, SYSTEM and Administrators only"
@@ -88,19 +99,20 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
         api_key = read_api_key(rig)
     except SecretFileError as exc:
         raise DeployError(f"rig {rig.name}, nothing was changed: {exc}") from None
+    wslconfig, restart_wsl = _preflight(rig)
 
-    # What a bootstrap run depends on: the files it reads (not the watchdog's), and the key.
-    watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
-    bootstrap_inputs = {path: data for path, data in installed.items() if path not in watchdog_files}
+    key_data = api_key_env_file(api_key) if api_key is not None else None
+    inputs = winops.task_inputs(installed, key_data)  # what each task's run depends on
     # Before anything is put there: a user who made the folder first would own it (install_dir).
     secure_install_dir(name=SECURE_NAME)
-    if api_key is not None:
-        key_data = api_key_env_file(api_key)
+    if key_data is not None:
         private_file(name="Install the API key (SYSTEM and Administrators only)", dest=str(API_KEY_FILE),
                      data=key_data)
-        bootstrap_inputs[str(API_KEY_FILE)] = key_data  # a new key: the stacks come up again with it
     for path, data in installed.items():
         winops.file(name=f"Put {path}", dest=path, data=data)
+    if wslconfig is not None:
+        winops.file(name=f"Put {wslconfig[0]} (the WSL2 VM's memory and swap)", dest=wslconfig[0],
+                    data=wslconfig[1].encode())
     for task in TASKS:
         winops.scheduled_task(
             name=f"Register scheduled task {task}", task_name=task,
@@ -111,12 +123,14 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
     # Weights onto their volumes before the bootstrap brings the stacks up on them.
     copied = weights_onto_volumes(rig, verify=verify_weights)
 
+    # After the weights copy (it needs the engine), before the bootstrap, which starts Docker Desktop again.
+    if restart_wsl:
+        winops.restart_wsl(name="Restart WSL with the new .wslconfig (Docker Desktop stopped; the bootstrap starts it)")
     drift = power_drift(rig.spec, report)
     for line in drift:
         logger.warning(f"{host.print_prefix}drift: {line}; re-applying the power policy")
-    power_files = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
     power_run = winops.run_task(
-        name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=winops.inputs_digest(power_files),
+        name=f"Run {TASK_POWER} now", task_name=TASK_POWER, inputs=inputs[TASK_POWER],
         wait_s=POWER_TASK_WAIT_S, log_path=str(LOG_PATH), force=bool(drift),
     )
     # Weights copied again: the bootstrap recreates that model's stack (its container still serves
@@ -125,14 +139,39 @@ def windows(rig: RigConfig, verify_weights: bool = False) -> list:
     for model_name, copy in copied.items():
         winops.file(name=f"Mark {model_name} to be recreated on its new weights", dest=recreate_marker(model_name),
                     data=b"weights copied again\r\n", _if=copy.did_change)
-    inputs = winops.inputs_digest(bootstrap_inputs)
-    stale = bool(drift) or not winops.ran_on(TASK_BOOTSTRAP, inputs)
+    stale = bool(drift) or restart_wsl or not winops.ran_on(TASK_BOOTSTRAP, inputs[TASK_BOOTSTRAP])
     bootstrap_run = winops.run_task(
-        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=inputs,
+        name=f"Run {TASK_BOOTSTRAP} now", task_name=TASK_BOOTSTRAP, inputs=inputs[TASK_BOOTSTRAP],
         wait_s=bootstrap_budget(rig).deploy_wait_s, log_path=str(LOG_PATH), force=stale or bool(copies),
         _if=lambda: stale or any(copy.did_change() for copy in copies),
     )
     return [*copied.values(), power_run, bootstrap_run]
+
+
+def _preflight(rig: RigConfig) -> tuple[tuple[str, str] | None, bool]:
+    """The Windows preflight: raises DeployError (nothing changed) with every refusal. Returns
+    (.wslconfig's path and wanted text, or None where rigkit leaves it alone; whether to restart WSL)."""
+    image = rig.models[0].spec.image if rig.models else None
+    sources = {m.name: m.spec.weights.source for m in rig.models if m.spec.weights.storage == "volume"}
+    facts = host.get_fact(WindowsPreflightFacts, image=image, sources=sources)
+    wanted = wslconfig_text(facts.wslconfig, rig.spec.wsl_memory_gb, rig.spec.wsl_swap_gb)
+    changed = wanted is not None and wanted != facts.wslconfig
+    pending = changed or (rig.spec.wsl_memory_gb is not None and not vm_applied(rig, facts))
+    serving = serving_models(rig, facts)
+    problems = preflight_problems(rig, facts, image, pending and not serving)
+    if problems:
+        raise DeployError(f"rig {rig.name} ({rig.file}), nothing was changed: " + "; ".join(problems))
+    if pending and serving:
+        logger.warning(f"{host.print_prefix}.wslconfig: {', '.join(serving)} serving, so WSL is not restarted now; "
+                       "the WSL2 VM gets wsl_memory_gb/wsl_swap_gb at the next `wsl --shutdown` or reboot")
+    if facts.gpu is not None and facts.gpu.exit_code != 0:
+        logger.warning(f"{host.print_prefix}preflight: {image} is not pulled yet, so the GPUs inside a container, "
+                       "the driver minimum and the architectures are checked by the next deploy (the bootstrap pulls it)")
+    memory = facts.info_json().get("MemTotal")
+    logger.info(f"{host.print_prefix}preflight: Docker Desktop {docker_desktop_version(facts)} on WSL2, "
+                + (f"VM memory {memory / 1024 ** 3:.1f} GB" if isinstance(memory, int) else "VM memory unknown"))
+    path = f"{facts.user_profile}\\.wslconfig"
+    return ((path, wanted) if wanted is not None and facts.user_profile else None), pending and not serving
 
 
 def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:

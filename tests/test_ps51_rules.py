@@ -226,6 +226,9 @@ def raw_sent_scripts(rig) -> dict[str, str]:
         "protect-file": private_file.protect_script(path),
         "place-file": upload.place_script("place-file", upload.temporary_name(path), path),
         "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
+        "windows-preflight": facts.WindowsPreflightFacts().command(
+            image=f"vllm/{HOSTILE}:1", sources={"m1": f"C:\\models\\{HOSTILE}", "m2": f"D:\\{HOSTILE}"}),
+        "wsl-shutdown": winops.restart_wsl_script(),
         "uninstall": winops.uninstall_script(render_bundle(rig)["uninstall.ps1"], [TASK_POWER, TASK_BOOTSTRAP]),
         "connector wrapper": "",
         "file stager": file_stager(f"C:\\Users\\{HOSTILE}\\.rigkit-commands\\x.ps1", "ab" * 32),
@@ -249,4 +252,4 @@ def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
         for name, script in scripts.items():
             assert findings(script) == [], f"{rig.file} {name}:\n" + "\n".join(map(str, findings(script)))
             checked += 1
-    assert checked == 10 * 23
+    assert checked == 10 * 25

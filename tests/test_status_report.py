@@ -112,3 +112,32 @@ def test_an_unreachable_rig_is_reported_not_raised():
     doc = unreachable("rig9", "Could not connect (Connection refused)", NOW)
     assert not doc["ok"] and not doc["reachable"]
     assert "UNREACHABLE" in status_table(doc) and "Connection refused" in status_table(doc)
+
+
+def test_a_windows_rigs_scheduled_tasks_stand_for_the_units():
+    """rigkit.windows.status hands the report its tasks (registered, as rendered, last successful run
+    on the installed files): each wrong state is drift or a failure with the deploy as repair; no
+    persistence-mode drift on Windows (WDDM has none); the readiness repair is the caller's."""
+    win = load_rig(SERVING_RIG.parent / "windows.yml", TEST_CATALOG)
+    facts = {"stacks": {"test-alpha": {**probe()["stacks"]["test-alpha"],
+                                       "ready": {"ok": False, "error": "HTTP 503", "port": 18101}}}, "volumes": {}}
+    tasks = {"GPU-PowerPolicy": {"registered": True, "as_rendered": True, "applied": False},
+             "LocalLLM-Bootstrap": {"registered": True, "as_rendered": False, "applied": True},
+             "LocalLLM-Watchdog": {"registered": False, "as_rendered": False, "applied": None}}
+    windows = Commands("inv.py", "@winssh/rig1", admin="an elevated administrator (PowerShell)")
+    doc = build_status(win, "rig1", windows, gpus(persistence=False), facts, weights(), wanted_files(win),
+                       results(), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks,
+                       recreate=lambda name: windows.on_rig(f"recreate {name}"))
+    assert [(d["what"], d["found"]) for d in doc["drift"]] == [
+        ("scheduled task LocalLLM-Bootstrap", "differs from the rendered task (edited in Task Scheduler?)"),
+        ("scheduled task LocalLLM-Watchdog", "not registered")]
+    failures = {f["what"]: f for f in doc["failures"]}
+    assert failures["scheduled task GPU-PowerPolicy"]["repair"] == "rigkit deploy inv.py --limit @winssh/rig1"
+    assert failures["stack test-alpha readiness"]["repair"] == \
+        "on @winssh/rig1 as an elevated administrator (PowerShell): recreate test-alpha"
+    assert doc["scheduled_tasks"][2] == {"task": "LocalLLM-Watchdog", **tasks["LocalLLM-Watchdog"]}
+    assert not doc["ok"]
+    removed = win.spec.model_copy(update={"gpu_policy": "remove"})
+    gone = build_status(type(win)(win.name, removed, win.models, win.file), "rig1", windows, gpus(), facts, weights(),
+                        wanted_files(win), results(), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks)
+    assert [d["found"] for d in gone["drift"] if d["what"].startswith("scheduled task")] == ["registered", "registered"]

@@ -331,6 +331,18 @@ def test_logon_tasks_fire_only_at_the_installing_users_logon():
     assert "$xml.Task.Triggers.LogonTrigger.UserId = $user" in files["install.ps1"]
 
 
+def test_every_task_runs_its_script_past_the_execution_policy():
+    """A Windows 11 client's default execution policy is Restricted (about_Execution_Policies): each
+    task starts Windows PowerShell with `-ExecutionPolicy Bypass -File <its script>`, which applies to
+    that process only and changes no setting."""
+    files = bundle()
+    for name in (n for n in files if n.startswith("tasks/")):
+        exec_action = ET.fromstring(files[name]).find("t:Actions/t:Exec", NS)
+        assert exec_action.find("t:Command", NS).text.lower().endswith("powershell.exe"), name
+        arguments = exec_action.find("t:Arguments", NS).text.split()
+        assert arguments[arguments.index("-ExecutionPolicy") + 1] == "Bypass" and "-File" in arguments, name
+
+
 def test_power_policy_task_also_runs_on_resume_from_the_system_logs_power_events():
     """Parsed, not grepped: the task XML, then the event query inside its Subscription (itself XML),
     then each clause of the query's XPath, which must name the System log's resume events."""

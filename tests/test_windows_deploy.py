@@ -34,7 +34,7 @@ from rigkit.windows.bundle import (
 from rigkit.windows.timing import bootstrap_budget
 from rigkit.windows.upload import temporary_name
 from rigkit.windows.watchdog import TASK_WATCHDOG
-from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, run_deploy
+from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, copy_catalog, run_deploy
 from tests.ps51_rules import findings
 from tests.test_windows import parse_errors
 
@@ -109,7 +109,7 @@ def test_every_script_sent_parses_as_powershell(rig):
     scripts = sent_scripts(rig)
     kinds = {line.split()[2] for s in scripts for line in s.splitlines() if line.startswith("# rigkit: ")}
     assert kinds == {"nvidia-smi", "file-sha256", "export-task", "register-task", "read-text", "run-task",
-                     "weights-check", "install-dir-state", "secure-install-dir", "place-file"}
+                     "weights-check", "install-dir-state", "secure-install-dir", "place-file", "windows-preflight"}
     for script in scripts:
         assert parse_errors(script) == [], script
         assert findings(script) == [], "\n".join(map(str, findings(script))) + "\n" + script
@@ -163,6 +163,56 @@ def test_a_resume_from_sleep_runs_the_power_policy_again(rig):
     on_rig(rig, "powershell.exe --standin-event System Microsoft-Windows-Power-Troubleshooter 1")
     assert runs(rig)[before:] == [TASK_POWER, TASK_POWER]
     assert [g["power_limit_w"] for g in rig.gpu_state()] == [330, 330]
+
+
+def changes_on_rig(rig) -> tuple[str, str, str]:
+    """What a deploy that changes something leaves: task runs, moves into place, icacls calls."""
+    return tuple(rig.exec(f"cat {STORE}/{name} 2>/dev/null")[1] for name in ("runs.log", "moves.log", "icacls.log"))
+
+
+def desktop(rig, **settings) -> None:
+    """Docker Desktop's simulated settings (tests/simrig/docker.exe); none: its defaults."""
+    on_rig(rig, f"echo '{json.dumps(settings)}' > {STORE}/docker-desktop.json" if settings else
+           f"rm -f {STORE}/docker-desktop.json")
+
+
+def test_the_preflight_refuses_docker_desktop_as_it_cannot_serve_and_changes_nothing(rig, tmp_path):
+    """Docker Desktop's stand-in on the Hyper-V backend with no GPU support in containers, then a
+    driver older than the image needs: each refused in one line before anything on the rig changed."""
+    before = changes_on_rig(rig)
+    desktop(rig, backend="hyperv", gpu_in_containers=False)
+    run = deploy(rig)
+    desktop(rig)
+    assert run.returncode != 0
+    assert "nothing was changed" in run.output and "Use the WSL 2 based engine" in run.output
+    assert 'could not select device driver "" with capabilities: [[gpu]]' in run.output  # docker's own words
+    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]", 'gpus: [0]\nimage_requires: {driver_min: "999.1"}')])
+    old_driver = run_deploy(rig, WIN_RIG, catalog=catalog, inventory=INVENTORY, verify=False)
+    assert old_driver.returncode != 0
+    assert "is older than 999.1, the minimum for image rigkit-vllm-standin:sim" in old_driver.output
+    assert changes_on_rig(rig) == before
+
+
+def test_wsl_memory_is_written_to_wslconfig_and_applied_once(rig, tmp_path):
+    """wsl_memory_gb/wsl_swap_gb: .wslconfig in the SSH user's profile gets them, WSL is shut down
+    (nothing serves: the fake tasks start no model) and the bootstrap brings Docker Desktop and the
+    stacks back; Docker Desktop's stand-in then reports the VM's new memory. A second deploy changes
+    nothing; a rig without the settings leaves the file alone."""
+    sized = tmp_path / "windows.yml"  # the same stem: the same rendered files (scripts name the rig)
+    sized.write_text(WIN_RIG.read_text() + "wsl_memory_gb: 24\nwsl_swap_gb: 8\n")
+    on_rig(rig, "mkdir -p /C:/Users/root && printf '[wsl2]\\r\\nprocessors=8\\r\\n' > /C:/Users/root/.wslconfig")
+    before = len(runs(rig))
+    run = deploy(rig, sized)
+    assert run.returncode == 0, run.output
+    assert on_rig(rig, "cat /C:/Users/root/.wslconfig") == "[wsl2]\r\nprocessors=8\r\nmemory=24GB\r\nswap=8GB\r\n"
+    # (GPU-PowerPolicy runs too where the test before left another clock lock: not this test's concern.)
+    assert [r for r in runs(rig)[before:] if r != TASK_POWER] == ["wsl-shutdown", TASK_BOOTSTRAP]
+    assert json.loads(on_rig(rig, f"cat {STORE}/docker-desktop.json"))["wsl_memory_mb"] == 24 * 1024
+    assert deploy(rig, sized).changed_operations() == 0
+    assert deploy(rig).changed_operations() == 0
+    assert [r for r in runs(rig)[before:] if r != TASK_POWER] == ["wsl-shutdown", TASK_BOOTSTRAP]
+    desktop(rig)
+    on_rig(rig, "rm /C:/Users/root/.wslconfig")
 
 
 def test_a_windows_rig_reached_as_linux_is_refused_before_any_change(rig):

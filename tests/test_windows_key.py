@@ -203,15 +203,30 @@ def test_assert_private_refuses_a_key_file_a_user_still_owns(rig, tmp_path):
 
 
 def test_a_new_key_is_put_the_same_way_and_the_stacks_come_up_with_it(rig, tmp_path):
+    """Simulated as well: the uploaded file arrives with the entries Win32-OpenSSH's sftp-server may give
+    a file it creates (owned by the SSH user, explicit entries for that user and Everyone from the open's
+    mode bits): they are removed from the temporary file before it is moved in, and the key file's ACL
+    is read back (Assert-Private) with SYSTEM and Administrators only."""
     rig_file = keyed_rig(tmp_path, key="rk-second-key")
     before = len(icacls_calls(rig))
     runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
-    run = deploy(rig, rig_file)
+    everyone = "S-1-1-0"
+    on_rig(rig, f"echo '{json.dumps({'owner': USER, 'protected': False, 'explicit': [everyone, USER]})}' "
+                f"> {STORE}/sftp-upload-acl.json")
+    try:
+        run = deploy(rig, rig_file)
+    finally:
+        on_rig(rig, f"rm {STORE}/sftp-upload-acl.json")
     assert run.returncode == 0, run.output
     assert on_rig(rig, f"cat '{ON_RIG_KEY}'") == "VLLM_API_KEY=rk-second-key\n"
-    assert [c["args"][0] for c in icacls_calls(rig)[before:]] == [SECRETS, SECRETS, temporary_name(str(API_KEY_FILE)),
-                                                                  temporary_name(str(API_KEY_FILE)),
+    temporary = temporary_name(str(API_KEY_FILE))
+    assert [c["args"] for c in icacls_calls(rig)[before:]][2:6] == [
+        [temporary, "/setowner", "*S-1-5-32-544"],
+        [temporary, "/inheritance:r", "/grant:r", "*S-1-5-18:F", "*S-1-5-32-544:F"],
+        [temporary, "/remove", f"*{everyone}"], [temporary, "/remove", f"*{USER}"]]
+    assert [c["args"][0] for c in icacls_calls(rig)[before:]] == [SECRETS, SECRETS, *[temporary] * 4,
                                                                   str(API_KEY_FILE), str(API_KEY_FILE)]
+    assert get_acl(rig, str(API_KEY_FILE)) == {"owner": ADMINS, "protected": True, "sids": [SYSTEM, ADMINS]}
     assert rig.exec(f"cat {STORE}/runs.log")[1].split()[len(runs_before):] == [TASK_BOOTSTRAP]
     assert "rk-second-key" not in run.output
 

@@ -19,14 +19,17 @@ simulated GPUs' settings, where Docker Desktop gives WSL2's NVML of the real GPU
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 
 import docker
 import pytest
 
-from tests.conftest import DATA, RESULTS, copy_catalog, run_deploy
+from tests.conftest import DATA, REPO, RESULTS, STATE_ROOT, copy_catalog, run_deploy
 from tests.simrig.weights import ensure_checkpoint
 
 WIN_RIG = DATA / "rigs" / "windows.yml"
@@ -84,6 +87,61 @@ def test_verify_writes_json_and_png_with_nvml_sampled_in_a_gpu_container(rig):
     assert gpu["max_sm_mhz"] <= 2200
     left = docker.from_env().containers.list(all=True, filters={"label": "rigkit.telemetry-sampler"})
     assert left == []  # the sampler's container was removed
+
+
+def windows_status(rig, tmp_path) -> tuple[int, str, dict]:
+    """`rigkit status` (the real CLI) on the simulated Windows rig through `@winssh`."""
+    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(WIN_RIG),
+               RIGKIT_CATALOG_DIR=str(rig.catalog), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS))
+    out = tmp_path / "status.json"
+    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", INVENTORY, "--json", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.is_file(), proc.stdout + proc.stderr
+    [doc] = json.loads(out.read_text())["rigs"]
+    return proc.returncode, proc.stdout + proc.stderr, doc
+
+
+def test_status_reports_a_windows_rig_in_order_then_its_planted_drift_and_changes_nothing(rig, tmp_path):
+    """`rigkit status` on the rig just deployed and verified: exit 0 with Linux's report (tasks for
+    the policy, the stack running and ready through the port forward, the weights volume, the passed
+    verification). Then drift planted past rigkit (a GPU off its cap, the bootstrap task's limit edited
+    in the task store, the compose file edited on the rig): exit 1, each reported with its repair, and
+    nothing on the rig changed by the reads (task runs, moves, the container's start)."""
+    def on_rig(command):
+        code, out = rig.exec(command)
+        assert code == 0, out
+        return out
+
+    store = "/var/lib/rigkit-winsim"
+    container = "docker ps -q --filter label=com.docker.compose.project=rigkit-test-alpha | xargs docker inspect " \
+                "--format '{{.State.StartedAt}}'"
+    before = [on_rig(f"cat {store}/runs.log {store}/moves.log"), on_rig(container)]
+    code, text, doc = windows_status(rig, tmp_path)
+    assert code == 0, text
+    assert doc["ok"] and doc["drift"] == [] and doc["failures"] == [], doc
+    assert [(t["task"], t["registered"], t["as_rendered"], t["applied"]) for t in doc["scheduled_tasks"]] == [
+        ("GPU-PowerPolicy", True, True, True), ("LocalLLM-Bootstrap", True, True, True),
+        ("LocalLLM-Watchdog", True, True, None)]
+    [stack] = doc["stacks"]
+    assert stack["running"] and stack["ready"] and stack["compose_as_rendered"] and stack["image"] == stack["running_image"]
+    assert [(w["volume"], w["status"]) for w in doc["weights"]] == [("rigkit-weights-test-alpha", "unchanged")]
+    assert [v["passed"] for v in doc["verification"]] == [True]
+
+    on_rig("nvidia-smi -i 1 -pl 450")
+    on_rig(f"cp {store}/tasks/LocalLLM-Bootstrap.xml /tmp/bootstrap.xml && sed -i "
+           f"'s|<ExecutionTimeLimit>[^<]*<|<ExecutionTimeLimit>PT72H<|' {store}/tasks/LocalLLM-Bootstrap.xml")
+    on_rig(f"cp {COMPOSE} /tmp/compose.yml && echo '# edited' >> {COMPOSE}")
+    try:
+        code, text, doc = windows_status(rig, tmp_path)
+    finally:
+        on_rig(f"nvidia-smi -i 1 -pl 330 && cp /tmp/bootstrap.xml {store}/tasks/LocalLLM-Bootstrap.xml "
+               f"&& cp /tmp/compose.yml {COMPOSE}")
+    assert code == 1, text
+    drift = {d["what"]: d for d in doc["drift"]}
+    assert set(drift) == {"GPU 1 power limit", "scheduled task LocalLLM-Bootstrap", "stack test-alpha files"}, doc["drift"]
+    assert (drift["GPU 1 power limit"]["found"], drift["GPU 1 power limit"]["wanted"]) == ("450 W", "330 W")
+    assert all(d["repair"] == f"rigkit deploy {INVENTORY} --limit @winssh/127.0.0.1" for d in doc["drift"]), doc["drift"]
+    assert [on_rig(f"cat {store}/runs.log {store}/moves.log"), on_rig(container)] == before
 
 
 def test_a_gpu_off_its_cap_fails_verification_and_says_so(rig):

@@ -208,6 +208,12 @@ class RigSpec(_Strict):
     serve_address: Literal["127.0.0.1", "0.0.0.0"] = "127.0.0.1"
     base: BaseSpec = BaseSpec()  # Linux: Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
     monitoring: MonitoringSpec = MonitoringSpec()  # off by default; Linux only (roles/monitoring.py)
+    # Windows: the WSL2 VM's memory and swap in GB (Docker Desktop's engine runs in it), written to
+    # %UserProfile%\.wslconfig ([wsl2] memory=, swap=; 0 swap: none) and applied with `wsl --shutdown`
+    # while no model serves (docs/windows.md). None: .wslconfig left as it is (WSL's defaults: half the
+    # RAM, swap a quarter of it).
+    wsl_memory_gb: int | None = Field(default=None, ge=2, le=4096)
+    wsl_swap_gb: int | None = Field(default=None, ge=0, le=4096)
 
     @field_validator("base")
     @classmethod
@@ -223,6 +229,14 @@ class RigSpec(_Strict):
         if value.enabled and info.data.get("os") == "windows":
             raise ValueError("the monitoring pack (exporter, Prometheus) runs on Linux rigs only; Windows rigs are not "
                              "covered (docs/monitoring.md): remove `monitoring` from this Windows rig")
+        return value
+
+    @field_validator("wsl_memory_gb", "wsl_swap_gb")
+    @classmethod
+    def _wsl_windows_only(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("os") != "windows":
+            raise ValueError(f"{info.field_name} sizes the WSL2 VM of a Windows rig (Docker Desktop); remove it from "
+                             "this Linux rig")
         return value
 
     @field_validator("gpus")

@@ -144,16 +144,17 @@ class WeightsNeed:
         return max(0, self.source_bytes - self.on_volume_bytes)
 
 
-def disk_problems(needs: list[WeightsNeed], free_bytes: int | None, docker_dir: str) -> list[str]:
-    """The weights still to copy fit in the free space where Docker keeps its volumes."""
+def disk_problems(needs: list[WeightsNeed], free_bytes: int | None, docker_dir: str,
+                  move: str = "move Docker's data-root to a bigger disk") -> list[str]:
+    """The weights still to copy fit in the free space where Docker keeps its volumes (`move`: how
+    to put them on another disk, for the message)."""
     total = sum(n.missing_bytes for n in needs)
     if not total or free_bytes is None or total <= free_bytes:
         return []
     parts = " + ".join(f"{n.model} {_gb(n.missing_bytes)}" for n in needs if n.missing_bytes)
     return [
         f"not enough disk for the weights: {parts} = {_gb(total)} to copy, but {docker_dir} has "
-        f"{_gb(free_bytes)} free: free {_gb(total - free_bytes)} there, move Docker's data-root to a "
-        "bigger disk, or serve fewer models from this rig"
+        f"{_gb(free_bytes)} free: free {_gb(total - free_bytes)} there, {move}, or serve fewer models from this rig"
     ]
 
 

@@ -77,35 +77,30 @@ def latest_results(rig: RigConfig, results_dir: Path) -> tuple[dict[str, dict | 
 def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path) -> None:
     now = datetime.now(timezone.utc)
     commands = Commands(inventory, host.name)
-    if rig.spec.os != "linux":
-        doc = {"rig": host.name, "rig_name": rig.name, "reachable": True, "checked_at": now.isoformat(timespec="seconds"),
-               "drift": [], "notes": [], "ok": False,
-               "failures": [{"what": "status", "detail": "rigkit status is not built for Windows rigs yet", "repair": None}]}
+    args = probe_args(
+        stacks_dir=STACKS_DIR, gpu_unit=GPU_POLICY_UNIT, watchdog_timer=WATCHDOG_TIMER, watchdog_state_dir=WATCHDOG_STATE_DIR,
+        gpu_keeper_unit=KEEPER_UNIT, gpu_keeper_state=KEEPER_STATE_PATH,
+        deadline_s=READY_DEADLINE_S,
+        models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
+                 "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
+                for m in rig.models],
+    )
+    # The probe first: where it found nvidia-smi or docker hung, they are not asked again (each
+    # would wait out its own time limit), and what they would have read says why it is missing.
+    probe = host.get_fact(RigStatusProbe, probe_args=args)
+    hung = probe.get("timed_out") or {}
+    if "nvidia-smi" in hung:
+        gpus = GpuReport((), f"{hung['nvidia-smi']} (a wedged GPU or driver)", TIMED_OUT_CODES[0])
     else:
-        args = probe_args(
-            stacks_dir=STACKS_DIR, gpu_unit=GPU_POLICY_UNIT, watchdog_timer=WATCHDOG_TIMER, watchdog_state_dir=WATCHDOG_STATE_DIR,
-            gpu_keeper_unit=KEEPER_UNIT, gpu_keeper_state=KEEPER_STATE_PATH,
-            deadline_s=READY_DEADLINE_S,
-            models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
-                     "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
-                    for m in rig.models],
-        )
-        # The probe first: where it found nvidia-smi or docker hung, they are not asked again (each
-        # would wait out its own time limit), and what they would have read says why it is missing.
-        probe = host.get_fact(RigStatusProbe, probe_args=args)
-        hung = probe.get("timed_out") or {}
-        if "nvidia-smi" in hung:
-            gpus = GpuReport((), f"{hung['nvidia-smi']} (a wedged GPU or driver)", TIMED_OUT_CODES[0])
-        else:
-            gpus = host.get_fact(NvidiaGpus)
-        if "docker" in hung:
-            weights = {m.name: {"status": "error", "error": hung["docker"], "timed_out": "docker"}
-                       for m in rig.models if m.spec.weights.storage == "volume"}
-        else:
-            weights = volume_states(rig)
-        results, skipped = latest_results(rig, results_dir)
-        doc = build_status(rig, host.name, commands, gpus, probe,
-                           weights, wanted_files(rig, topology_verdicts(rig)), results, now, GPU_POLICY_UNIT, STACK_HELPER_PATH, history_notes=skipped)
+        gpus = host.get_fact(NvidiaGpus)
+    if "docker" in hung:
+        weights = {m.name: {"status": "error", "error": hung["docker"], "timed_out": "docker"}
+                   for m in rig.models if m.spec.weights.storage == "volume"}
+    else:
+        weights = volume_states(rig)
+    results, skipped = latest_results(rig, results_dir)
+    doc = build_status(rig, host.name, commands, gpus, probe,
+                       weights, wanted_files(rig, topology_verdicts(rig)), results, now, GPU_POLICY_UNIT, STACK_HELPER_PATH, history_notes=skipped)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from datetime import datetime
 
 from rigkit.config.schema import RigConfig
@@ -30,23 +31,28 @@ def sha256(text: str) -> str:
 class Commands:
     """The repair commands, spelled for this inventory and rig."""
 
-    def __init__(self, inventory: str, rig: str):
+    def __init__(self, inventory: str, rig: str, admin: str = "root"):
         self.deploy = f"rigkit deploy {inventory} --limit {rig}"
         self.verify_weights = f"rigkit deploy {inventory} --limit {rig} --verify-weights"
         self.verify = f"rigkit verify {inventory} --limit {rig}"
         self.rig = rig
+        self.admin = admin  # who runs a command on the rig: root, or on Windows an elevated administrator
 
     def on_rig(self, command: str) -> str:
-        return f"on {self.rig} as root: {command}"
+        return f"on {self.rig} as {self.admin}: {command}"
 
 
 def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuReport | None, probe: dict,
                  weights: dict[str, dict], wanted_files: dict[str, dict[str, str]],
                  results: dict[str, dict | None], now: datetime, gpu_unit: str, helper_path: str,
-                 history_notes: list[str] = ()) -> dict:
+                 history_notes: list[str] = (), scheduled_tasks: dict[str, dict] | None = None,
+                 recreate: Callable[[str], str] | None = None) -> dict:
     """`weights`: {model: WeightsVolumeState}; `wanted_files`: {model: {file name: sha256 of what the
     catalog renders}}; `results`: {model: latest verification document or None}; `history_notes`: the
-    result files skipped as unreadable while finding them (rigkit.verify.history), one line each."""
+    result files skipped as unreadable while finding them (rigkit.verify.history), one line each.
+    A Windows rig (rigkit.windows.status) has no systemd units: `scheduled_tasks` {task: {"registered",
+    "as_rendered", "applied" (None: not a task the deploy runs)}} stands for them, and `recreate(model)`
+    is the command that recreates a model's container there."""
     doc = {"rig": host_name, "rig_name": rig.name, "rig_file": str(rig.file), "reachable": True,
            "checked_at": now.isoformat(timespec="seconds"), "gpus": [], "gpu_policy_unit": None, "stacks": [],
            "weights": [], "verification": [], "watchdog": None, "gpu_keeper": None, "drift": [], "failures": [], "notes": []}
@@ -63,7 +69,10 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     _gpus(doc, rig, gpus, probe, commands, drift, failure)
     _policy_unit(doc, rig, probe.get("gpu_unit"), commands, drift, failure, gpu_unit)
     _keeper(doc, rig, probe.get("gpu_keeper"), now, commands, drift)
-    _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path)
+    if scheduled_tasks is not None:
+        _tasks(doc, rig, scheduled_tasks, commands, drift, failure)
+    recreate = recreate or (lambda name: commands.on_rig(f"{helper_path} rollout {name} recreate"))
+    _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate)
     _weights(doc, rig, weights, probe.get("volumes", {}), commands, drift, failure)
     _verification(doc, rig, results, now, commands, failure)
     doc["notes"] += [f"results history: {note}" for note in history_notes]
@@ -113,7 +122,7 @@ def _gpus(doc, rig, report, probe, commands, drift, failure):
             failure(f"GPU {gpu.index} enforced power limit",
                     f"{gpu.enforced_power_limit_w:.0f} W enforced, {gpu.power_limit_w:.0f} W requested: another "
                     "limit (firmware, thermal, board) is in force; see `nvidia-smi -q -d POWER` on the rig")
-        if rig.spec.gpu_policy == "apply" and not gpu.persistence_mode:
+        if rig.spec.gpu_policy == "apply" and not gpu.persistence_mode and rig.spec.os == "linux":  # WDDM has none
             drift(f"GPU {gpu.index} persistence mode", "off", "on",
                   commands.on_rig(f"systemctl restart {GPU_POLICY_UNIT}"))
     if probe.get("driver_error"):
@@ -174,7 +183,25 @@ def _ago(seconds: int) -> str:
     return f"{seconds} s ago" if seconds < 120 else f"{seconds // 60} min ago" if seconds < 7200 else f"{seconds // 3600} h ago"
 
 
-def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path):
+def _tasks(doc, rig, tasks, commands, drift, failure):
+    """A Windows rig's scheduled tasks: registered as rendered (or gone with `gpu_policy: remove`), and
+    the logon tasks' last successful run on the files now installed (the deploy's record)."""
+    doc["scheduled_tasks"] = [{"task": name, **state} for name, state in tasks.items()]
+    for name, state in tasks.items():
+        if rig.spec.gpu_policy == "remove":
+            if state["registered"]:
+                drift(f"scheduled task {name}", "registered", "removed (gpu_policy: remove)", commands.deploy)
+        elif not state["registered"]:
+            drift(f"scheduled task {name}", "not registered", "registered as rendered", commands.deploy)
+        elif not state["as_rendered"]:
+            drift(f"scheduled task {name}", "differs from the rendered task (edited in Task Scheduler?)",
+                  "as rendered", commands.deploy)
+        elif state.get("applied") is False:
+            failure(f"scheduled task {name}", "has not run successfully on the files installed now (its last run "
+                    "failed, or the files changed since)", commands.deploy)
+
+
+def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
     stacks = probe.get("stacks", {})
     watchdog = (probe.get("watchdog") or {}).get("models", {})
     for model in rig.models:
@@ -215,13 +242,13 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, helper_path
                   f"as rendered from {model.file}", commands.deploy)
         if running and not entry["ready"]:
             failure(f"stack {model.name} readiness", f"a one-token completion failed: {entry['ready_error']}",
-                    commands.on_rig(f"{helper_path} rollout {model.name} recreate"))
+                    recreate(model.name))
         if containers and entry["running_image"] and entry["running_image"] != model.spec.image:
             drift(f"stack {model.name} image", entry["running_image"], model.spec.image, commands.deploy)
         elif containers and entry["catalog_image_id"] and entry["image_id"] != entry["catalog_image_id"]:
             drift(f"stack {model.name} image digest", entry["image_id"],
                   f"{entry['catalog_image_id']} (what {model.spec.image} names on the rig now)",
-                  commands.on_rig(f"{helper_path} rollout {model.name} recreate"))
+                  recreate(model.name))
         if entry["restarts_since_deploy"]:
             doc["notes"].append(f"{model.name}: Docker restarted its container {entry['restarts_since_deploy']} "
                                 "time(s) since it was started (a crash loop if it rises)")

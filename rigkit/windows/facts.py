@@ -17,6 +17,7 @@ from pyinfra.api import FactBase
 from rigkit.gpu.nvsmi import EXIT_MARK, GpuReport, parse_query, query_arguments
 from rigkit.render import ps_quote
 from rigkit.weights.layout import source_layout
+from rigkit.windows.preflight import PreflightFacts, parse_preflight
 
 ABSENT = "rigkit-absent"
 
@@ -183,3 +184,69 @@ def weights_check_script(volume: str, source: str, image: str, copier: str) -> s
         "$answer.Output\n"
         "exit 0"
     )
+
+
+# The preflight's deadlines: docker.exe answers at once from a running engine; the GPU container
+# starts from an image already pulled (`--pull never`) and runs nvidia-smi once.
+PREFLIGHT_DOCKER_S = 30
+PREFLIGHT_GPU_S = 120
+GPU_QUERY = "--query-gpu=index,name,driver_version,compute_cap"
+
+
+def _docker_line(section: str, arguments: list[str], deadline_s: int) -> str:
+    return f"Write-Answer {ps_quote(section)} (Invoke-Docker {ps_quote(subprocess.list2cmdline(arguments))} {deadline_s})\n"
+
+
+def preflight_script(image: str | None, sources: dict[str, str]) -> str:
+    """The Windows preflight's one read (`WindowsPreflightFacts`): `image` is the serving image the GPU
+    container runs nvidia-smi in (None: no model); `sources` {model: Windows folder} the weights to
+    measure. Each docker.exe call is a process with a deadline; nothing is pulled, created to stay,
+    or written."""
+    d = PREFLIGHT_DOCKER_S
+    gpu = ["run", "--rm", "--gpus", "all", "--pull", "never", "--network", "none", "--label", "rigkit.preflight=1",
+           "--entrypoint", "nvidia-smi", image, GPU_QUERY, "--format=csv,noheader"] if image else None
+    script = (
+        f"# rigkit: windows-preflight {ps_quote(image or '')}\n"
+        + _INVOKE_DOCKER
+        + "function Write-Answer([string] $Name, $Answer) {\n"
+        "    'rigkit-section={0}' -f $Name\n"
+        "    'rigkit-exit={0} timed-out={1}' -f $Answer.ExitCode, $Answer.TimedOut\n"
+        "    $Answer.Output\n"
+        "}\n"
+        + _docker_line("version", ["version", "--format", "{{json .}}"], d)
+        + _docker_line("info", ["info", "--format", "{{json .}}"], d)
+        + _docker_line("compose", ["compose", "version", "--short"], d)
+        + _docker_line("serving", ["ps", "--format", '{{.Label "com.docker.compose.project"}}'], d)
+        + _docker_line("volumes", ["volume", "ls", "--format", "{{.Name}}"], d)
+        + (_docker_line("gpu", gpu, PREFLIGHT_GPU_S) if gpu else "")
+        + "'rigkit-section=host'\n"
+        "'profile={0}' -f $env:USERPROFILE\n"
+        "'memory={0}' -f (Get-CimInstance -ClassName Win32_ComputerSystem).TotalPhysicalMemory\n"
+        "'disk-dir={0}' -f (Join-Path $env:LOCALAPPDATA 'Docker\\wsl')\n"
+        "'disk-free={0}' -f ([System.IO.DriveInfo] [System.IO.Path]::GetPathRoot($env:LOCALAPPDATA)).AvailableFreeSpace\n"
+        "'rigkit-section=wslconfig'\n"
+        "$wslconfig = Join-Path $env:USERPROFILE '.wslconfig'\n"
+        # Its bytes, so its line endings and encoding come back as they are.
+        "if (Test-Path -LiteralPath $wslconfig -PathType Leaf) { "
+        "[Convert]::ToBase64String([IO.File]::ReadAllBytes($wslconfig)) } "
+        f"else {{ {ps_quote(ABSENT)} }}\n"
+    )
+    for model, source in sources.items():
+        script += (
+            f"'rigkit-section=source {model}'\n"
+            f"$source = {ps_quote(source)}\n"
+            "if (Test-Path -LiteralPath $source -PathType Container) { "
+            "(Get-ChildItem -LiteralPath $source -Recurse -File -Force | Measure-Object -Property Length -Sum).Sum } "
+            f"else {{ {ps_quote(ABSENT)} }}\n"
+        )
+    return script + "exit 0"
+
+
+class WindowsPreflightFacts(FactBase):
+    """What the Windows preflight checks (rigkit.windows.preflight.PreflightFacts), in one read."""
+
+    def command(self, image: str | None, sources: dict[str, str]) -> str:
+        return preflight_script(image, sources)
+
+    def process(self, output) -> PreflightFacts:
+        return parse_preflight(list(output))

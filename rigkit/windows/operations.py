@@ -75,6 +75,22 @@ def inputs_digest(files: dict[str, bytes]) -> str:
     return digest.hexdigest()
 
 
+def task_inputs(installed: dict[str, bytes], api_key_file: bytes | None) -> dict[str, str]:
+    """{task: inputs_digest} of what each logon task's run depends on: GPU-PowerPolicy its script
+    and XML; the bootstrap every installed file but the watchdog's, and the API key's env file (a
+    new key brings the stacks up again). The deploy records it after a successful run; status reads
+    it back."""
+    from rigkit.windows.bundle import API_KEY_FILE, POWER_SCRIPT, TASK_BOOTSTRAP, TASK_POWER, task_xml_path
+    from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
+
+    watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
+    bootstrap = {path: data for path, data in installed.items() if path not in watchdog_files}
+    if api_key_file is not None:
+        bootstrap[str(API_KEY_FILE)] = api_key_file
+    power = {p: installed[p] for p in (str(POWER_SCRIPT), task_xml_path(TASK_POWER))}
+    return {TASK_POWER: inputs_digest(power), TASK_BOOTSTRAP: inputs_digest(bootstrap)}
+
+
 def ran_on(task_name: str, inputs: str) -> bool:
     """Whether the task's last successful run had these `inputs` (read from the rig while planning)."""
     return read_once(WindowsTextFile, path=str(APPLIED_DIR / f"{task_name}.txt")) == inputs
@@ -134,3 +150,33 @@ def uninstall(script: str, task_names: list[str]):
 def uninstall_script(script: str, task_names: list[str]) -> str:
     names = " ".join(ps_quote(t) for t in task_names)
     return f"# rigkit: uninstall {ps_quote(INSTALL_DIR)} {names}\n{script}"
+
+
+WSL_SHUTDOWN_S = 60  # `wsl --shutdown` returns once every WSL2 VM has stopped
+
+
+@operation()
+def restart_wsl():
+    """Stop Docker Desktop and shut the WSL2 VM down, so that it starts again with .wslconfig's
+    `memory=` and `swap=` (Microsoft: they take effect after `wsl --shutdown`). The bootstrap task,
+    which the role then runs, starts Docker Desktop again in the user's session and brings the
+    stacks up. The caller runs it only when .wslconfig changed and no model is serving (`_if`)."""
+    yield restart_wsl_script()
+
+
+def restart_wsl_script() -> str:
+    return (
+        "# rigkit: wsl-shutdown\n"
+        # Docker Desktop, left running, would find its VM gone and not bring its engine back by itself.
+        "Get-Process -Name 'Docker Desktop' -ErrorAction SilentlyContinue | Stop-Process -Force\n"
+        "$info = New-Object System.Diagnostics.ProcessStartInfo\n"
+        "$info.FileName = 'wsl.exe'\n"
+        "$info.Arguments = '--shutdown'\n"
+        "$info.UseShellExecute = $false\n"
+        "$info.CreateNoWindow = $true\n"
+        "$process = [Diagnostics.Process]::Start($info)\n"
+        f"if (-not $process.WaitForExit({WSL_SHUTDOWN_S * 1000})) {{ "
+        f"throw 'wsl --shutdown did not return within {WSL_SHUTDOWN_S} s' }}\n"
+        "if ($process.ExitCode -ne 0) { throw ('wsl --shutdown failed with exit code {0}' -f $process.ExitCode) }\n"
+        "'WSL shut down; Docker Desktop starts again with the new .wslconfig'"
+    )

@@ -31,11 +31,16 @@ def weights_onto_volumes(rig: RigConfig, verify: bool = False) -> dict:
     if not on_volumes:
         return {}
     winops.file(name=f"Put {COPIER}", dest=str(COPIER), data=template_text("weights/rigkit-copy.py").encode())
-    states = {model.name: host.get_fact(WindowsWeightsVolumeState, volume=volume_name(model),
-                                        source=model.spec.weights.source, image=helper_image(model),
-                                        copier=str(COPIER))
-              for model in on_volumes}
+    states = volume_states(rig)
     for name, state in states.items():
         if state.get("why"):  # Docker did not answer in time, or not with the copier's JSON
             logger.warning(f"{host.print_prefix}weights check of {name}: {state['why']}; the copy checks again itself")
     return copy_operations(on_volumes, states, verify)
+
+
+def volume_states(rig: RigConfig) -> dict[str, dict]:
+    """{model: the copier's answer for its volume} for the models with `weights.storage: volume`
+    (read-only: `WindowsWeightsVolumeState`); the deploy's decision and `rigkit status` read the same."""
+    return {model.name: host.get_fact(WindowsWeightsVolumeState, volume=volume_name(model),
+                                      source=model.spec.weights.source, image=helper_image(model), copier=str(COPIER))
+            for model in rig.models if model.spec.weights.storage == "volume"}
