@@ -77,7 +77,9 @@ def main() -> None:
             order = names if block % 4 in (0, 3) else names[::-1]
             for name in order:
                 tree = sides[name]
-                deploy(tree, "--no-verify")  # converge to this tree's files; not timed
+                # Converge to this tree's files, not timed; with verification, as users deploy: a
+                # changed stack is held for the rollout gate until a verifying deploy promotes it.
+                deploy(tree)
                 for _ in range(args.runs):
                     elapsed, changed = deploy(tree)
                     if changed:
@@ -87,7 +89,7 @@ def main() -> None:
             print(f"block {block + 1}/{args.rounds}: " + ", ".join(
                 f"{n} median {statistics.median(v):.2f} s" for n, v in times.items()), flush=True)
     # Leave the demo rig converged to this checkout, as `./run demo` leaves it.
-    deploy(REPO, "--no-verify")
+    deploy(REPO)
     med = {name: statistics.median(v) for name, v in times.items()}
     this, before = med[names[0]], med[names[1]]
     print(f"\nmedians of {len(times[names[0]])} converged deploys each (0 changed operations each):")
