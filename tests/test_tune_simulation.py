@@ -63,12 +63,13 @@ def test_noise_and_drift_are_what_was_asked_for(tmp_path):
 
 def test_the_hold_loop_reports_the_noise_the_standin_was_given(tmp_path):
     """`--hold`'s loop as the lead runs it on a GPU machine (no SSH, no sampler here): 8 readings at
-    2% relative noise give a CV near 2%, and the repeats a 1% difference needs follow from it."""
+    2% relative noise give a CV near 2%, and the repeats a 1% difference needs follow from it. 96 tokens
+    out (1 s of decode): a token that comes tens of ms late on a loaded machine adds little CV."""
     from rigkit.tune.measure import BenchSettings, hold, measure_once
 
     folder = _gpu_dir(tmp_path, "qwen35_a3b", 120)
     with standin(tmp_path, standin_gpu_dir=str(folder), standin_noise_share="0.02", standin_seed="3") as url:
-        result = hold(lambda: measure_once(url, "m", None, BenchSettings(128, 32)), 8)
+        result = hold(lambda: measure_once(url, "m", None, BenchSettings(128, 96)), 8)
     assert len(result.readings) == 8
     assert 0.007 < result.decode_cv < 0.04
     assert result.decode_tok_s.mean == pytest.approx(96.43, rel=0.03)
