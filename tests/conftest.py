@@ -16,7 +16,11 @@ from rigkit.rigside.names import TUNE_DEADMAN_UNIT
 from tests.simrig.rig import STATE_ROOT, SimRig
 
 REPO = Path(__file__).resolve().parents[1]
-TEST_RIG_PORT = 2223  # the demo rig uses 2222; tests never touch it
+# The session's rig: `./run test` runs the engine's tests as two processes side by side, the rig_alone
+# ones (below) with a rig of their own, named in RIGKIT_TEST_RIG as NAME:PORT. The demo rig uses 2222;
+# tests never touch it.
+TEST_RIG_NAME, _, _port = os.environ.get("RIGKIT_TEST_RIG", "rigkit-test:2223").partition(":")
+TEST_RIG_PORT = int(_port)
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +28,7 @@ def simrig():
     """One simulated rig for the session (tests that need it pristine call .start() again). Its sshd
     allows 4 sessions per connection, as hardened configs do (OpenSSH's default is 10): what rigkit
     runs at once over one connection (rigkit.facts_once.read_ahead) must stay within it."""
-    rig = SimRig(name="rigkit-test", ssh_port=TEST_RIG_PORT, max_sessions=4)
+    rig = SimRig(name=TEST_RIG_NAME, ssh_port=TEST_RIG_PORT, max_sessions=4)
     rig.start(log=lambda m: print(m, file=sys.stderr))
     rig.used = False  # set once a module has used it: the next module gets it started afresh
     yield rig
@@ -55,6 +59,16 @@ def fresh_rig(simrig):
 
 
 SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/models, their ports
+
+
+def concerns_this_process(name: str, labels: dict) -> bool:
+    """Whether an engine object (a container, volume or event, by its name and labels) is this
+    process's rig or one rigkit made for the test models. Engine-wide checks ("nothing changed on the
+    engine") read only these: the rig_alone tests run beside, in another process, on the same engine.
+    Everything a deploy makes on the engine is named or labelled after its model (Compose project
+    rigkit-MODEL, volume rigkit-weights-MODEL, the weights helper's label), so a dry run or a status
+    that touched the engine for these models is still seen."""
+    return name == TEST_RIG_NAME or any(m in text for text in (name, *labels.values()) for m in SERVED_TEST_MODELS)
 
 
 def remove_test_stacks() -> None:
@@ -119,7 +133,7 @@ SERVING_RIG = DATA / "rigs" / "serving.yml"
 TEST_CATALOG = DATA / "models"
 
 
-RESULTS = STATE_ROOT / "test-results"
+RESULTS = STATE_ROOT / "test-results" / TEST_RIG_NAME  # each engine process its own (serving_rig empties it)
 
 
 def copy_catalog(tmp_path: Path, **changes: list[tuple[str, str]]) -> Path:
@@ -156,14 +170,29 @@ def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, cata
 # Fixtures that need the Docker engine (the simulated rig, a stack or image on the host's engine).
 ENGINE_FIXTURES = {"simrig"}
 
+# Modules whose tests touch nothing on the host's engine but their own simulated rig(s) and things
+# named for themselves: no test model's stack, volume or port (test-alpha, test-beta), no
+# Prometheus, nothing under RESULTS but their own (the gateway's module has its own models, ports
+# and second rig). `./run test` runs them in an engine process
+# of their own, with a rig of their own, beside the others. A module not listed runs with the
+# others: the safe default for a new module.
+RIG_ALONE_MODULES = {
+    "test_base", "test_deploy", "test_gateway", "test_gpu_keeper", "test_gpu_offsets", "test_gpu_policy", "test_simrig",
+    "test_tune_rig", "test_weights", "test_winconnector", "test_windows_deploy", "test_windows_install_dir",
+    "test_windows_key",
+}
+
 
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
-    runs those alone, `./run test` runs them beside the simrig tests, in a second process."""
+    runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
+    engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
+        if item.module.__name__.rpartition(".")[2] in RIG_ALONE_MODULES:
+            item.add_marker(pytest.mark.rig_alone)
 
 
 @contextmanager

@@ -28,6 +28,7 @@ from tests.conftest import (
     RESULTS,
     SERVING_RIG,
     STATE_ROOT,
+    concerns_this_process,
     copy_catalog,
 )
 from tests.conftest import run_deploy as deploy_and_verify
@@ -76,9 +77,11 @@ def rig_state(rig) -> str:
 
 
 def engine_state() -> tuple:
+    """This process's containers and volumes on the engine (concerns_this_process)."""
     client = docker.from_env()
-    containers = sorted((c.name, c.id, c.status) for c in client.containers.list(all=True))
-    volumes = sorted(v.name for v in client.volumes.list())
+    containers = sorted((c.name, c.id, c.status) for c in client.containers.list(all=True)
+                        if concerns_this_process(c.name, c.labels))
+    volumes = sorted(v.name for v in client.volumes.list() if concerns_this_process(v.name, v.attrs.get("Labels") or {}))
     return containers, volumes
 
 
@@ -92,8 +95,9 @@ def test_a_dry_run_reads_and_changes_nothing(rig):
     assert "[sim-rig] Ready: deploy.py" in run.output  # the whole plan was made (facts read, checks passed)
     assert rig_state(rig) == before_rig
     assert engine_state() == before_engine
-    created = list(docker.from_env().events(since=since, until=until, decode=True,
-                                             filters={"type": "container", "event": "create"}))
+    created = [e for e in docker.from_env().events(since=since, until=until, decode=True,
+                                                   filters={"type": "container", "event": "create"})
+               if concerns_this_process(e["Actor"]["Attributes"].get("name", ""), e["Actor"]["Attributes"])]
     assert created == [], created  # not even a helper that came and went
 
 

@@ -26,7 +26,10 @@ from rigkit.cli import main
 from tests.conftest import REPO, SERVING_RIG, TEST_CATALOG
 
 PY = sys.executable
-CASE_LIMIT_S = 5.0
+# A bound on each refusal: against a hang, or an input that expands (a YAML alias bomb takes minutes),
+# not a speed measurement. Generous: three test processes share this 2-core machine's cores, and a
+# Python start with rigkit's imports took 8 s under that load.
+CASE_LIMIT_S = 20.0
 DELETE = object()
 
 
@@ -234,18 +237,20 @@ def alias_bomb(levels: int = 9, width: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_an_alias_bomb_is_refused_in_under_a_second(tmp_path):
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path):
+    """10**9 elements once expanded (hours of a core and all the memory): refused in what parsing the
+    small text takes; the bounds are loose for a loaded machine, and far below what expanding takes."""
     rig, catalog = workspace(tmp_path)
     rig.write_text(alias_bomb())
     run, elapsed = cli("check", str(rig), "--catalog", str(catalog), timeout=20)
-    assert_refused(run.returncode, run.stderr, [str(rig), "aliases expanded"], elapsed, limit=5)
+    assert_refused(run.returncode, run.stderr, [str(rig), "aliases expanded"], elapsed)
     from rigkit.config.errors import ConfigError
     from rigkit.config.loader import load_rig
 
     started = time.monotonic()
     with pytest.raises(ConfigError, match="alias bomb"):
         load_rig(rig, catalog)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0
     # the same in a catalog file
     rig.write_text(yaml.safe_dump(yaml.safe_load(SERVING_RIG.read_text())))
     (catalog / "test-alpha.yml").write_text(alias_bomb())
@@ -254,7 +259,7 @@ def test_an_alias_bomb_is_refused_in_under_a_second(tmp_path):
     started = time.monotonic()
     with pytest.raises(ConfigError, match="alias bomb"):
         load_rig(rig, catalog)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0
 
 
 def test_a_few_aliases_are_still_yaml(tmp_path, capsys):

@@ -137,7 +137,7 @@ def test_a_limit_set_behind_rigkits_back_shows_as_drift_then_as_the_keepers_repa
     print(f"drift and repair seen in Prometheus", file=sys.stderr)
 
 
-LOAD_S = 40  # back-to-back requests; the rule's window is 10 s (four 1 s scrapes, at least 10 s)
+LOAD_S = 28  # back-to-back requests (about 9); the rule's window is 10 s (four 1 s scrapes, at least 10 s), so 13 s of full windows
 
 
 def _verification_workload(port: int, seconds: float) -> int:

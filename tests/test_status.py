@@ -28,6 +28,7 @@ from tests.conftest import (
     SERVING_RIG,
     STATE_ROOT,
     TEST_CATALOG,
+    concerns_this_process,
     run_deploy,
 )
 from tests.simrig.weights import ensure_checkpoint
@@ -89,7 +90,7 @@ def rig_state(rig) -> str:
 def engine_state() -> tuple:
     client = docker.from_env()
     containers = sorted((c.name, c.id, c.status, c.attrs["State"]["StartedAt"], c.attrs["RestartCount"])
-                        for c in client.containers.list(all=True) if c.name.startswith("rigkit-test"))
+                        for c in client.containers.list(all=True) if concerns_this_process(c.name, c.labels))
     volumes = {v.name: sorted(p.name for p in volume_dir(v.name.removeprefix("rigkit-weights-")).iterdir())
                for v in client.volumes.list() if v.name in (f"rigkit-weights-{m}" for m in MODELS)}
     return containers, volumes
@@ -155,7 +156,8 @@ def test_every_planted_drift_is_caught_an_unreachable_rig_is_reported_and_nothin
 
     assert after_rig == before_rig
     assert after_engine == before_engine
-    events = list(docker.from_env().events(since=since, until=until, decode=True, filters={"type": "container"}))
+    events = [e for e in docker.from_env().events(since=since, until=until, decode=True, filters={"type": "container"})
+              if concerns_this_process(e["Actor"]["Attributes"].get("name", ""), e["Actor"]["Attributes"])]
     assert [e for e in events if e.get("Action") not in ("exec_create", "exec_start", "exec_die")
             and not e.get("Action", "").startswith(("exec_", "health_status"))] == [], events
 

@@ -31,7 +31,8 @@ CARD = SimGpu(name="NVIDIA GeForce RTX 3090", min_w=100, max_w=400, default_w=35
 @pytest.fixture(scope="module")
 def tune_rig(simrig, tmp_path_factory):
     """The session's rig as one simulated 3090 whose GPU state the stand-in reads; the tune-sim
-    model and the GPU policy deployed by rigkit. Put back as it was afterwards."""
+    model and the GPU policy deployed by rigkit. Its GPUs put back afterwards; the next module that
+    uses the rig starts it afresh with them (tests/conftest.py, _rig_fresh_on_entry)."""
     from tests.vllm_standin.image import ensure_standin_image
 
     ensure_standin_image()
@@ -50,7 +51,6 @@ def tune_rig(simrig, tmp_path_factory):
     yield simrig
     _remove_stack()
     simrig.gpus, simrig.shared_gpu_dir = saved
-    simrig.start()
 
 
 def _remove_stack():
