@@ -176,10 +176,11 @@ ENGINE_FIXTURES = {"simrig"}
 # and second rig). `./run test` runs them in an engine process
 # of their own, with a rig of their own, beside the others. A module not listed runs with the
 # others: the safe default for a new module.
+# Not the Windows deploys: their rig file serves test-alpha, whose weights the simulated Docker Desktop
+# copies onto the host engine's rigkit-weights-test-alpha volume, the Linux tests' volume too.
 RIG_ALONE_MODULES = {
     "test_base", "test_deploy", "test_gateway", "test_gpu_keeper", "test_gpu_offsets", "test_gpu_policy", "test_simrig",
-    "test_tune_rig", "test_weights", "test_winconnector", "test_windows_deploy", "test_windows_install_dir",
-    "test_windows_key",
+    "test_tune_rig", "test_weights", "test_winconnector",
 }
 
 
