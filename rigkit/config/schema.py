@@ -18,6 +18,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
+    ValidationError,
     ValidationInfo,
     field_validator,
 )
@@ -299,10 +301,27 @@ class RigSource(_Strict):
         return f"rig {self.rig}" + (f" volume {self.volume}" if self.volume else "")
 
 
+def _source(value: Any) -> str | RigSource:
+    """A folder (str) or another rig ({rig: NAME, volume: ...}); one error naming what is allowed."""
+    if isinstance(value, RigSource):
+        return value
+    if isinstance(value, dict):
+        try:
+            return RigSource.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "rig"
+            raise ValueError(f"{where}: {first['msg']}; allowed: {{rig: NAME, volume: VOLUME}}") from None
+    if not isinstance(value, str) or not 1 <= len(value) <= 4096:
+        raise ValueError("give the model folder's path (1-4096 characters), or {rig: NAME, volume: VOLUME} "
+                         "to copy another rig's volume")
+    return _weights_source(value)
+
+
 class WeightsSpec(_Strict):
     # directory on the rig, or a Windows path as Docker Desktop sees it (rigkit.config.lint checks which);
     # or {rig: NAME, volume: ...}: another rig's copy, streamed through the control machine
-    source: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_weights_source)] | RigSource
+    source: Annotated[str | RigSource, PlainValidator(_source)]
     storage: Literal["volume", "bind"] = "volume"
     volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{1,127}$")  # Docker's volume rule
     # image with python3 that copies; default: the serving image. Pinned like it.
