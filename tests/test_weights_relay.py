@@ -36,14 +36,14 @@ def source_volume(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     return tmp_path / "a", files
 
 
-def journaled_bytes(state: Path, sizes: dict[str, int]) -> dict[str, int]:
+def journaled_bytes(state: Path, sizes: dict[str, int], chunk: int = CHUNK) -> dict[str, int]:
     """{path: bytes its journaled chunks cover}, read from the receiver's chunks.jsonl."""
     chunks: dict[str, int] = {}
     for line in (state / "chunks.jsonl").read_text().splitlines():
         if line.endswith("}"):
             path = json.loads(line)["path"]
             chunks[path] = chunks.get(path, 0) + 1
-    return {p: min(sizes[p], n * CHUNK) for p, n in chunks.items()}
+    return {p: min(sizes[p], n * chunk) for p, n in chunks.items()}
 
 
 def relay(a: Path, b: Path, stop_after: int | None = None) -> tuple[int, dict, dict]:

@@ -25,6 +25,7 @@ from tests.conftest import DATA, REPO, STATE_ROOT, DeployRun
 from tests.simrig.rig import SimRig, ssh_keypair
 from tests.simrig.weights import SIM_MODELS
 from tests.test_weights import make_checkpoint, sha256s
+from tests.test_weights_relay import journaled_bytes
 
 pytestmark = pytest.mark.simrig
 
@@ -102,16 +103,6 @@ def wait_for(what: str, check, timeout_s: float, every_s: float = 0.01):
     return value
 
 
-def journaled_bytes(state: Path, sizes: dict[str, int]) -> dict[str, int]:
-    """{path: bytes its journaled chunks cover}, read from the receiver's chunks.jsonl."""
-    chunks: dict[str, int] = {}
-    for line in (state / "chunks.jsonl").read_text().splitlines():
-        if line.endswith("}"):
-            path = json.loads(line)["path"]
-            chunks[path] = chunks.get(path, 0) + 1
-    return {p: min(sizes[p], n * CHUNK_BYTES) for p, n in chunks.items()}
-
-
 def journaled(state: Path) -> int:
     try:
         return sum(1 for line in (state / "chunks.jsonl").read_text().splitlines() if line.endswith("}"))
@@ -140,7 +131,7 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
     assert "Traceback" not in first.output
     assert not (state / "complete").exists()
     sizes = {str(p.relative_to(SOURCE)): p.stat().st_size for p in SOURCE.rglob("*") if p.is_file()}
-    kept = journaled_bytes(state, sizes)  # on disk and journaled when the receiver died
+    kept = journaled_bytes(state, sizes, CHUNK_BYTES)  # on disk and journaled when the receiver died
     cut = {str(p.relative_to(state.parent))[:-len(".rigkit-partial")] for p in state.parent.rglob("*.rigkit-partial")}
     assert 8 * CHUNK_BYTES <= sum(kept.values()) < total
 

@@ -3,6 +3,8 @@ only) on the rig itself as the deploy's read-only fact.
 
     python3 -c "<this file>" check|copy|verify [SRC DST [ROOT]]
     python3 -c "<this file>" check-each NAME SRC DST ROOT [NAME SRC DST ROOT ...]
+    python3 -c "<this file>" manifest|send VOLUME     (on the rig a model's weights come from)
+    python3 -c "<this file>" receive VOLUME [CHUNK_BYTES]  (on the rig that takes them; see send())
 
 SRC is the model folder (default /src; mounted read-only: the source is never written);
 DST the Docker volume (default /dst); ROOT the folder symlinks may point into (default
@@ -694,17 +696,24 @@ def resume_point(path, expected, chunk_bytes, journal, proof, dropped):
     return proof.read
 
 
+def json_lines(name):
+    """The entries of a state file of JSON lines (none when it is not there); a line cut by a kill is skipped."""
+    if not os.path.exists(state_path(name)):
+        return
+    with open(state_path(name)) as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
 def read_journal():
     """{(path, file sha256, chunk bytes): {chunk index: chunk sha256}} from chunks.jsonl."""
     journal = {}
-    if os.path.exists(state_path("chunks.jsonl")):
-        with open(state_path("chunks.jsonl")) as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                    journal.setdefault((e["path"], e["file_sha256"], e["chunk_bytes"]), {})[e["chunk"]] = e["sha256"]
-                except (ValueError, KeyError):
-                    continue  # a line cut by a kill
+    for e in json_lines("chunks.jsonl"):
+        if {"path", "file_sha256", "chunk_bytes", "chunk", "sha256"} <= e.keys():
+            journal.setdefault((e["path"], e["file_sha256"], e["chunk_bytes"]), {})[e["chunk"]] = e["sha256"]
     return journal
 
 
@@ -713,18 +722,12 @@ def durable_done(source):
     the source's SHA-256 and size: kept without a read."""
     wanted = {e["path"]: e for e in source}
     done = {}
-    if os.path.exists(state_path("progress.jsonl")):
-        with open(state_path("progress.jsonl")) as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                want = wanted.get(e.get("path"))
-                if (e.get("durable") and want and e.get("sha256") == want["sha256"] and e.get("size") == want["size"]
-                        and os.path.isfile(os.path.join(DST, e["path"]))
-                        and os.path.getsize(os.path.join(DST, e["path"])) == e["size"]):
-                    done[e["path"]] = e
+    for e in json_lines("progress.jsonl"):
+        want = wanted.get(e.get("path"))
+        if (e.get("durable") and want and e.get("sha256") == want["sha256"] and e.get("size") == want["size"]
+                and os.path.isfile(os.path.join(DST, e["path"]))
+                and os.path.getsize(os.path.join(DST, e["path"])) == e["size"]):
+            done[e["path"]] = e
     return done
 
 
@@ -858,48 +861,44 @@ def receive():
 
 
 
+def run_action(action, say):
+    """Run one mode; its failures as a report through `say` and an exit code."""
+    try:
+        return action()
+    except SourceError as exc:
+        say(status="error", error=str(exc))
+        return 2
+    except BrokenPipeError:
+        say(status="error", error="the target rig stopped reading the stream")
+        return 2
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            say(status="error", error="no space", needed_bytes=0, free_bytes=0)
+            return 3
+        say(status="error", error=f"{exc.strerror}: {exc.filename}")
+        return 2
+
+
 def main(argv):
     global SRC, DST, ROOT, CHUNK_BYTES
     if len(argv) >= 2 and argv[1] == "check-each":
         return check_each(argv)
     relay = {"manifest": manifest, "send": send, "receive": receive}
-    if len(argv) >= 3 and argv[1] in relay:
+    if len(argv) in (3, 4) and argv[1] in relay:
         SRC = DST = argv[2]
         if argv[1] == "receive" and len(argv) == 4:
             CHUNK_BYTES = int(argv[3])
         # The sender's stdout is the stream: its report goes to stderr.
         say = (lambda **f: print(json.dumps(f), file=sys.stderr, flush=True)) if argv[1] == "send" else report
-        try:
-            return relay[argv[1]]()
-        except SourceError as exc:
-            say(status="error", error=str(exc))
-            return 2
-        except BrokenPipeError:
-            say(status="error", error="the target rig stopped reading the stream")
-            return 2
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                say(status="error", error="no space", needed_bytes=0, free_bytes=0)
-                return 3
-            say(status="error", error=f"{exc.strerror}: {exc.filename}")
-            return 2
+        return run_action(relay[argv[1]], say)
     actions = {"check": check, "copy": copy, "verify": verify}
     if len(argv) < 2 or argv[1] not in actions or len(argv) > 5:
-        report(status="error", error=f"usage: check|copy|verify [SRC DST [ROOT]], not {argv[1:]!r}")
+        report(status="error", error=f"usage: check|copy|verify [SRC DST [ROOT]] | manifest|send VOLUME | receive "
+               f"VOLUME [CHUNK_BYTES], not {argv[1:]!r}")
         return 2
     SRC, DST = (argv[2], argv[3]) if len(argv) >= 4 else (SRC, DST)
     ROOT = argv[4] if len(argv) == 5 else SRC
-    try:
-        return actions[argv[1]]()
-    except SourceError as exc:
-        report(status="error", error=str(exc))
-        return 2
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            report(status="error", error="no space", needed_bytes=0, free_bytes=0)
-            return 3
-        report(status="error", error=f"{exc.strerror}: {exc.filename}")
-        return 2
+    return run_action(actions[argv[1]], report)
 
 
 def check_each(argv):
