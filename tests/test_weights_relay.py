@@ -192,3 +192,22 @@ def test_rigs_sharing_a_source_take_it_from_the_first_unless_they_are_one_machin
     assert shared["a"].models[0].spec.weights.source == "/srv/m"
     assert str(shared["b"].models[0].spec.weights.source) == "rig a volume rigkit-weights-m"
     assert shared["c"].models[0].spec.weights.source == "/srv/m"  # rig a's own machine: its volume already
+
+
+def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_copy_takes_only_it(tmp_path):
+    """--verify-weights on a rig whose volume came from another rig runs the copier's verify on it alone
+    (rigkit.weights.relay.verify_volume: `verify /v /v`), then the relay."""
+    a, files = source_volume(tmp_path)
+    b = tmp_path / "b"
+    assert relay(a, b)[0] == 0
+    shard = b / "sub" / "model-2.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+    verify = subprocess.run([sys.executable, str(COPIER), "verify", str(b), str(b)], capture_output=True, text=True,
+                            timeout=60)
+    assert verify.returncode == 1
+    assert json.loads(verify.stdout.strip().splitlines()[-1])["bad"] == ["sub/model-2.safetensors"]
+    code, report, sent = relay(a, b)
+    assert code == 0 and sent["read_bytes"] == report["received_bytes"] == len(files["sub/model-2.safetensors"])
+    assert shard.read_bytes() == files["sub/model-2.safetensors"]
