@@ -211,3 +211,13 @@ def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_c
     code, report, sent = relay(a, b)
     assert code == 0 and sent["read_bytes"] == report["received_bytes"] == len(files["sub/model-2.safetensors"])
     assert shard.read_bytes() == files["sub/model-2.safetensors"]
+
+
+def test_a_rig_source_on_a_windows_rig_is_refused_by_check(tmp_path):
+    (tmp_path / "m.yml").write_text(MODEL.replace("SOURCE", "{rig: rig-a}").replace("PORT", "18300"))
+    rig = tmp_path / "rig.yml"
+    rig.write_text((REPO / "tests" / "data" / "rigs" / "windows.yml").read_text().replace("[test-alpha]", "[m]"))
+    run = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig), "--catalog", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert run.returncode == 2 and "copied only onto Linux rigs" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
