@@ -177,6 +177,16 @@ def install_rsync(rig) -> None:
     assert code == 0, out
 
 
+def checkpoint_folder(shards: int) -> Path:
+    """RELAY_ROOT/src-<shards>: `shards` shards of 1 GiB, made once (`--relay-prepare` makes it
+    without Docker, before the run takes the engine); removed once rig A's volume holds it."""
+    folder = RELAY_ROOT / f"src-{shards}"
+    if not (folder / "config.json").exists():  # make_checkpoint writes it last
+        shutil.rmtree(folder, ignore_errors=True)
+        make_checkpoint(folder, shards=shards, shard_bytes=1 << 30)
+    return folder
+
+
 def time_relay(client, transports, model, chunk_bytes: int) -> tuple[float, dict]:
     from rigkit.weights.relay import relay
 
@@ -214,16 +224,14 @@ def rig_to_rig(relay_gb: float, chunk_bytes: int) -> None:
     rigs = [SimRig(name=name, ssh_port=port).start(log=lambda m: print(m, file=sys.stderr)) for name, port in RELAY_RIGS]
     try:
         install_rsync(rigs[0])
-        shutil.rmtree(RELAY_ROOT, ignore_errors=True)
         shards = max(1, round(relay_gb * 1e9 / (1 << 30)))
-        make_checkpoint(RELAY_ROOT / "src", shards=shards, shard_bytes=1 << 30)
+        src = checkpoint_folder(shards)
         for v in client.volumes.list(filters={"name": RELAY_VOLUMES[0]}):
             v.remove(force=True)
         source_dir = client.volumes.create(RELAY_VOLUMES[0]).attrs["Mountpoint"]
         copier = Path(__file__).resolve().parents[1] / "templates" / "weights" / "rigkit-copy.py"
-        subprocess.run([sys.executable, str(copier), "copy", str(RELAY_ROOT / "src"), source_dir], check=True,
-                       capture_output=True)
-        shutil.rmtree(RELAY_ROOT)  # the disk holds rig A's volume and one copy at a time
+        subprocess.run([sys.executable, str(copier), "copy", str(src), source_dir], check=True, capture_output=True)
+        shutil.rmtree(src)  # the disk holds rig A's volume and one copy at a time
         total = sum(p.stat().st_size for p in Path(source_dir).rglob("*") if p.is_file() and ".rigkit" not in p.parts)
         print(f"rig A's volume: {total / 1e9:.2f} GB; chunks of {chunk_bytes >> 20} MiB")
         spec = Spec.model_validate({"image": STABLE_TAG, "gpus": [0], "port": 18999,
@@ -253,7 +261,6 @@ def rig_to_rig(relay_gb: float, chunk_bytes: int) -> None:
         for name in (*RELAY_VOLUMES, "rigkit-bench-rsync"):
             for v in client.volumes.list(filters={"name": name}):
                 v.remove(force=True)
-        shutil.rmtree(RELAY_ROOT, ignore_errors=True)
         for rig in rigs:
             rig.remove()
 
@@ -262,6 +269,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rig-to-rig", action="store_true", help="only rig A's volume into rig B's, against rsync")
     parser.add_argument("--relay-gb", type=float, default=10.7, help="rig to rig: the checkpoint's size (GB)")
+    parser.add_argument("--relay-prepare", action="store_true", help="rig to rig: only make the checkpoint (no Docker)")
     parser.add_argument("--relay-chunk-mb", type=int, default=64, help="rig to rig: the receiver's chunk (MiB)")
     parser.add_argument("--shard-mb", type=int, default=300)
     parser.add_argument("--proofs-only", action="store_true", help="only the source checks' cost (no Docker)")
@@ -269,6 +277,9 @@ def main() -> None:
     parser.add_argument("--proofs-warm", action="store_true",
                         help="keep the source in the page cache: the copy is bound by hashing, where checks would show")
     args = parser.parse_args()
+    if args.relay_prepare:
+        checkpoint_folder(max(1, round(args.relay_gb * 1e9 / (1 << 30))))
+        return
     if args.rig_to_rig:
         rig_to_rig(args.relay_gb, args.relay_chunk_mb << 20)
         return
