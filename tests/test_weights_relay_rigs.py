@@ -21,7 +21,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import DATA, REPO, STATE_ROOT, DeployRun
+from tests.conftest import DATA, REPO, STATE_ROOT, DeployRun, _changed
 from tests.simrig.rig import SimRig, ssh_keypair
 from tests.simrig.weights import SIM_MODELS
 from tests.test_weights import make_checkpoint, sha256s
@@ -154,3 +154,12 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
     third = finish(start_deploy(inventory, folder / "third.log"), folder / "third.log")
     assert third.returncode == 0, third.output[-6000:]
     assert third.changed_operations() == 0, third.output[-6000:]
+
+    # `rigkit rollout`: one rig at a time (--limit), so rig B's deploy connects to rig A itself to read
+    # its manifest; nothing changes on either rig.
+    rollout = subprocess.run([sys.executable, "-m", "rigkit.cli", "rollout", str(inventory)], cwd=REPO, timeout=600,
+                             env=dict(os.environ, RIGKIT_STATE=str(STATE_ROOT)), capture_output=True, text=True)
+    output = rollout.stdout + rollout.stderr
+    assert rollout.returncode == 0, output[-6000:]
+    runs = output.split("rigkit rollout: rig ")[1:]
+    assert len(runs) == 2 and sum(_changed(run) for run in runs) == 0, output[-6000:]
