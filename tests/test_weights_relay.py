@@ -172,12 +172,17 @@ def test_bad_rig_sources_are_refused_in_one_line_before_any_rig_is_reached(tmp_p
     assert len(run.stderr.strip().splitlines()) <= 3, run.stderr
 
 
-def test_a_rig_source_with_a_bind_mount_is_refused(tmp_path):
-    (tmp_path / "m.yml").write_text(MODEL.replace("SOURCE", "{rig: rig-a}, storage: bind").replace("PORT", "18300"))
+def check_one_model(tmp_path: Path, weights: str, rig_file: str, models: str) -> subprocess.CompletedProcess:
+    """`rigkit check` of a rig (a copy of tests/data/rigs/RIG_FILE) serving one model with these weights."""
+    (tmp_path / "m.yml").write_text(MODEL.replace("SOURCE", weights).replace("PORT", "18300"))
     rig = tmp_path / "rig.yml"
-    rig.write_text((REPO / "tests" / "data" / "rigs" / "serving.yml").read_text().replace("[test-alpha, test-beta]", "[m]"))
-    run = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig), "--catalog", str(tmp_path)],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    rig.write_text((REPO / "tests" / "data" / "rigs" / rig_file).read_text().replace(models, "[m]"))
+    return subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig), "--catalog", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def test_a_rig_source_with_a_bind_mount_is_refused(tmp_path):
+    run = check_one_model(tmp_path, "{rig: rig-a}, storage: bind", "serving.yml", "[test-alpha, test-beta]")
     assert run.returncode != 0 and "use storage: volume" in run.stderr, run.stderr
 
 
@@ -214,10 +219,6 @@ def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_c
 
 
 def test_a_rig_source_on_a_windows_rig_is_refused_by_check(tmp_path):
-    (tmp_path / "m.yml").write_text(MODEL.replace("SOURCE", "{rig: rig-a}").replace("PORT", "18300"))
-    rig = tmp_path / "rig.yml"
-    rig.write_text((REPO / "tests" / "data" / "rigs" / "windows.yml").read_text().replace("[test-alpha]", "[m]"))
-    run = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig), "--catalog", str(tmp_path)],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    run = check_one_model(tmp_path, "{rig: rig-a}", "windows.yml", "[test-alpha]")
     assert run.returncode == 2 and "copied only onto Linux rigs" in run.stderr, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
