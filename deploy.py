@@ -69,7 +69,7 @@ if rig.spec.os == "linux":
     runtime_changes = rigside(rig)  # the rig-side scripts below import it
     gpus = gpu_report(rig)
     policy_changes = gpu_policy(rig, gpus, runtime_changes)
-    copied = weights(rig, verify=options.verify_weights)
+    copied = weights(rig, verify=options.verify_weights, chunk_bytes=options.weights_chunk_bytes)
     # A new serving config is held un-promoted until the rollout gate (in verify) passes it; without
     # verification there is no gate, and a config that gets ready is promoted as before.
     rollouts: dict = {}

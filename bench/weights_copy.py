@@ -13,7 +13,16 @@ RIGKIT_WEIGHTS_PROOFS=off), in ABBA order twice after one warm-up copy, page cac
 container's start does not dilute the difference. `--proofs-only` runs just that part; `--proofs-warm` keeps the
 source in the page cache, so the copy is bound by hashing, where a check's CPU cost would show.
 
+Rig to rig (issue #33, `--rig-to-rig`, goal >= 0.9 of rsync): two simulated rigs (two SSH ports); rig A's
+volume filled with a checkpoint of --relay-gb (>= 10 GB by default) by the copier; then, ABBA, rigkit's
+relay (rigkit.weights.relay: the copier's send on rig A, receive on rig B, pumped through this machine
+over the two SSH connections) into a fresh volume, and `rsync -a` over OpenSSH from rig A's volume into
+a fresh folder on the same disk (one SSH hop: A to this machine, which here shares rig B's disk; rsync
+cannot relay between two remotes), page cache dropped and `sync` counted in each. rsync on rig A is
+the host's binary and its one missing library copied into the rig (what `apt-get install rsync` gives).
+
     .venv/bin/python bench/weights_copy.py [--shard-mb 300] [--proofs-only] [--proofs-dir /tmp/rigkit-bench-proofs]
+    .venv/bin/python bench/weights_copy.py --rig-to-rig [--relay-gb 10.7]
 """
 
 from __future__ import annotations
@@ -141,14 +150,139 @@ def proof_cost(folder: Path, shard_mb: int, cold: bool = True) -> None:
     shutil.rmtree(folder)
 
 
+RELAY_ROOT = Path("/srv/rigkit-bench-relay")
+RELAY_RIGS = (("rigkit-bench-relay-a", 2251), ("rigkit-bench-relay-b", 2252))
+RELAY_VOLUMES = ("rigkit-weights-bench-relay-a", "rigkit-weights-bench-relay-b")
+
+
+def ssh_client(port: int):
+    import paramiko
+
+    from tests.simrig.rig import ssh_keypair
+
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # a simulated rig made for this run
+    client.connect("127.0.0.1", port=port, username="root", key_filename=str(ssh_keypair()), allow_agent=False,
+                   look_for_keys=False, timeout=30)
+    return client
+
+
+def install_rsync(rig) -> None:
+    """rsync on the simulated rig A (Debian 12, as this machine): the binary and libpopt, its one library missing there."""
+    popt = subprocess.run(["sh", "-c", "ldd /usr/bin/rsync | awk '/libpopt/ {print $3}'"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for path, target in (("/usr/bin/rsync", "/usr/bin/rsync"), (popt, "/usr/lib/x86_64-linux-gnu/libpopt.so.0")):
+        subprocess.run(["docker", "cp", "-L", path, f"{rig.name}:{target}"], check=True)
+    code, out = rig.exec("rsync --version | head -1")
+    assert code == 0, out
+
+
+def checkpoint_folder(shards: int) -> Path:
+    """RELAY_ROOT/src-<shards>: `shards` shards of 1 GiB, made once (`--relay-prepare` makes it
+    without Docker, before the run takes the engine); removed once rig A's volume holds it."""
+    folder = RELAY_ROOT / f"src-{shards}"
+    if not (folder / "config.json").exists():  # make_checkpoint writes it last
+        shutil.rmtree(folder, ignore_errors=True)
+        make_checkpoint(folder, shards=shards, shard_bytes=1 << 30)
+    return folder
+
+
+def time_relay(client, transports, model, chunk_bytes: int) -> tuple[float, dict]:
+    from rigkit.weights.relay import relay
+
+    for v in client.volumes.list(filters={"name": RELAY_VOLUMES[1]}):
+        v.remove(force=True)
+    client.volumes.create(RELAY_VOLUMES[1])
+    drop_caches()
+    started = time.monotonic()
+    report = relay(transports[0], transports[1], model, "bench-a", chunk_bytes)
+    return time.monotonic() - started, report
+
+
+def time_rsync(client, source_dir: str, port: int) -> float:
+    from tests.simrig.rig import ssh_keypair
+
+    for v in client.volumes.list(filters={"name": "rigkit-bench-rsync"}):
+        v.remove(force=True)
+    target = client.volumes.create("rigkit-bench-rsync").attrs["Mountpoint"]
+    drop_caches()
+    ssh = (f"ssh -p {port} -i {ssh_keypair()} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+           "-o LogLevel=ERROR")
+    started = time.monotonic()
+    subprocess.run(["rsync", "-a", "--exclude", ".rigkit", "-e", ssh, f"root@127.0.0.1:{source_dir}/", f"{target}/"],
+                   check=True)
+    subprocess.run(["sync"], check=True)
+    return time.monotonic() - started
+
+
+def rig_to_rig(relay_gb: float, chunk_bytes: int) -> None:
+    from rigkit.config.schema import ModelSpec as Spec
+    from tests.simrig.rig import SimRig
+
+    ensure_standin_image()
+    client = docker.from_env()
+    rigs = [SimRig(name=name, ssh_port=port).start(log=lambda m: print(m, file=sys.stderr)) for name, port in RELAY_RIGS]
+    try:
+        install_rsync(rigs[0])
+        shards = max(1, round(relay_gb * 1e9 / (1 << 30)))
+        src = checkpoint_folder(shards)
+        for v in client.volumes.list(filters={"name": RELAY_VOLUMES[0]}):
+            v.remove(force=True)
+        source_dir = client.volumes.create(RELAY_VOLUMES[0]).attrs["Mountpoint"]
+        copier = Path(__file__).resolve().parents[1] / "templates" / "weights" / "rigkit-copy.py"
+        subprocess.run([sys.executable, str(copier), "copy", str(src), source_dir], check=True, capture_output=True)
+        shutil.rmtree(src)  # the disk holds rig A's volume and one copy at a time
+        total = sum(p.stat().st_size for p in Path(source_dir).rglob("*") if p.is_file() and ".rigkit" not in p.parts)
+        print(f"rig A's volume: {total / 1e9:.2f} GB; chunks of {chunk_bytes >> 20} MiB")
+        spec = Spec.model_validate({"image": STABLE_TAG, "gpus": [0], "port": 18999,
+                                    "weights": {"source": {"rig": "bench-a", "volume": RELAY_VOLUMES[0]},
+                                                "volume": RELAY_VOLUMES[1]}})
+        model_b = ModelConfig("bench-relay-b", spec, Path("bench-relay-b.yml"))
+        ssh = [ssh_client(port) for _, port in RELAY_RIGS]
+        transports = [c.get_transport() for c in ssh]
+        print(f"SSH ciphers: rigkit (paramiko) {transports[0].remote_cipher}; rsync: OpenSSH's default")
+        runs = []
+        for which in ("relay", "rsync", "rsync", "relay"):
+            if which == "relay":
+                seconds, report = time_relay(client, transports, model_b, chunk_bytes)
+                assert report["received_bytes"] == total, report
+            else:
+                seconds = time_rsync(client, source_dir, RELAY_RIGS[0][1])
+            runs.append((which, seconds))
+            print(f"  {which}: {seconds:.1f} s ({total / 1e6 / seconds:.0f} MB/s)", flush=True)
+        relay_s = sum(s for w, s in runs if w == "relay") / 2
+        rsync_s = sum(s for w, s in runs if w == "rsync") / 2
+        print(f"page cache dropped before each copy: {drop_caches()}")
+        print(f"rig to rig, ABBA: rigkit relay {total / 1e6 / relay_s:.0f} MB/s, rsync {total / 1e6 / rsync_s:.0f} MB/s; "
+              f"throughput ratio rigkit / rsync: {rsync_s / relay_s:.2f} (goal >= 0.9, issue #33)")
+        for c in ssh:
+            c.close()
+    finally:
+        for name in (*RELAY_VOLUMES, "rigkit-bench-rsync"):
+            for v in client.volumes.list(filters={"name": name}):
+                v.remove(force=True)
+        for rig in rigs:
+            rig.remove()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--rig-to-rig", action="store_true", help="only rig A's volume into rig B's, against rsync")
+    parser.add_argument("--relay-gb", type=float, default=10.7, help="rig to rig: the checkpoint's size (GB)")
+    parser.add_argument("--relay-prepare", action="store_true", help="rig to rig: only make the checkpoint (no Docker)")
+    parser.add_argument("--relay-chunk-mb", type=int, default=64, help="rig to rig: the receiver's chunk (MiB)")
     parser.add_argument("--shard-mb", type=int, default=300)
     parser.add_argument("--proofs-only", action="store_true", help="only the source checks' cost (no Docker)")
     parser.add_argument("--proofs-dir", type=Path, default=Path("/tmp/rigkit-bench-proofs"))
     parser.add_argument("--proofs-warm", action="store_true",
                         help="keep the source in the page cache: the copy is bound by hashing, where checks would show")
     args = parser.parse_args()
+    if args.relay_prepare:
+        checkpoint_folder(max(1, round(args.relay_gb * 1e9 / (1 << 30))))
+        return
+    if args.rig_to_rig:
+        rig_to_rig(args.relay_gb, args.relay_chunk_mb << 20)
+        return
     if args.proofs_only:
         proof_cost(args.proofs_dir, args.shard_mb, cold=not args.proofs_warm)
         return

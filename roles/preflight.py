@@ -112,8 +112,8 @@ def _weights_to_copy(rig: RigConfig) -> tuple[list[WeightsNeed], int | None, str
     needs = []
     states = volume_states(rig)
     for model in rig.models:
-        if model.spec.weights.storage != "volume":
-            continue
+        if model.spec.weights.storage != "volume" or model.spec.weights.from_rig:
+            continue  # from another rig: the receiver checks the space against that rig's manifest
         volume, source = volume_name(model), model.spec.weights.source
         if states[model.name].get("status") == "unchanged":
             continue

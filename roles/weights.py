@@ -17,14 +17,21 @@ from pyinfra.api import deploy
 
 from rigkit.config.schema import RigConfig
 from rigkit.weights.facts import volume_states
-from rigkit.weights.operation import copy_operations
+from rigkit.weights.operation import copy_operations, relay_operations
+from rigkit.weights.relay import CHUNK_BYTES
 
 
 @deploy("Weights")
-def weights(rig: RigConfig, verify: bool = False) -> dict:
+def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = CHUNK_BYTES) -> dict:
     """Returns {model name: the copy operation}, so serving can restart a model whose weights changed.
-    `verify`: re-hash every volume against its manifest first (`rigkit deploy --verify-weights`)."""
+    `verify`: re-hash every volume against its manifest first (`rigkit deploy --verify-weights`).
+    `chunk_bytes`: a copy from another rig's volume is fsynced, journaled and resumed in chunks of this size."""
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     # Weights left on a bind mount are warned about by the serving checks (rig.warnings).
-    return copy_operations(on_volumes, volume_states(rig), verify)
+    states = volume_states(rig)
+    ops = copy_operations([m for m in on_volumes if not m.spec.weights.from_rig], states, verify)
+    # After every rig's own copies (pyinfra runs one operation on all rigs before the next): a rig that
+    # downloads for the fleet has its volume complete before the others take from it.
+    ops.update(relay_operations([m for m in on_volumes if m.spec.weights.from_rig], states, verify, chunk_bytes))
+    return ops
 

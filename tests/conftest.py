@@ -180,7 +180,7 @@ ENGINE_FIXTURES = {"simrig"}
 # copies onto the host engine's rigkit-weights-test-alpha volume, the Linux tests' volume too.
 RIG_ALONE_MODULES = {
     "test_base", "test_deploy", "test_gateway", "test_gpu_keeper", "test_gpu_offsets", "test_gpu_policy", "test_simrig",
-    "test_tune_rig", "test_weights", "test_winconnector",
+    "test_tune_rig", "test_weights", "test_weights_relay_rigs", "test_winconnector",
 }
 
 

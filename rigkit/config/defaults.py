@@ -6,3 +6,7 @@ help without loading the rig file schema (docs/configuration.md lists them).
 
 DEFAULT_CATALOG_DIR = "inventory/models"  # one YAML file per served model
 DEFAULT_RESULTS_DIR = "results"  # verification results on the control machine
+# A copy from another rig's volume is fsynced, journaled and resumed in chunks of this many bytes
+# (`rigkit_weights_chunk_bytes`, within the range): after a kill at most one chunk crosses twice.
+WEIGHTS_CHUNK_BYTES = 64 * 1024 * 1024
+WEIGHTS_CHUNK_BYTES_RANGE = (64 * 1024, 1024 * 1024 * 1024)

@@ -24,6 +24,7 @@ from rigkit.config.schema import GatewaySpec, RigConfig
 
 # Defaults for every rig (group_data/all.py shows them; a host's own data overrides them).
 from rigkit.config.defaults import DEFAULT_CATALOG_DIR, DEFAULT_RESULTS_DIR  # noqa: E402,F401 (re-exported)
+from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES, WEIGHTS_CHUNK_BYTES_RANGE  # noqa: E402
 # The gateway (docs/gateway.md): the one host with `gateway` data runs it; its fields and their defaults
 # are GatewaySpec's (rigkit/config/schema.py). `gateway_address` (any host, default: none) is where the
 # gateway reaches that rig's models when not at the rig's own address.
@@ -52,6 +53,8 @@ class RunOptions:
     status_inventory: str = "INVENTORY"  # `rigkit status`: the inventory, as repair commands spell it
     accept_slower: frozenset[str] = frozenset()  # `rigkit deploy --accept-slower MODEL`: the gate waives speed
     rollout_outcome: Path | None = None  # `rigkit rollout`: where a refused gate says what the rig serves now
+    # `rigkit_weights_chunk_bytes`: a rig-to-rig copy's unit of fsync, journal and resume (tests take small ones)
+    weights_chunk_bytes: int = WEIGHTS_CHUNK_BYTES
 
 
 @lru_cache(maxsize=None)
@@ -60,7 +63,36 @@ def _load(rig_file: str, catalog_dir: str) -> RigConfig:
 
 
 def rig_config(host) -> RigConfig:
-    """The validated config of one inventory host (its `rig_file` and `catalog_dir` data)."""
+    """The validated config of one inventory host (its `rig_file` and `catalog_dir` data), with its
+    weights sources as the fleet resolves them (rigkit.config.rig_sources: one download per fleet)."""
+    inventory = getattr(host, "inventory", None)
+    if inventory is None or host.name not in {h.name for h in inventory}:
+        return own_rig_config(host)
+    return fleet_rig_configs(inventory)[host.name]
+
+
+_FLEETS: dict[int, tuple[object, dict[str, RigConfig]]] = {}
+
+
+def fleet_rig_configs(inventory) -> dict[str, RigConfig]:
+    """Every host's config, shared sources resolved and rig sources checked, once per inventory."""
+    cached = _FLEETS.get(id(inventory))
+    if cached is not None and cached[0] is inventory:
+        return cached[1]
+    from rigkit.config.rig_sources import FleetRig, RigSourceError, check_rig_sources, share_sources
+
+    fleet = [FleetRig(h.name, own_rig_config(h), ssh_address(h)) for h in inventory]
+    rigs = share_sources(fleet)
+    try:
+        check_rig_sources(rigs)
+    except RigSourceError as exc:
+        raise RigConfigError(str(exc)) from None
+    _FLEETS[id(inventory)] = (inventory, rigs)
+    return rigs
+
+
+def own_rig_config(host) -> RigConfig:
+    """One host's config from its own files alone."""
     rig_file = host.data.get("rig_file")
     if not rig_file:
         raise RigConfigError(f"host {host.name} has no `rig_file` in its inventory data; point it at inventory/rigs/<rig>.yml")
@@ -86,7 +118,20 @@ def run_options(host) -> RunOptions:
         status_inventory=str(host.data.get("rigkit_status_inventory") or "INVENTORY"),
         accept_slower=accept_slower_models(host),
         rollout_outcome=Path(host.data.get("rigkit_rollout_outcome")) if host.data.get("rigkit_rollout_outcome") else None,
+        weights_chunk_bytes=weights_chunk_bytes(host),
     )
+
+
+def weights_chunk_bytes(host) -> int:
+    value = host.data.get("rigkit_weights_chunk_bytes")
+    if value is None:
+        return WEIGHTS_CHUNK_BYTES
+    low, high = WEIGHTS_CHUNK_BYTES_RANGE
+    number = int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
+    if type(number) is not int or not low <= number <= high:
+        raise RigConfigError(f"host {host.name}: rigkit_weights_chunk_bytes {value!r}: give a whole number of bytes, "
+                             f"{low}-{high}")
+    return number
 
 
 def accept_slower_models(host) -> frozenset[str]:

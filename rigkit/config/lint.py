@@ -80,12 +80,16 @@ def _check_model(rig, rig_file, model, errors, warnings) -> None:
         error("vllm.dtype", vllm.dtype,
               "half precision with speculative decoding: a bfloat16 drafter then accepts nothing, silently "
               "(mean acceptance length 1.00, about 3x slower). Use bfloat16 or auto")
-    if rig.os == "windows" and spec.weights.storage == "volume" and re.search(r'[,"\x00-\x1f]', spec.weights.source):
+    if spec.weights.from_rig is not None:
+        if rig.os == "windows":
+            error("weights.source", str(spec.weights.source), "weights from another rig are copied only onto Linux "
+                  "rigs (the relay runs `docker run -i` in the rig's shell); give the folder on this rig")
+    elif rig.os == "windows" and spec.weights.storage == "volume" and re.search(r'[,"\x00-\x1f]', spec.weights.source):
         # The copy's check passes the source to `docker.exe run --mount source=...`, a comma-separated
         # field; Windows PowerShell 5.1 does not escape a double quote in a native argument.
         error("weights.source", spec.weights.source,
               "a Windows source copied onto a volume may not contain a comma, a double quote or a control character")
-    source = spec.weights.source
+    source = spec.weights.source if spec.weights.from_rig is None else "/"
     windows_style = re.match(r"^([A-Za-z]:|\\\\|//)", source)
     if rig.os == "linux" and (windows_style or not source.startswith("/")):
         why = "a Windows path" if windows_style else "a relative path"
@@ -116,7 +120,7 @@ def _check_model(rig, rig_file, model, errors, warnings) -> None:
     service_gpus = [rig_gpus[i] for i in spec.gpus if i in rig_gpus]
     if vllm.enforce_eager or "--enforce-eager" in vllm.extra_args:
         warn("--enforce-eager disables CUDA graphs; a leftover --enforce-eager once cost 7x decode speed")
-    if spec.weights.storage == "bind" and is_windows_path(spec.weights.source):
+    if spec.weights.storage == "bind" and spec.weights.from_rig is None and is_windows_path(spec.weights.source):
         if vllm.safetensors_load_strategy not in (None, "prefetch"):
             warn(f"weights are bind-mounted from Windows path {spec.weights.source} with "
                  f"safetensors_load_strategy {vllm.safetensors_load_strategy}: use prefetch (1028 s -> 756 s) "
@@ -131,7 +135,7 @@ def _check_model(rig, rig_file, model, errors, warnings) -> None:
             warn(f"tensor parallel {par.tensor} for {spec.weight_bytes / GIB:.1f} GiB of weights that fit on one "
                  f"{smallest} GiB card: replicas or data parallel give more throughput (4 replicas 3425 tok/s vs "
                  "TP4 1007); tensor parallel only wins single-stream latency")
-    is_fp8 = (vllm.quantization or "").lower() in ("fp8", "fbgemm_fp8") or "fp8" in spec.weights.source.lower()
+    is_fp8 = (vllm.quantization or "").lower() in ("fp8", "fbgemm_fp8") or "fp8" in str(spec.weights.source).lower()
     if is_fp8 and any(gpu_table.has_native_fp8(g.model) is False for g in service_gpus):
         warn("FP8 weights on Ampere run as W8A16 through Marlin: no faster math and twice the bytes of 4-bit; "
              "an AWQ/GPTQ 4-bit checkpoint decodes faster")

@@ -18,6 +18,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
+    ValidationError,
     ValidationInfo,
     field_validator,
 )
@@ -302,13 +304,53 @@ def _weights_source(value: str) -> str:
     return value
 
 
+class RigSource(_Strict):
+    """Weights taken from another rig's volume (one download per fleet, docs/weights.md): `rig` is the
+    inventory name of that rig (checked against the inventory: rigkit.config.inventory.check_rig_sources),
+    `volume` the volume there, by default this model's own volume name."""
+    rig: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9@][A-Za-z0-9@._/:-]*$")
+    volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{1,127}$")
+
+    def __str__(self) -> str:
+        return f"rig {self.rig}" + (f" volume {self.volume}" if self.volume else "")
+
+
+def _source(value: Any) -> str | RigSource:
+    """A folder (str) or another rig ({rig: NAME, volume: ...}); one error naming what is allowed."""
+    if isinstance(value, RigSource):
+        return value
+    if isinstance(value, dict):
+        try:
+            return RigSource.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "rig"
+            raise ValueError(f"{where}: {first['msg']}; allowed: {{rig: NAME, volume: VOLUME}}") from None
+    if not isinstance(value, str) or not 1 <= len(value) <= 4096:
+        raise ValueError("give the model folder's path (1-4096 characters), or {rig: NAME, volume: VOLUME} "
+                         "to copy another rig's volume")
+    return _weights_source(value)
+
+
 class WeightsSpec(_Strict):
-    # directory on the rig, or a Windows path as Docker Desktop sees it (rigkit.config.lint checks which)
-    source: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_weights_source)]
+    # directory on the rig, or a Windows path as Docker Desktop sees it (rigkit.config.lint checks which);
+    # or {rig: NAME, volume: ...}: another rig's copy, streamed through the control machine
+    source: Annotated[str | RigSource, PlainValidator(_source)]
     storage: Literal["volume", "bind"] = "volume"
     volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{1,127}$")  # Docker's volume rule
     # image with python3 that copies; default: the serving image. Pinned like it.
     helper_image: Annotated[str | None, AfterValidator(_pinned_image)] = None
+
+    @field_validator("storage")
+    @classmethod
+    def _rig_source_on_volume(cls, value: str, info: ValidationInfo) -> str:
+        if value == "bind" and isinstance(info.data.get("source"), RigSource):
+            raise ValueError("weights from another rig are copied onto a volume; use storage: volume (the default)")
+        return value
+
+    @property
+    def from_rig(self) -> RigSource | None:
+        return self.source if isinstance(self.source, RigSource) else None
 
 
 class ParallelSpec(_Strict):

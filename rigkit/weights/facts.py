@@ -24,6 +24,8 @@ from rigkit.rigread import DOCKER_S, bounded, no_answer
 from rigkit.rigside.names import volume_name
 from rigkit.weights.layout import source_layout
 
+RIG_SOURCE = "-"  # the copier's `check` source for a volume filled from another rig
+
 
 class WeightsVolumeStates(FactBase):
     """{volume: state} for each (volume, source) pair, where a state is {"status": "unchanged" |
@@ -49,7 +51,8 @@ class WeightsVolumeStates(FactBase):
                       + "; ".join(f"echo {shlex.quote('volume ' + volume)}; echo {hung}" for volume, _ in pairs)
                       + "; exit 0; fi")
         for volume, source in pairs:
-            root, inside = source_layout(source)
+            # "-": weights from another rig; the copier reports this volume's own state (and digest)
+            root, inside = source_layout(source) if source != RIG_SOURCE else (RIG_SOURCE, ".")
             src = shlex.quote(f"{root}/{inside}" if inside != "." else source)
             name = shlex.quote(volume)
             checks.append(
@@ -86,7 +89,8 @@ def volume_states_reads(rig: RigConfig) -> list[Read]:
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     if not on_volumes:
         return []
-    return [(WeightsVolumeStates, {"pairs": tuple((volume_name(m), m.spec.weights.source) for m in on_volumes)})]
+    return [(WeightsVolumeStates, {"pairs": tuple((volume_name(m), RIG_SOURCE if m.spec.weights.from_rig else
+                                                   m.spec.weights.source) for m in on_volumes)})]
 
 
 def volume_states(rig: RigConfig) -> dict[str, dict]:

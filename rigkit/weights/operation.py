@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api.exceptions import DeployError, NestedOperationError
+from pyinfra.api.exceptions import ConnectError, DeployError, NestedOperationError
 from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig
@@ -48,3 +48,57 @@ def copy_operations(models: list[ModelConfig], states: dict[str, dict], verify: 
             _if=lambda needed=verify or state["status"] != "unchanged": needed,
         )
     return ops
+
+
+def source_host(name: str):
+    """The inventory host a model's weights come from, connected (a rollout limited to this rig
+    leaves it unconnected)."""
+    other = host.state.inventory.get_host(name)
+    if not other.connected:
+        other.connect(reason="weights source", show_errors=False, raise_exceptions=True)
+    return other
+
+
+def relay_on_rig(model: ModelConfig, verify: bool, chunk_bytes: int) -> None:
+    from rigkit.weights.relay import RelayError, relay, verify_volume
+
+    source = model.spec.weights.from_rig
+    try:
+        target = host.connector.client.get_transport()
+        if verify:
+            logger.info(f"{host.print_prefix}{verify_volume(target, model)}")
+        report = relay(source_host(source.rig).connector.client.get_transport(), target, model, source.rig,
+                       chunk_bytes)
+    except (RelayError, ConnectError) as exc:
+        host.log_styled(f"weights: {exc}", fg="red", log_func=logger.error)
+        raise CopyFailed(str(exc)) from None
+    rate = report["received_bytes"] / 1e6 / report["seconds"] if report["seconds"] > 0 else 0
+    logger.info(f"{host.print_prefix}{model.name}: copied {report['received_bytes'] / 1e9:.2f} of "
+                f"{report['bytes'] / 1e9:.2f} GB from rig {source.rig} in {report['seconds']:.1f} s ({rate:.0f} MB/s), "
+                f"{report['files']} files; resumed at {report['rehashed_bytes']} bytes (re-hashed here), "
+                f"{report['resent_bytes']} bytes sent again")
+
+
+def relay_needed(model: ModelConfig, state: dict, verify: bool) -> bool:
+    """At run time (after the source rig's own copy): is this volume other than the source rig's?
+    Any trouble reading the source says yes: the copy then reports it in one line."""
+    from rigkit.weights.relay import manifest_digest, read_manifest
+
+    if verify or state.get("status") != "unchanged" or not state.get("digest"):
+        return True
+    source = model.spec.weights.from_rig
+    try:
+        files = read_manifest(source_host(source.rig).connector.client.get_transport(), model, source.rig)["files"]
+    except Exception:  # noqa: BLE001: the copy that follows reports it
+        return True
+    return manifest_digest(files) != state["digest"]
+
+
+def relay_operations(models: list[ModelConfig], states: dict[str, dict], verify: bool, chunk_bytes: int) -> dict:
+    """{model name: its copy from another rig}; whether it runs is decided when it would run, after the
+    source rig's own copy in the same deploy, against that rig's manifest."""
+    return {model.name: python.call(
+        name=f"Weights of {model.name} from rig {model.spec.weights.from_rig.rig}",
+        function=rig_call(relay_on_rig), model=model, verify=verify, chunk_bytes=chunk_bytes,
+        _if=lambda m=model, s=states[model.name]: relay_needed(m, s, verify),
+    ) for model in models}

@@ -3,6 +3,8 @@ only) on the rig itself as the deploy's read-only fact.
 
     python3 -c "<this file>" check|copy|verify [SRC DST [ROOT]]
     python3 -c "<this file>" check-each NAME SRC DST ROOT [NAME SRC DST ROOT ...]
+    python3 -c "<this file>" manifest|send VOLUME     (on the rig a model's weights come from)
+    python3 -c "<this file>" receive VOLUME [CHUNK_BYTES]  (on the rig that takes them; see send())
 
 SRC is the model folder (default /src; mounted read-only: the source is never written);
 DST the Docker volume (default /dst); ROOT the folder symlinks may point into (default
@@ -38,6 +40,7 @@ file fails its integrity check (copy), 2 other errors. RIGKIT_WEIGHTS_PROOFS=off
 turns the source checks off (bench/weights_copy.py measures their cost so; rigkit never sets it).
 """
 
+import collections
 import errno
 import hashlib
 import json
@@ -50,6 +53,7 @@ import time
 SRC, DST, ROOT = "/src", "/dst", "/src"  # set from the command line in main()
 PARTIAL = ".rigkit-partial"
 CHUNK = 16 * 1024 * 1024
+CHUNK_BYTES = 64 * 1024 * 1024  # rig to rig: the unit fsynced, journaled and resumed (receive's argument)
 PROOFS = os.environ.get("RIGKIT_WEIGHTS_PROOFS", "on") != "off"
 HEADER_MAX = 100_000_000  # safetensors' own limit on the JSON header's length
 HEX = frozenset("0123456789abcdef")
@@ -124,6 +128,13 @@ def report(**fields):
 
 
 def check():
+    if SRC == "-":  # weights from another rig: this volume's own state; the deploy compares it with that rig's
+        complete = os.path.exists(state_path("complete"))
+        files = load_json(state_path("manifest.json"), {}).get("files", []) if complete else []
+        rows = sorted((e["path"], e["size"], e["sha256"]) for e in files)
+        report(status="unchanged" if complete else "needed", complete=complete,
+               digest=hashlib.sha256(json.dumps(rows).encode()).hexdigest() if complete else None)
+        return 0
     source = listing()  # first: a source that cannot be copied whole is an error, never "unchanged"
     complete = os.path.exists(state_path("complete"))
     same = complete and manifest_listing(load_json(state_path("manifest.json"), {})) == source
@@ -498,27 +509,396 @@ def verify():
     return 1 if bad else 0
 
 
-def main(argv):
-    global SRC, DST, ROOT
-    if len(argv) >= 2 and argv[1] == "check-each":
-        return check_each(argv)
-    actions = {"check": check, "copy": copy, "verify": verify}
-    if len(argv) < 2 or argv[1] not in actions or len(argv) > 5:
-        report(status="error", error=f"usage: check|copy|verify [SRC DST [ROOT]], not {argv[1:]!r}")
-        return 2
-    SRC, DST = (argv[2], argv[3]) if len(argv) >= 4 else (SRC, DST)
-    ROOT = argv[4] if len(argv) == 5 else SRC
+def manifest():
+    """The volume at SRC as a source for another rig: its manifest, only when it is complete."""
+    print(json.dumps(complete_manifest(SRC)), flush=True)
+    return 0
+
+
+def complete_manifest(volume):
+    if not os.path.exists(os.path.join(volume, ".rigkit", "complete")):
+        raise SourceError("the source rig's volume is not complete (no marker): deploy that rig first")
+    found = load_json(os.path.join(volume, ".rigkit", "manifest.json"), None)
+    if not isinstance(found, dict) or not isinstance(found.get("files"), list):
+        raise SourceError("the source rig's volume has a marker but no readable manifest: run --verify-weights there")
+    return {"status": "ok", "files": found["files"]}
+
+
+# Rig to rig (a relay through the control machine: send on the source rig, receive on the target
+# rig, the controller pumping the one's stdout into the other's stdin). The receiver answers the
+# source's manifest with a plan, [[path, offset], ...]; the sender streams, for each, a JSON line
+# {"path", "offset", "size"} and then the file's bytes from offset to its end; then {"end": true}.
+# The receiver writes fixed-size chunks, fsyncs each and then journals it (chunks.jsonl): a killed
+# copy resumes at its last journaled chunk, so at most one chunk crosses the network twice.
+
+def wide_pipe(fd):
+    """A pipe's buffer from 64 KiB to 1 MiB (Linux F_SETPIPE_SZ, within /proc/sys/fs/pipe-max-size):
+    a 64 KiB pipe caps a Python stream near 300 MB/s. Anything else (a socket, a file) is left alone."""
     try:
-        return actions[argv[1]]()
+        import fcntl
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1024 * 1024)
+    except OSError:
+        pass
+
+
+def send():
+    files = {e["path"]: e for e in complete_manifest(SRC)["files"]}
+    wide_pipe(sys.stdout.fileno())
+    plan = json.loads(sys.stdin.buffer.readline() or b"{}")
+    out, read_bytes, started = sys.stdout.buffer, 0, time.monotonic()
+    for path, offset in plan.get("files", []):
+        if path not in files:  # never read a path the manifest does not name
+            raise SourceError(f"the target asked for {path!r}, which the source's manifest does not list")
+        size = files[path]["size"]
+        full = os.path.join(SRC, path)
+        if os.path.getsize(full) != size:
+            raise SourceError(f"{path} has {os.path.getsize(full)} bytes on the source rig's volume, its manifest says "
+                              f"{size}: run --verify-weights on the source rig")
+        out.write(json.dumps({"path": path, "offset": offset, "size": size}).encode() + b"\n")
+        with open(full, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            f.seek(offset)
+            for block in iter(lambda: f.read(RELAY_BLOCK), b""):
+                out.write(block)
+                read_bytes += len(block)
+    out.write(json.dumps({"end": True}).encode() + b"\n")
+    out.flush()
+    print(json.dumps({"status": "sent", "read_bytes": read_bytes, "seconds": time.monotonic() - started}),
+          file=sys.stderr, flush=True)
+    return 0
+
+
+RELAY_BLOCK = 1024 * 1024
+
+
+class Prefetch:
+    """The receiver's stdin read ahead by a thread (at most `ahead` bytes), so the network keeps
+    arriving while a chunk is hashed, written and fsynced. Blocks are handed on as they came (no
+    joining: a 64 MiB chunk is never copied in memory): readline() and blocks(n)."""
+
+    BLOCK = 1024 * 1024
+
+    def __init__(self, fd, ahead):
+        self.blocks, self.eof = collections.deque(), False
+        self.q = queue.Queue(maxsize=max(4, ahead // self.BLOCK))
+        threading.Thread(target=self._fill, args=(fd,), daemon=True).start()
+
+    def _fill(self, fd):
+        while True:
+            try:
+                block = os.read(fd, self.BLOCK)
+            except OSError:
+                block = b""
+            self.q.put(block)
+            if not block:
+                return
+
+    def _more(self):
+        block = self.q.get() if not self.eof else b""
+        if block:
+            self.blocks.append(block)
+        else:
+            self.eof = True
+        return bool(block)
+
+    def readline(self):
+        line = b""
+        while True:
+            if not self.blocks and not self._more():
+                return line
+            block = self.blocks.popleft()
+            end = block.find(b"\n")
+            if end >= 0:
+                if end + 1 < len(block):
+                    self.blocks.appendleft(block[end + 1:])
+                return line + block[:end + 1]
+            line += block
+
+    def take(self, n):
+        """Up to n bytes as a list of blocks; fewer only at the end of the stream."""
+        out = []
+        while n > 0 and (self.blocks or self._more()):
+            block = self.blocks.popleft()
+            if len(block) > n:
+                self.blocks.appendleft(block[n:])
+                block = block[:n]
+            out.append(block)
+            n -= len(block)
+        return out
+
+
+class ChunkWriter:
+    """Writes each chunk, fsyncs it and only then journals it, on its own thread (with the chunk's
+    SHA-256): the receiver's main thread proves the next chunk meanwhile. A failed write (ENOSPC)
+    is raised in the main thread at its next put() or wait()."""
+
+    def __init__(self, journal):
+        self.journal, self.error = journal, None
+        self.q = queue.Queue(maxsize=2)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def put(self, item):
+        while True:
+            if self.error:
+                raise self.error
+            try:
+                self.q.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def wait(self):
+        self.q.join()
+        if self.error:
+            raise self.error
+
+    def _run(self):
+        while True:
+            fd, blocks, fields = self.q.get()
+            try:
+                if self.error is None:
+                    sha = hashlib.sha256()
+                    for block in blocks:
+                        sha.update(block)
+                        view = memoryview(block)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    os.fsync(fd)  # on disk before the journal says so
+                    self.journal.write(json.dumps({**fields, "sha256": sha.hexdigest()}) + "\n")
+                    self.journal.flush()
+            except OSError as exc:
+                self.error = exc
+            finally:
+                self.q.task_done()
+
+
+def resume_point(path, expected, chunk_bytes, journal, proof, dropped):
+    """How many bytes of DST/path.rigkit-partial the chunks journal proves: each journaled chunk is
+    re-read here and its SHA-256 compared (it was fsynced before its line was written), feeding
+    `proof` so the file's own SHA-256 covers every byte. The partial is cut after the last good chunk."""
+    partial = os.path.join(DST, path) + PARTIAL
+    chunks = journal.get((path, expected, chunk_bytes), {})
+    good = 0
+    if os.path.isfile(partial) and not chunks:
+        os.remove(partial)  # another source file's piece, or one whose chunks were never journaled
+        return 0
+    if os.path.isfile(partial):
+        with open(partial, "rb") as f:
+            while good in chunks:
+                data = f.read(chunk_bytes)
+                if hashlib.sha256(data).hexdigest() != chunks[good]:
+                    break
+                proof.update(data)
+                good += 1
+        dropped.append(os.path.getsize(partial) - proof.read)  # received before, not journaled: sent again
+        with open(partial, "r+b") as f:
+            f.truncate(proof.read)
+    return proof.read
+
+
+def json_lines(name):
+    """The entries of a state file of JSON lines (none when it is not there); a line cut by a kill is skipped."""
+    if not os.path.exists(state_path(name)):
+        return
+    with open(state_path(name)) as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
+def read_journal():
+    """{(path, file sha256, chunk bytes): {chunk index: chunk sha256}} from chunks.jsonl."""
+    journal = {}
+    for e in json_lines("chunks.jsonl"):
+        if {"path", "file_sha256", "chunk_bytes", "chunk", "sha256"} <= e.keys():
+            journal.setdefault((e["path"], e["file_sha256"], e["chunk_bytes"]), {})[e["chunk"]] = e["sha256"]
+    return journal
+
+
+def durable_done(source):
+    """Files of progress.jsonl written by a receiver (each fsynced before its line) that still hold
+    the source's SHA-256 and size: kept without a read."""
+    wanted = {e["path"]: e for e in source}
+    done = {}
+    for e in json_lines("progress.jsonl"):
+        want = wanted.get(e.get("path"))
+        if (e.get("durable") and want and e.get("sha256") == want["sha256"] and e.get("size") == want["size"]
+                and os.path.isfile(os.path.join(DST, e["path"]))
+                and os.path.getsize(os.path.join(DST, e["path"])) == e["size"]):
+            done[e["path"]] = e
+    return done
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def receive():
+    started = time.monotonic()
+    chunk_bytes = CHUNK_BYTES
+    wide_pipe(sys.stdin.fileno())
+    stdin = Prefetch(sys.stdin.fileno(), 2 * chunk_bytes)
+    source = json.loads(stdin.readline() or b"{}").get("files")
+    if not source:
+        raise SourceError("no manifest came from the source rig")
+    for e in source:
+        parts = e["path"].split("/")
+        if e["path"].startswith("/") or ".." in parts or "" in parts or parts[0] == ".rigkit":
+            raise SourceError(f"the source's manifest names {e['path']!r}, not a path inside a volume")
+    os.makedirs(os.path.join(DST, ".rigkit"), exist_ok=True)
+    if os.path.exists(state_path("complete")):
+        os.remove(state_path("complete"))
+    done = durable_done(source)
+    journal = read_journal()
+    plan, proofs, rehashed, dropped = [], {}, 0, []
+    for e in source:
+        if e["path"] in done:
+            continue
+        proof = Proof(e["path"], e["size"], e.get("hub") if PROOFS else None)
+        offset = resume_point(e["path"], e["sha256"], chunk_bytes, journal, proof, dropped)
+        rehashed += offset
+        proofs[e["path"]] = proof
+        plan.append([e["path"], offset])
+    keep = {e["path"] for e in source}
+    for folder, _, names in os.walk(DST):
+        if _inside(folder, os.path.join(DST, ".rigkit")):
+            continue
+        for name in names:
+            rel = os.path.relpath(os.path.join(folder, name), DST)
+            if rel.endswith(PARTIAL) and rel[:-len(PARTIAL)] in proofs:
+                continue  # being resumed
+            if rel not in done:
+                os.remove(os.path.join(folder, name))
+    needed = sum(e["size"] for e in source if e["path"] in proofs) - rehashed
+    stat = os.statvfs(DST)
+    if needed > stat.f_bavail * stat.f_frsize:
+        print(json.dumps({"files": []}), flush=True)  # tells the sender to send nothing
+        report(status="error", error="no space", needed_bytes=needed, free_bytes=stat.f_bavail * stat.f_frsize)
+        return 3
+    print(json.dumps({"files": plan}), flush=True)
+    by_path = {e["path"]: e for e in source}
+    received, resent, refused = 0, 0, []
+    with open(state_path("chunks.jsonl"), "a") as chunks_log, open(state_path("progress.jsonl"), "a") as progress:
+        writer = ChunkWriter(chunks_log)
+        while True:
+            line = stdin.readline()
+            if not line.endswith(b"\n"):
+                raise SourceError("the stream from the source rig ended early: the copy was cut off; deploy again "
+                                  "and it resumes at its last chunk")
+            header = json.loads(line)
+            if header.get("end"):
+                break
+            path, offset = header["path"], header["offset"]
+            e, proof = by_path[path], proofs[path]
+            if offset != proof.read or header["size"] != e["size"]:
+                raise SourceError(f"{path}: the sender began at byte {offset} of {header['size']}, "
+                                  f"the plan asked for {proof.read} of {e['size']}")
+            partial = os.path.join(DST, path) + PARTIAL
+            os.makedirs(os.path.dirname(partial), exist_ok=True)
+            with open(partial, "ab", buffering=0) as out:
+                index = offset // chunk_bytes
+                while proof.read < e["size"]:
+                    want = min(chunk_bytes, e["size"] - proof.read)
+                    blocks = stdin.take(want)
+                    got = sum(len(b) for b in blocks)
+                    if got != want:
+                        raise SourceError(f"the stream from the source rig ended early ({got} of {want} bytes): the "
+                                          "copy was cut off; deploy again and it resumes at its last chunk")
+                    for block in blocks:
+                        proof.update(block)
+                    writer.put((out.fileno(), blocks, {"path": path, "file_sha256": e["sha256"],
+                                                       "chunk_bytes": chunk_bytes, "chunk": index}))
+                    received += got
+                    index += 1
+                writer.wait()
+            sha, passed, failed = proof.finish()
+            if sha != e["sha256"]:
+                failed.insert(0, f"{path}: sha256: expected {e['sha256']} (the source rig's manifest), found {sha}")
+            if failed:
+                os.remove(partial)
+                refused += failed
+                continue
+            os.utime(partial, ns=(e["mtime_ns"], e["mtime_ns"]))
+            os.replace(partial, os.path.join(DST, path))
+            fsync_path(os.path.dirname(os.path.join(DST, path)))
+            done[path] = {**entry(path, e["size"], e["mtime_ns"], sha, passed, e.get("hub")), "durable": True}
+            progress.write(json.dumps(done[path]) + "\n")
+            progress.flush()
+            os.fsync(progress.fileno())
+    if refused:
+        report(status="error", error=f"{len(refused)} file(s) from the source rig are not what their checks say, "
+               f"so nothing was marked complete: {'; '.join(refused[:5])}. Run --verify-weights on the source rig",
+               refused=refused, received_bytes=received)
+        return 4
+    missing = [e["path"] for e in source if e["path"] not in done]
+    if missing:
+        raise SourceError(f"the source rig sent no data for {', '.join(missing[:5])}")
+    files = [{k: v for k, v in done[e["path"]].items() if k != "durable"} for e in source]
+    with open(state_path("manifest.json.tmp"), "w") as f:
+        json.dump({"files": files}, f)
+    os.replace(state_path("manifest.json.tmp"), state_path("manifest.json"))
+    if os.path.exists(state_path("chunks.jsonl")):
+        os.remove(state_path("chunks.jsonl"))
+    total = sum(e["size"] for e in source)
+    result = dict(status="copied", files=len(source), bytes=total, copied_bytes=received, received_bytes=received,
+                  rehashed_bytes=rehashed, resent_bytes=sum(dropped), resumed_at={p: o for p, o in plan if o},
+                  chunk_bytes=chunk_bytes, resumed_files=len(source) - len(plan), proven=proven(files),
+                  seconds=time.monotonic() - started)
+    with open(state_path("last-copy.json"), "w") as f:  # what this copy read and wrote, for a person (and tests)
+        json.dump(result, f)
+    with open(state_path("complete"), "w") as f:
+        f.write(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    report(**result)
+    return 0
+
+
+
+def run_action(action, say):
+    """Run one mode; its failures as a report through `say` and an exit code."""
+    try:
+        return action()
     except SourceError as exc:
-        report(status="error", error=str(exc))
+        say(status="error", error=str(exc))
+        return 2
+    except BrokenPipeError:
+        say(status="error", error="the target rig stopped reading the stream")
         return 2
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            report(status="error", error="no space", needed_bytes=0, free_bytes=0)
+            say(status="error", error="no space", needed_bytes=0, free_bytes=0)
             return 3
-        report(status="error", error=f"{exc.strerror}: {exc.filename}")
+        say(status="error", error=f"{exc.strerror}: {exc.filename}")
         return 2
+
+
+def main(argv):
+    global SRC, DST, ROOT, CHUNK_BYTES
+    if len(argv) >= 2 and argv[1] == "check-each":
+        return check_each(argv)
+    relay = {"manifest": manifest, "send": send, "receive": receive}
+    if len(argv) in (3, 4) and argv[1] in relay:
+        SRC = DST = argv[2]
+        if argv[1] == "receive" and len(argv) == 4:
+            CHUNK_BYTES = int(argv[3])
+        # The sender's stdout is the stream: its report goes to stderr.
+        say = (lambda **f: print(json.dumps(f), file=sys.stderr, flush=True)) if argv[1] == "send" else report
+        return run_action(relay[argv[1]], say)
+    actions = {"check": check, "copy": copy, "verify": verify}
+    if len(argv) < 2 or argv[1] not in actions or len(argv) > 5:
+        report(status="error", error=f"usage: check|copy|verify [SRC DST [ROOT]] | manifest|send VOLUME | receive "
+               f"VOLUME [CHUNK_BYTES], not {argv[1:]!r}")
+        return 2
+    SRC, DST = (argv[2], argv[3]) if len(argv) >= 4 else (SRC, DST)
+    ROOT = argv[4] if len(argv) == 5 else SRC
+    return run_action(actions[argv[1]], report)
 
 
 def check_each(argv):

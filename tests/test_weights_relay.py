@@ -1,0 +1,224 @@
+"""Weights from another rig, without Docker: the copier's send and receive (templates/weights/
+rigkit-copy.py) run as local processes on two folders, this test pumping the sender's stdout into
+the receiver's stdin as the controller's relay does over two SSH channels (rigkit/weights/relay.py;
+the SSH path itself is tested in test_weights_relay_rigs.py); and the inventory's rig sources, refused
+by `rigkit deploy` in one line before any rig is reached (the rigs' addresses here answer nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rigkit.config.rig_sources import FleetRig, share_sources
+from rigkit.config.loader import load_rig
+from tests.conftest import REPO
+from tests.test_weights_copier import COPIER, safetensors
+
+CHUNK = 64 * 1024
+
+
+def source_volume(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """Rig A's complete volume, made by the copier itself from a folder."""
+    files = {"config.json": b'{"model_type": "tiny"}', "model-1.safetensors": safetensors({"a": 600_000}),
+             "sub/model-2.safetensors": safetensors({"b": 500_000, "c": 100_000})}
+    for name, data in files.items():
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / name).write_bytes(data)
+    done = subprocess.run([sys.executable, str(COPIER), "copy", str(tmp_path / "src"), str(tmp_path / "a")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout
+    return tmp_path / "a", files
+
+
+def journaled_bytes(state: Path, sizes: dict[str, int], chunk: int = CHUNK) -> dict[str, int]:
+    """{path: bytes its journaled chunks cover}, read from the receiver's chunks.jsonl."""
+    chunks: dict[str, int] = {}
+    for line in (state / "chunks.jsonl").read_text().splitlines():
+        if line.endswith("}"):
+            path = json.loads(line)["path"]
+            chunks[path] = chunks.get(path, 0) + 1
+    return {p: min(sizes[p], n * chunk) for p, n in chunks.items()}
+
+
+def relay(a: Path, b: Path, stop_after: int | None = None) -> tuple[int, dict, dict]:
+    """(receiver's exit code, its report, the sender's report); `stop_after`: kill the receiver once
+    this many bytes were pumped (as a crash or `docker kill` would)."""
+    manifest = subprocess.run([sys.executable, str(COPIER), "manifest", str(a)], capture_output=True, timeout=60)
+    rx = subprocess.Popen([sys.executable, str(COPIER), "receive", str(b), str(CHUNK)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE)
+    rx.stdin.write(manifest.stdout)
+    rx.stdin.flush()
+    plan = rx.stdout.readline()
+    tx = subprocess.Popen([sys.executable, str(COPIER), "send", str(a)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+    tx.stdin.write(plan)
+    tx.stdin.close()
+    pumped = 0
+    try:
+        while block := tx.stdout.read1(65536):
+            rx.stdin.write(block)
+            pumped += len(block)
+            if stop_after is not None and pumped >= stop_after:
+                rx.stdin.flush()
+                # Every byte pumped has reached the receiver once its journal covers them, or it died.
+                rx.kill()
+                break
+        rx.stdin.close()
+    except BrokenPipeError:
+        pass
+    out, code = rx.stdout.read().decode(), rx.wait(timeout=60)
+    tx.kill()
+    sent = tx.stderr.read().decode().strip().splitlines()
+    tx.wait(timeout=60)
+    last = out.strip().splitlines()
+    return code, json.loads(last[-1]) if last else {}, json.loads(sent[-1]) if sent else {}
+
+
+def test_a_killed_copy_resumes_at_its_last_journaled_chunk_and_a_rerun_sends_nothing(tmp_path):
+    a, files = source_volume(tmp_path)
+    b = tmp_path / "b"
+    total = sum(len(d) for d in files.values())
+    code, _, _ = relay(a, b, stop_after=700_000)
+    assert code != 0
+    assert not (b / ".rigkit" / "complete").exists()
+    kept = journaled_bytes(b / ".rigkit", {p: len(d) for p, d in files.items()})
+    partial = {str(p.relative_to(b))[:-len(".rigkit-partial")] for p in b.rglob("*.rigkit-partial")}
+    code, report, sent = relay(a, b)
+    assert code == 0, report
+    assert report["resent_bytes"] <= CHUNK
+    # Nothing journaled crossed again: the sender read only what the receiver did not have.
+    assert sent["read_bytes"] == report["received_bytes"] == total - sum(kept.values())
+    assert report["rehashed_bytes"] == sum(kept.get(p, 0) for p in partial)  # the cut file's prefix, re-read in place
+    assert {p: (b / p).read_bytes() for p in files} == files
+    assert (b / ".rigkit" / "complete").exists() and not (b / ".rigkit" / "chunks.jsonl").exists()
+    manifest = json.loads((b / ".rigkit" / "manifest.json").read_text())
+    assert {e["path"]: e["proof"] for e in manifest["files"]}["sub/model-2.safetensors"] == ["safetensors-header"]
+    code, report, sent = relay(a, b)
+    assert code == 0 and report["received_bytes"] == 0 and sent["read_bytes"] == 0
+
+
+def test_a_source_volume_file_that_differs_from_its_manifest_is_refused_by_name_and_nothing_is_complete(tmp_path):
+    a, files = source_volume(tmp_path)
+    shard = a / "model-1.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # same size, one flipped byte: rig A's volume rotted after its copy
+    shard.write_bytes(bytes(data))
+    code, report, _ = relay(a, tmp_path / "b")
+    assert code == 4
+    assert "model-1.safetensors: sha256: expected" in report["error"]
+    assert not (tmp_path / "b" / ".rigkit" / "complete").exists()
+    assert not (tmp_path / "b" / "model-1.safetensors").exists()
+
+
+def test_an_incomplete_source_volume_is_refused_and_the_sender_reads_only_what_the_manifest_lists(tmp_path):
+    a, _ = source_volume(tmp_path)
+    send = subprocess.run([sys.executable, str(COPIER), "send", str(a)], input=b'{"files": [["../../etc/passwd", 0]]}\n',
+                          capture_output=True, timeout=60)
+    assert send.returncode == 2 and b"which the source's manifest does not list" in send.stderr
+    assert send.stdout == b""
+    (a / ".rigkit" / "complete").unlink()
+    manifest = subprocess.run([sys.executable, str(COPIER), "manifest", str(a)], capture_output=True, text=True,
+                              timeout=60)
+    assert manifest.returncode == 2 and "not complete" in manifest.stdout
+
+
+# ----- the inventory's rig sources -----------------------------------------------------------------
+
+MODEL = "image: rigkit-vllm-standin:sim\nweights: {source: SOURCE}\ngpus: [0]\nport: PORT\n"
+
+
+def fleet(tmp_path: Path, sources: dict[str, str], rigs: dict[str, list[str]], ports: dict[str, int] | None = None,
+          windows: str | None = None) -> Path:
+    """An inventory: rig NAME serves the models listed, each model's weights.source as given."""
+    (tmp_path / "models").mkdir()
+    for n, (name, source) in enumerate(sources.items()):
+        (tmp_path / "models" / f"{name}.yml").write_text(MODEL.replace("SOURCE", source).replace("PORT", str(18300 + n)))
+    hosts = []
+    base = (REPO / "tests" / "data" / "rigs" / "serving.yml").read_text()
+    for n, (rig, models) in enumerate(rigs.items()):
+        text = base.replace("models: [test-alpha, test-beta]", f"models: [{', '.join(models)}]")
+        (tmp_path / f"{rig}.yml").write_text(text)
+        hosts.append((rig, {"ssh_hostname": "127.0.0.1", "ssh_port": (ports or {}).get(rig, 1 + n),
+                            "rig_file": str(tmp_path / f"{rig}.yml"), "catalog_dir": str(tmp_path / "models")}))
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"rigs = {hosts!r}\n")
+    return inventory
+
+
+def deploy(inventory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rigkit.cli", "deploy", str(inventory)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("sources, rigs, said", [
+    ({"m": "{rig: rig-z}"}, {"rig-a": ["m"]}, "weights.source rig rig-z: no rig of that name in the inventory; rigs: rig-a"),
+    ({"m": "{rig: rig-a}"}, {"rig-a": ["m"]}, "names this rig itself"),
+    ({"m": "/srv/m", "n": "{rig: rig-a, volume: rigkit-weights-x}"}, {"rig-a": ["m"], "rig-b": ["n"]},
+     "rig rig-a keeps no weights volume rigkit-weights-x; its volumes: rigkit-weights-m"),
+    ({"m": "{rig: rig-b, volume: rigkit-weights-n}", "n": "{rig: rig-a, volume: rigkit-weights-m}"},
+     {"rig-a": ["m"], "rig-b": ["n"]}, "weights sources form a cycle"),
+    ({"m": "{rig: 'a b'}"}, {"rig-a": ["m"]}, "weights.source"),
+])
+def test_bad_rig_sources_are_refused_in_one_line_before_any_rig_is_reached(tmp_path, sources, rigs, said):
+    run = deploy(fleet(tmp_path, sources, rigs))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert said in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) <= 3, run.stderr
+
+
+def check_one_model(tmp_path: Path, weights: str, rig_file: str, models: str) -> subprocess.CompletedProcess:
+    """`rigkit check` of a rig (a copy of tests/data/rigs/RIG_FILE) serving one model with these weights."""
+    (tmp_path / "m.yml").write_text(MODEL.replace("SOURCE", weights).replace("PORT", "18300"))
+    rig = tmp_path / "rig.yml"
+    rig.write_text((REPO / "tests" / "data" / "rigs" / rig_file).read_text().replace(models, "[m]"))
+    return subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig), "--catalog", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def test_a_rig_source_with_a_bind_mount_is_refused(tmp_path):
+    run = check_one_model(tmp_path, "{rig: rig-a}, storage: bind", "serving.yml", "[test-alpha, test-beta]")
+    assert run.returncode != 0 and "use storage: volume" in run.stderr, run.stderr
+
+
+def test_rigs_sharing_a_source_take_it_from_the_first_unless_they_are_one_machine(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.yml").write_text(MODEL.replace("SOURCE", "/srv/m").replace("PORT", "18300"))
+    (tmp_path / "rig.yml").write_text(
+        (REPO / "tests" / "data" / "rigs" / "serving.yml").read_text().replace("[test-alpha, test-beta]", "[m]"))
+    rig = load_rig(tmp_path / "rig.yml", tmp_path / "models")
+    shared = share_sources([FleetRig("a", rig, "10.0.0.1:22"), FleetRig("b", rig, "10.0.0.2:22"),
+                            FleetRig("c", rig, "10.0.0.1:22")])
+    assert shared["a"].models[0].spec.weights.source == "/srv/m"
+    assert str(shared["b"].models[0].spec.weights.source) == "rig a volume rigkit-weights-m"
+    assert shared["c"].models[0].spec.weights.source == "/srv/m"  # rig a's own machine: its volume already
+
+
+def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_copy_takes_only_it(tmp_path):
+    """--verify-weights on a rig whose volume came from another rig runs the copier's verify on it alone
+    (rigkit.weights.relay.verify_volume: `verify /v /v`), then the relay."""
+    a, files = source_volume(tmp_path)
+    b = tmp_path / "b"
+    assert relay(a, b)[0] == 0
+    shard = b / "sub" / "model-2.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+    verify = subprocess.run([sys.executable, str(COPIER), "verify", str(b), str(b)], capture_output=True, text=True,
+                            timeout=60)
+    assert verify.returncode == 1
+    assert json.loads(verify.stdout.strip().splitlines()[-1])["bad"] == ["sub/model-2.safetensors"]
+    code, report, sent = relay(a, b)
+    assert code == 0 and sent["read_bytes"] == report["received_bytes"] == len(files["sub/model-2.safetensors"])
+    assert shard.read_bytes() == files["sub/model-2.safetensors"]
+
+
+def test_a_rig_source_on_a_windows_rig_is_refused_by_check(tmp_path):
+    run = check_one_model(tmp_path, "{rig: rig-a}", "windows.yml", "[test-alpha]")
+    assert run.returncode == 2 and "copied only onto Linux rigs" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1

@@ -1,0 +1,165 @@
+"""Weights from another rig (one download per fleet) through the real parts: two simulated rigs (two
+SSH ports), the real pyinfra CLI deploying both, rig A copying its folder onto its volume, rig B taking
+that volume through the controller's relay (two SSH channels, `docker run -i` with the copier on each
+rig), the receiver killed mid-copy, the next deploy resuming at its last journaled chunk.
+
+Simulated: the GPUs (tests/simrig) and vLLM (tests/vllm_standin). Both rigs share the host's Docker
+engine, so rig B's model has another name than rig A's (each its own volume) and names rig A's
+volume in its source. Chunks are 64 KiB here (`rigkit_weights_chunk_bytes`) so a 48 MiB checkpoint
+has hundreds of them and the kill lands mid-copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import DATA, REPO, STATE_ROOT, DeployRun, _changed
+from tests.simrig.rig import SimRig, ssh_keypair
+from tests.simrig.weights import SIM_MODELS
+from tests.test_weights import make_checkpoint, sha256s
+from tests.test_weights_relay import journaled_bytes
+
+pytestmark = pytest.mark.simrig
+
+RIG_B = ("rigkit-relay-b", 2232)
+CHUNK_BYTES = 64 * 1024
+PORTS = {"relay-a": 18211, "relay-b": 18212}
+SOURCE = SIM_MODELS / "relay-a"
+
+
+def model_text(name: str) -> str:
+    source = str(SOURCE) if name == "relay-a" else "{rig: rig-a, volume: rigkit-weights-relay-a}"
+    return (f"image: rigkit-vllm-standin:sim\nweights: {{source: {source}}}\ngpus: [0]\nport: {PORTS[name]}\n"
+            "vllm: {dtype: bfloat16}\nready_timeout_s: 30\n")
+
+
+def remove_leftovers(client) -> None:
+    for name in PORTS:
+        for container in client.containers.list(all=True, filters={"label": f"com.docker.compose.project=rigkit-{name}"}):
+            container.remove(force=True)
+        for container in client.containers.list(all=True, filters={"label": f"rigkit.weights-helper={name}"}):
+            container.remove(force=True)
+        for volume in client.volumes.list(filters={"name": f"rigkit-weights-{name}"}):
+            volume.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def fleet(fresh_rig, tmp_path_factory):
+    from tests.vllm_standin.image import ensure_standin_image
+
+    ensure_standin_image()
+    client = docker.from_env()
+    remove_leftovers(client)
+    if not (SOURCE / "config.json").exists():
+        make_checkpoint(SOURCE, shards=1, shard_bytes=48 * 1024 * 1024, seed=33)
+    rig_b = SimRig(name=RIG_B[0], ssh_port=RIG_B[1]).start(log=lambda m: print(m, file=sys.stderr))
+    folder = tmp_path_factory.mktemp("relay")
+    (folder / "models").mkdir()
+    for name in PORTS:
+        (folder / "models" / f"{name}.yml").write_text(model_text(name))
+    base = (DATA / "rigs" / "serving.yml").read_text().replace("models: [test-alpha, test-beta]", "models: [MODEL]")
+    for rig, name in (("rig-a", "relay-a"), ("rig-b", "relay-b")):
+        (folder / f"{rig}.yml").write_text(base.replace("MODEL", name))
+    ssh = {"ssh_hostname": "127.0.0.1", "ssh_user": "root", "ssh_key": str(ssh_keypair()),
+           "ssh_known_hosts_file": "/dev/null", "ssh_strict_host_key_checking": "off",
+           "catalog_dir": str(folder / "models"), "rigkit_verify": "never", "rigkit_weights_chunk_bytes": CHUNK_BYTES}
+    hosts = [("rig-a", {**ssh, "ssh_port": fresh_rig.ssh_port, "rig_file": str(folder / "rig-a.yml")}),
+             ("rig-b", {**ssh, "ssh_port": RIG_B[1], "rig_file": str(folder / "rig-b.yml")})]
+    inventory = folder / "inventory.py"
+    inventory.write_text(f"rigs = {hosts!r}\n")
+    yield client, inventory, folder
+    remove_leftovers(client)
+    rig_b.remove()
+
+
+def start_deploy(inventory: Path, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, RIGKIT_STATE=str(STATE_ROOT))
+    return subprocess.Popen([sys.executable, "-m", "rigkit.pyinfra_start", "-y", str(inventory), "deploy.py"],
+                            cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, log: Path) -> DeployRun:
+    proc.wait(timeout=600)
+    return DeployRun(proc.returncode, log.read_text())
+
+
+def rigkit_dir(client, volume: str) -> Path:
+    return Path(client.volumes.get(volume).attrs["Mountpoint"]) / ".rigkit"
+
+
+def wait_for(what: str, check, timeout_s: float, every_s: float = 0.01):
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(every_s)
+    return value
+
+
+def journaled(state: Path) -> int:
+    try:
+        return sum(1 for line in (state / "chunks.jsonl").read_text().splitlines() if line.endswith("}"))
+    except FileNotFoundError:
+        return 0
+
+
+def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a_second_deploy_changes_nothing(fleet):
+    client, inventory, folder = fleet
+    total = sum(p.stat().st_size for p in SOURCE.rglob("*") if p.is_file())
+    proc = start_deploy(inventory, folder / "first.log")
+
+    # Kill rig B's receiver once it has journaled a few chunks (its container, as an OOM kill or a crash would).
+    def receiving():
+        try:
+            return rigkit_dir(client, "rigkit-weights-relay-b")
+        except docker.errors.NotFound:
+            return None
+    state = wait_for("rig B's receiver to create its volume", receiving, 300, every_s=0.05)
+    wait_for("rig B's receiver to journal 8 chunks", lambda: journaled(state) >= 8 or proc.poll() is not None, 300)
+    assert proc.poll() is None, (folder / "first.log").read_text()[-4000:]
+    client.containers.get("rigkit-weights-relay-b-receive").kill()
+    first = finish(proc, folder / "first.log")
+    assert first.returncode != 0, first.output[-4000:]
+    assert "relay-b: the target rig's receiver failed" in first.output, first.output[-4000:]
+    assert "Traceback" not in first.output
+    assert not (state / "complete").exists()
+    sizes = {str(p.relative_to(SOURCE)): p.stat().st_size for p in SOURCE.rglob("*") if p.is_file()}
+    kept = journaled_bytes(state, sizes, CHUNK_BYTES)  # on disk and journaled when the receiver died
+    cut = {str(p.relative_to(state.parent))[:-len(".rigkit-partial")] for p in state.parent.rglob("*.rigkit-partial")}
+    assert 8 * CHUNK_BYTES <= sum(kept.values()) < total
+
+    second = finish(start_deploy(inventory, folder / "second.log"), folder / "second.log")
+    assert second.returncode == 0, second.output[-6000:]
+    record = json.loads((state / "last-copy.json").read_text())
+    # Bytes the copier recorded: at most one chunk crossed again; the rest resumed in place.
+    assert record["resent_bytes"] <= CHUNK_BYTES, record
+    assert record["received_bytes"] == total - sum(kept.values()), record
+    assert record["rehashed_bytes"] == sum(kept.get(p, 0) for p in cut), record
+    assert record["resumed_at"] == {p: kept[p] for p in cut if kept.get(p)}, record
+    assert (state / "complete").exists()
+    # An independent read: rig B's volume holds the source's bytes.
+    volume = state.parent
+    assert {p: h for p, h in sha256s(volume).items() if not p.startswith(".rigkit")} == sha256s(SOURCE)
+    manifest = json.loads((state / "manifest.json").read_text())
+    shard = next(e for e in manifest["files"] if e["path"].endswith(".safetensors"))
+    assert shard["proof"] == ["safetensors-header"]
+
+    third = finish(start_deploy(inventory, folder / "third.log"), folder / "third.log")
+    assert third.returncode == 0, third.output[-6000:]
+    assert third.changed_operations() == 0, third.output[-6000:]
+
+    # `rigkit rollout`: one rig at a time (--limit), so rig B's deploy connects to rig A itself to read
+    # its manifest; nothing changes on either rig.
+    rollout = subprocess.run([sys.executable, "-m", "rigkit.cli", "rollout", str(inventory)], cwd=REPO, timeout=600,
+                             env=dict(os.environ, RIGKIT_STATE=str(STATE_ROOT)), capture_output=True, text=True)
+    output = rollout.stdout + rollout.stderr
+    assert rollout.returncode == 0, output[-6000:]
+    runs = output.split("rigkit rollout: rig ")[1:]
+    assert len(runs) == 2 and sum(_changed(run) for run in runs) == 0, output[-6000:]
