@@ -158,7 +158,7 @@ def test_on_the_lan_a_scrape_without_the_key_is_refused_and_the_key_is_in_no_wor
     status, text = exporter_answer(rig, KEY)
     assert status == 200 and "DCGM_FI_DEV_POWER_USAGE" in text
     code, out = rig.exec("stat -c '%a %U %G' /etc/prometheus/rigkit-keys /etc/prometheus/rigkit-keys/monitored.key")
-    assert out.split("\n") == ["700 prometheus prometheus", "600 prometheus prometheus"], out
+    assert out.splitlines() == ["700 prometheus prometheus", "600 prometheus prometheus"], out
     code, out = rig.exec(f"grep -rlF -e {shlex.quote(KEY)} /etc /usr/local /var/lib /run 2>/dev/null "
                          "| xargs -r stat -c '%a %U %n'")
     holders = dict(line.split(" ", 1)[::-1] for line in out.splitlines())
