@@ -16,7 +16,8 @@ Linux rigs (systemd, over SSH):
    benchmark each model and check
    GPUs under load (when this deploy changed the rig; `rigkit verify` runs it on demand);
 9. monitoring (when the rig file asks: `monitoring: {enabled: true}`): the exporter of GPU power,
-   clocks, policy drift and verification figures, and Debian's Prometheus scraping it and the models;
+   clocks, policy drift and verification figures, and Debian's Prometheus scraping it and the models
+   (on the gateway's rig: every rig's exporter and models, the fleet);
 10. gateway: on the rig whose inventory data has `gateway:`, the LiteLLM proxy over every
    replica of every rig (docs/gateway.md);
 11. verify through the gateway: per model name, a benchmark through it and the time to first
@@ -37,6 +38,7 @@ from pyinfra import host, inventory  # noqa: E402
 from rigkit.config.inventory import rig_config, run_options, validate_inventory  # noqa: E402
 from rigkit.facts_once import read_ahead  # noqa: E402
 from rigkit.gateway.topology import gateway_plan  # noqa: E402
+from rigkit.monitoring.fleet import fleet_of  # noqa: E402
 from rigkit.ssh import tcp_nodelay  # noqa: E402
 from roles.base import base  # noqa: E402
 from roles.gateway import gateway  # noqa: E402
@@ -53,9 +55,11 @@ from roles.windows import windows  # noqa: E402
 
 rigs = validate_inventory(inventory)
 fleet_gateway = gateway_plan(inventory, rigs)  # checked on every rig: a bad gateway entry stops them all
+fleet_scraped = fleet_of(inventory, rigs, fleet_gateway)  # the gateway rig's Prometheus, checked on every rig too
 tcp_nodelay(host)  # ~45 ms less per round trip (rigkit/ssh.py)
 rig = rig_config(host)
 options = run_options(host)
+scraped = fleet_scraped if fleet_gateway is not None and fleet_gateway.host == host.name else None
 
 if rig.spec.os == "linux":
     # Every question the roles below ask while planning, known from the rig file alone, asked
@@ -63,7 +67,8 @@ if rig.spec.os == "linux":
     # read: nothing changes before the preflight has passed. (tests/test_serving.py checks that
     # a converged deploy asks nothing else.)
     read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *rigside_reads(rig),
-                *serving_reads(rig), *([] if options.verify_never else verify_reads(rig)), *monitoring_reads(rig)])
+                *serving_reads(rig), *([] if options.verify_never else verify_reads(rig)),
+                *monitoring_reads(rig, scraped)])
     checked = preflight(rig)
     base_changes = base(rig, checked.driver)
     runtime_changes = rigside(rig)  # the rig-side scripts below import it
@@ -78,7 +83,8 @@ if rig.spec.os == "linux":
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes, rollouts=rollouts,
                accept_slower=options.accept_slower, rollout_outcome=options.rollout_outcome)
-    monitoring(rig, runtime_changes)  # off unless the rig file asks; after verify, which its figures come from
+    # off unless the rig file asks; after verify, which its figures come from
+    monitoring(rig, runtime_changes, scraped, {h.name: rig_config(h) for h in inventory} if scraped else None)
     if fleet_gateway is not None and fleet_gateway.host == host.name:
         fleet = {name: rig_config(h) for h in inventory for name in [h.name]}
         gateway_changes = gateway(fleet_gateway, fleet)

@@ -25,7 +25,7 @@ from rigkit.facts_once import read_once
 
 
 class FileStates(FactBase):
-    """{path: {"mode": "644", "sha256": hex}} for every path that is a regular file on the rig,
+    """{path: {"mode": "644", "owner": "root:root", "sha256": hex}} for every path that is a regular file on the rig,
     in one command of three processes whatever the number of files (a `stat` and a
     `sha256sum` per file cost the rig two process starts each)."""
 
@@ -38,19 +38,20 @@ class FileStates(FactBase):
     def command(self, paths: tuple[str, ...]) -> str:
         quoted = " ".join(shlex.quote(p) for p in paths)
         return (f"for p in {quoted}; do [ -f \"$p\" ] && set -- \"$@\" \"$p\"; done; "
-                '[ $# -eq 0 ] || { stat -c "mode %a %n" -- "$@"; sha256sum -- "$@"; }; exit 0')
+                '[ $# -eq 0 ] || { stat -c "mode %a %U:%G %n" -- "$@"; sha256sum -- "$@"; }; exit 0')
 
     def process(self, output) -> dict:
-        modes, digests = {}, {}
+        modes, owners, digests = {}, {}, {}
         for line in output:
             if line.startswith("mode "):
-                _, mode, path = line.split(" ", 2)
-                modes[path] = mode
+                _, mode, owner, path = line.split(" ", 3)
+                modes[path], owners[path] = mode, owner
             elif "  " in line:
                 digest, path = line.split("  ", 1)
                 digests[path] = digest
         # A path absent from the answer is absent from the rig: callers ask with .get(path).
-        return {path: {"mode": mode, "sha256": digests[path]} for path, mode in modes.items() if path in digests}
+        return {path: {"mode": mode, "owner": owners[path], "sha256": digests[path]}
+                for path, mode in modes.items() if path in digests}
 
 
 @operation()

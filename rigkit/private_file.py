@@ -22,14 +22,16 @@ from rigkit.files import FileStates
 
 
 @operation()
-def private_file(dest: str, data: bytes, mode: str = "600"):
-    """Put `data` at `dest` with `mode` unless it is already there; never shows the data."""
-    state = read_once(FileStates, paths=(dest,)).get(dest)  # mode and digest in one command
+def private_file(dest: str, data: bytes, mode: str = "600", owner: str = "root:root"):
+    """Put `data` at `dest` with `mode` and `owner` ("user:group") unless it is already there; never
+    shows the data. The file is private to `owner`: the mode is set before the owner is handed it."""
+    state = read_once(FileStates, paths=(dest,)).get(dest)  # mode, owner and digest in one command
     same = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
-    if same and state["mode"] == mode.lstrip("0"):
+    if same and state["mode"] == mode.lstrip("0") and state["owner"] == owner:
         host.noop(f"{dest} is up to date (compared by SHA-256)")
         return
     if not same:
         temporary = str(PurePosixPath(dest).with_name(f".{PurePosixPath(dest).name}.rigkit-upload"))
         yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=temporary)
     yield f"chmod {shlex.quote(mode)} {shlex.quote(dest)}"
+    yield f"chown {shlex.quote(owner)} {shlex.quote(dest)}"

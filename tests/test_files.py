@@ -1,11 +1,13 @@
-"""rigkit.files.FileStates: the mode and SHA-256 of many files in one command.
+"""rigkit.files.FileStates: the mode, owner and SHA-256 of many files in one command.
 
 Nothing is simulated: the fact's command runs under /bin/sh on this machine's coreutils, the
 same programs a Debian rig has, and its answer is checked against Python's own reading.
 """
 
+import grp
 import hashlib
 import os
+import pwd
 import subprocess
 
 from rigkit.files import FileStates
@@ -25,7 +27,8 @@ def test_one_command_reads_every_regular_file_and_leaves_out_the_rest(tmp_path):
 
     for name, data in files.items():
         mode = format(os.stat(tmp_path / name).st_mode & 0o777, "o")
-        assert states[str(tmp_path / name)] == {"mode": mode, "sha256": hashlib.sha256(data).hexdigest()}
+        owner = f"{pwd.getpwuid(os.getuid()).pw_name}:{grp.getgrgid(os.getgid()).gr_name}"
+        assert states[str(tmp_path / name)] == {"mode": mode, "owner": owner, "sha256": hashlib.sha256(data).hexdigest()}
     assert str(tmp_path / "folder") not in states and str(tmp_path / "missing") not in states
     assert states[str(tmp_path / "link")]["sha256"] == hashlib.sha256(b"policy\n").hexdigest()
     assert out.returncode == 0

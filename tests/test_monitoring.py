@@ -3,9 +3,13 @@ Debian's real `prometheus` (2.42) and `python3-prometheus-client` from the local
 (tests/simrig/aptrepo.py serves the .debs the host's apt downloaded), systemd running the exporter
 and Prometheus, Prometheus scraping the exporter and the vLLM stand-in's /metrics.
 
+The rig serves its models on every interface with an API key (`serve_address: 0.0.0.0`), so the
+exporter listens there too and wants the key, and Prometheus scrapes with it.
+
 Simulated: the GPUs (NVML by tests/simrig/pynvml.py: steady draw at 92% of the enforced limit,
-the energy counter consistent with it; nvidia-smi by tests/simrig/nvidia-smi) and vLLM (the
-stand-in). Assertions read Prometheus's HTTP API and the rig's own nvidia-smi, not rigkit.
+the energy counter consistent with it, Xid events from a file the test appends to; nvidia-smi by
+tests/simrig/nvidia-smi) and vLLM (the stand-in). Assertions read Prometheus's HTTP API, the
+exporter's HTTP answers and the rig's own nvidia-smi, stat and ps, not rigkit.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import shlex
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -28,6 +33,7 @@ EXPORTER_PORT, PROMETHEUS_PORT = 19835, 19090  # the rig shares the host's netwo
 MONITORING = (f"monitoring: {{enabled: true, exporter_port: {EXPORTER_PORT}, prometheus_port: {PROMETHEUS_PORT}, "
               "scrape_interval_s: 1}\n")
 WAIT_S = 60
+KEY = "mon key $HOME #x"  # kept byte for byte: `$` and `#` as Compose's raw env format keeps them
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +45,15 @@ def monitored(serving_rig, tmp_path_factory):
                                      "rm -f /etc/apt/sources.list.d/* && apt-get update -q >/dev/null && "
                                      "apt-cache policy prometheus python3-prometheus-client")
         assert code == 0 and "Candidate: 2.42" in out and "Candidate: (none)" not in out, out
-        path = tmp_path_factory.mktemp("monitoring") / "monitored.yml"
-        path.write_text(SERVING_RIG.read_text() + MONITORING)
+        folder = tmp_path_factory.mktemp("monitoring")
+        key_file = folder / "rig.key"
+        key_file.write_text(KEY + "\n")
+        key_file.chmod(0o600)
+        path = folder / "monitored.yml"
+        path.write_text(SERVING_RIG.read_text() + f"serve_address: 0.0.0.0\napi_key_file: {key_file}\n" + MONITORING)
         first = run_deploy(serving_rig, path)
+        if first.returncode != 0:  # what the services said, beside pyinfra's "Job ... failed"
+            first.output += serving_rig.exec("journalctl -q --no-pager -n 40 -u rigkit-exporter -u prometheus")[1]
         yield serving_rig, path, first
 
 
@@ -78,6 +90,20 @@ def last_verification(folder):
     return sorted(p for p in folder.glob("*.json") if not p.name.startswith(("gate-", "tune-")))[-1]
 
 
+def exporter_answer(rig, key: str | None) -> tuple[int, str]:
+    """GET the exporter's /metrics at the rig's first address that is not loopback (the rig shares
+    the host's network: what another machine on the LAN would reach)."""
+    code, out = rig.exec("hostname -I")
+    address = next(a for a in out.split() if "." in a and not a.startswith("127."))
+    request = urllib.request.Request(f"http://{address}:{EXPORTER_PORT}/metrics",
+                                     headers={"Authorization": f"Bearer {key}"} if key is not None else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
 def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second_deploy_changes_nothing(monitored):
     rig, path, first = monitored
     assert first.returncode == 0, first.output[-5000:]
@@ -86,12 +112,14 @@ def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second
     code, out = rig.exec("systemctl is-active rigkit-exporter.service prometheus.service; "
                          "ss -ltnH | awk '{print $4}' | sort")
     assert out.split()[:2] == ["active", "active"], out
-    assert f"127.0.0.1:{EXPORTER_PORT}" in out and f"127.0.0.1:{PROMETHEUS_PORT}" in out, out
+    # The models serve on every interface with a key: the exporter too; Prometheus stays on loopback
+    assert f"0.0.0.0:{EXPORTER_PORT}" in out and f"127.0.0.1:{PROMETHEUS_PORT}" in out, out
     assert f"*:{PROMETHEUS_PORT}" not in out and f"0.0.0.0:{PROMETHEUS_PORT}" not in out, out
 
-    # Every target up: the exporter and both models' /metrics (the stand-in's)
+    # Every target up: the exporter (scraped with the key) and both models' /metrics (the stand-in's)
     up = wait_for('count(up == 1) == 3', "the exporter and both vLLM targets up")
     assert up
+    assert query('up{job="rigkit-exporter", rig="monitored"}')[0]["value"][1] == "1"
     # Power and the configured cap, against the rig's nvidia-smi (an independent read of the limits; its
     # draw is an idle value, while the simulated NVML draws 92% of the enforced limit: docs/simulated-rig.md)
     code, out = rig.exec("nvidia-smi --query-gpu=index,power.draw,power.limit --format=csv,noheader,nounits")
@@ -118,6 +146,43 @@ def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second
     assert second.changed_operations() == 0, second.output[-6000:]
 
 
+def test_on_the_lan_a_scrape_without_the_key_is_refused_and_the_key_is_in_no_world_readable_file(monitored):
+    """From the LAN side: no key or a wrong one gets 401 (vLLM's answer), the key gets the metrics.
+    On the rig: Prometheus's key file is its own, mode 600, in a folder only it enters; no file
+    anyone may read holds the key (/etc, /usr/local, /var/lib, /run: systemd's credential copy
+    included), and no command line or journal line shows it."""
+    rig, _, first = monitored
+    assert first.returncode == 0, first.output[-3000:]
+    assert exporter_answer(rig, None)[0] == 401
+    assert exporter_answer(rig, KEY + "x")[0] == 401
+    status, text = exporter_answer(rig, KEY)
+    assert status == 200 and "DCGM_FI_DEV_POWER_USAGE" in text
+    code, out = rig.exec("stat -c '%a %U %G' /etc/prometheus/rigkit-keys /etc/prometheus/rigkit-keys/monitored.key")
+    assert out.splitlines() == ["700 prometheus prometheus", "600 prometheus prometheus"], out
+    code, out = rig.exec(f"grep -rlF -e {shlex.quote(KEY)} /etc /usr/local /var/lib /run 2>/dev/null "
+                         "| xargs -r stat -c '%a %U %n'")
+    holders = dict(line.split(" ", 1)[::-1] for line in out.splitlines())
+    assert "prometheus /etc/prometheus/rigkit-keys/monitored.key" in holders, out  # the check finds keys at all
+    assert all(int(mode[-1]) & 4 == 0 for mode in holders.values()), out  # none readable by others
+    code, out = rig.exec("ps -eo args; journalctl -q --no-pager -u rigkit-exporter -u prometheus")
+    assert code == 0 and KEY not in out and "Bearer" not in out, out
+
+
+def test_an_xid_the_driver_reports_appears_in_prometheus(monitored):
+    """Simulates the driver reporting Xid 79 (GPU fallen off the bus) on GPU 1, as an NVML event the
+    exporter's watcher receives: Prometheus shows it counted on GPU 1 and as DCGM's last-Xid value;
+    GPU 0 stays at 0."""
+    rig, _, first = monitored
+    assert first.returncode == 0, first.output[-3000:]
+    wait_for('count(rigkit_gpu_xid_errors_total == 0) == 2', "both GPUs' Xid events watched, none yet")
+    code, out = rig.exec("printf '1 79\\n' >> /run/nvidia-sim/xid-events")
+    assert code == 0, out
+    wait_for('rigkit_gpu_xid_errors_total{gpu="1"} == 1 and on (gpu) DCGM_FI_DEV_XID_ERRORS{gpu="1"} == 79',
+             "Xid 79 on GPU 1 in Prometheus")
+    assert by_gpu(query("rigkit_gpu_xid_errors_total")) == {"0": 0, "1": 1}
+    assert by_gpu(query("DCGM_FI_DEV_XID_ERRORS")) == {"0": 0, "1": 79}
+
+
 def test_a_limit_set_behind_rigkits_back_shows_as_drift_then_as_the_keepers_repair(monitored):
     """Simulates someone running `nvidia-smi -pl 300` on the rig: while the keeper holds off (as during
     a tune session) Prometheus sees the enforced limit 300 W against the configured 330 W; once the
@@ -140,7 +205,7 @@ def test_a_limit_set_behind_rigkits_back_shows_as_drift_then_as_the_keepers_repa
 LOAD_S = 28  # back-to-back requests (about 9); the rule's window is 10 s (four 1 s scrapes, at least 10 s), so 13 s of full windows
 
 
-def _verification_workload(port: int, seconds: float) -> int:
+def _verification_workload(port: int, seconds: float, key: str) -> int:
     """Verification's request (2048 prompt tokens, each prompt new so nothing is cached, 256 tokens out,
     streamed) sent back to back for `seconds`; returns how many completed."""
     import random
@@ -151,8 +216,10 @@ def _verification_workload(port: int, seconds: float) -> int:
     with httpx.Client(timeout=60) as client:
         while time.monotonic() < deadline:
             words = " ".join(f"w{random.randrange(10**9)}" for _ in range(2048))
-            with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json={
-                    "model": "test-alpha", "prompt": words, "max_tokens": 256, "stream": True}) as response:
+            with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions",
+                               headers={"Authorization": f"Bearer {key}"},
+                               json={"model": "test-alpha", "prompt": words, "max_tokens": 256,
+                                     "stream": True}) as response:
                 assert response.status_code == 200
                 for _ in response.iter_lines():
                     pass
@@ -169,7 +236,7 @@ def test_energy_per_token_from_prometheus_agrees_with_the_verification(monitored
     assert first.returncode == 0, first.output[-3000:]
     verified = json.loads(last_verification(RESULTS / path.stem / "test-alpha").read_text())
     expected = verified["figures"]["joules_per_output_token"]
-    requests = _verification_workload(18101, LOAD_S)
+    requests = _verification_workload(18101, LOAD_S, KEY)
     end = time.time()
     full_windows_s = LOAD_S - 15  # leave out the windows that reach back before the load began
     wait_for(f'count_over_time(rigkit:model_joules_per_output_token{{model="test-alpha"}}[{full_windows_s}s]) > 0',

@@ -17,7 +17,7 @@ from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
 from rigkit.monitoring import files
 from rigkit.rigside import metrics
-from rigkit.rigside.names import PROMETHEUS_RULES_PATH
+from rigkit.rigside.names import PROMETHEUS_KEYS_DIR, PROMETHEUS_RULES_PATH, SECRETS_ENV_FILE
 from tests.simrig.aptrepo import DEB_CACHE, MONITORING_PACKAGES, debian_debs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_prometheus_config_and_rules_pass_debians_promtool(tmp_path, promtool):
     checked.write_text(yaml.safe_dump(config))
     done = subprocess.run([str(promtool), "check", "config", str(checked)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 5 rules found" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "SUCCESS: 6 rules found" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
 def test_promtool_refuses_a_broken_rule(tmp_path, promtool):
@@ -111,7 +111,8 @@ def test_rules_use_the_exporters_names_and_prometheus_listens_on_loopback(tmp_pa
     for name in ("rigkit_model_gpu_info", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_POWER_USAGE"):
         assert name in metrics.METRICS and name in rules
     # PSU budget of the test rig: 1200 W * (1 - 0.20) - 200 W system = 760 W for the GPUs
-    assert "760 - rigkit:rig_gpu_power_watts" in rules
+    budget = [r for r in yaml.safe_load(rules)["groups"][0]["rules"] if r["record"] == "rigkit:rig_gpu_power_budget_watts"]
+    assert budget == [{"record": "rigkit:rig_gpu_power_budget_watts", "expr": "vector(760)", "labels": {"rig": "mon"}}]
     assert files.prometheus_args(rig).endswith(
         'ARGS="--web.listen-address=127.0.0.1:19090 --storage.tsdb.retention.time=30d"\n')
 
@@ -123,5 +124,122 @@ def test_exporter_settings_and_unit(tmp_path):
     settings = json.loads(files.exporter_settings(rig))
     assert settings["address"] == "127.0.0.1" and settings["port"] == 9835
     assert settings["models"] == {"test-alpha": [0], "test-beta": [1]}
-    unit = files.exporter_unit()
+    unit = files.exporter_unit(rig)
     assert "User=nobody" in unit and "WatchdogSec=30" in unit and "Type=notify" in unit
+    assert settings["key_file"] is None and "ExecStartPre" not in unit and "RuntimeDirectory" not in unit
+
+
+KEYED = "api_key_file: rig.key\nserve_address: 0.0.0.0\n"
+
+
+def test_on_the_lan_the_exporter_listens_everywhere_and_gets_the_key_from_systemd_not_from_a_file(tmp_path):
+    """A rig serving its models on every interface (with a key): the exporter listens there too and
+    its unit copies the models' key file (root's) for it at each start, into its runtime folder; its
+    settings and unit name files, never the key."""
+    import json
+
+    rig = load_rig(rig_with(tmp_path, KEYED + "monitoring: {enabled: true}\n"), CATALOG)
+    settings = json.loads(files.exporter_settings(rig))
+    assert (settings["address"], settings["key_file"]) == ("0.0.0.0", "/run/rigkit-exporter/api-key.env")
+    unit = files.exporter_unit(rig)
+    assert "\nRuntimeDirectory=rigkit-exporter\nRuntimeDirectoryMode=0700\n" in unit and "User=nobody" in unit
+    assert (f"\nExecStartPre=+/usr/bin/install -m 400 -o nobody -g nogroup {SECRETS_ENV_FILE} "
+            "/run/rigkit-exporter/api-key.env\n") in unit
+    # a key file but models on 127.0.0.1: the exporter stays there, wanting nothing
+    loopback = load_rig(rig_with(tmp_path, "api_key_file: rig.key\nmonitoring: {enabled: true}\n"), CATALOG)
+    assert json.loads(files.exporter_settings(loopback))["address"] == "127.0.0.1"
+    assert "ExecStartPre" not in files.exporter_unit(loopback)
+
+
+def promtool_check(promtool, tmp_path, config_text: str, rules_text: str) -> str:
+    """promtool check config on the rendered config, its rule file and key files pointed into tmp_path
+    (promtool stats every credentials_file); returns its output, failing on a refusal."""
+    config = yaml.safe_load(config_text)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(rules_text)
+    config["rule_files"] = [str(rules)]
+    for job in config["scrape_configs"]:
+        if "authorization" in job:
+            key = tmp_path / Path(job["authorization"]["credentials_file"]).name
+            key.write_text("the key")
+            job["authorization"]["credentials_file"] = str(key)
+    checked = tmp_path / "prometheus.yml"
+    checked.write_text(yaml.safe_dump(config))
+    done = subprocess.run([str(promtool), "check", "config", str(checked)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_a_keyed_rig_is_scraped_with_its_key_from_a_file_only_prometheus_reads(tmp_path, promtool):
+    rig = load_rig(rig_with(tmp_path, KEYED + "monitoring: {enabled: true}\n"), CATALOG)
+    text = files.prometheus_config(rig)
+    config = yaml.safe_load(text)
+    key_file = f"{PROMETHEUS_KEYS_DIR}/mon.key"
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"rigkit-exporter/mon", "vllm/mon"}
+    for name, job in (("rigkit-exporter", jobs["rigkit-exporter/mon"]), ("vllm", jobs["vllm/mon"])):
+        assert job["authorization"] == {"type": "Bearer", "credentials_file": key_file}
+        assert job["relabel_configs"] == [{"target_label": "job", "replacement": name}]  # series keep the job's name
+    assert jobs["rigkit-exporter/mon"]["static_configs"] == [{"targets": ["127.0.0.1:9835"], "labels": {"rig": "mon"}}]
+    assert "SUCCESS" in promtool_check(promtool, tmp_path, text, files.recording_rules(rig))
+
+
+def views(tmp_path, c_text: str = ""):
+    """Rig a runs the gateway (models on 127.0.0.1, no key); b serves on every interface with a key;
+    c (when given) runs an exporter and no model."""
+    from rigkit.config.inventory import RigView
+    from rigkit.config.schema import GatewaySpec
+
+    folder = tmp_path / "fleet"
+    folder.mkdir(exist_ok=True)
+    texts = {"a": RIG + "monitoring: {enabled: true}\n",
+             "b": RIG.replace("psu_w: 1200", "psu_w: 1600") + KEYED + "monitoring: {enabled: true, exporter_port: 9900}\n"}
+    if c_text:
+        texts["c"] = RIG.replace("models: [test-alpha, test-beta]", "models: []") + c_text
+    out = []
+    for name, text in texts.items():
+        (folder / f"{name}.yml").write_text(text)
+        out.append(RigView(host=f"rig-{name}", rig=load_rig(folder / f"{name}.yml", CATALOG), address=f"10.0.0.{len(out) + 1}",
+                           gateway=GatewaySpec(master_key_file="master.key") if name == "a" else None))
+    return out
+
+
+def test_the_gateway_rigs_prometheus_scrapes_every_rigs_exporter_and_models(tmp_path, promtool):
+    from rigkit.monitoring.fleet import fleet
+
+    rigs = views(tmp_path)
+    scraped = fleet(rigs, "rig-a")
+    text = files.prometheus_config(rigs[0].rig, scraped)
+    config = yaml.safe_load(text)
+    targets = {(job["job_name"], t, tuple(sorted(c["labels"].items())))
+               for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    assert targets == {
+        ("rigkit-exporter", "127.0.0.1:9835", (("rig", "rig-a"),)),
+        ("vllm", "127.0.0.1:18101", (("model", "test-alpha"), ("rig", "rig-a"))),
+        ("vllm", "127.0.0.1:18102", (("model", "test-beta"), ("rig", "rig-a"))),
+        ("rigkit-exporter/rig-b", "10.0.0.2:9900", (("rig", "rig-b"),)),
+        ("vllm/rig-b", "10.0.0.2:18101", (("model", "test-alpha"), ("rig", "rig-b"))),
+        ("vllm/rig-b", "10.0.0.2:18102", (("model", "test-beta"), ("rig", "rig-b"))),
+    }
+    keyed = [job for job in config["scrape_configs"] if "authorization" in job]
+    assert {job["authorization"]["credentials_file"] for job in keyed} == {f"{PROMETHEUS_KEYS_DIR}/rig-b.key"}
+    rules = files.recording_rules(rigs[0].rig, scraped)
+    # each rig's headroom against its own PSU: a 1200 W * 0.8 - 200 = 760 W, b 1600 W * 0.8 - 200 = 1080 W
+    budgets = {r["labels"]["rig"]: r["expr"] for r in yaml.safe_load(rules)["groups"][0]["rules"]
+               if r["record"] == "rigkit:rig_gpu_power_budget_watts"}
+    assert budgets == {"rig-a": "vector(760)", "rig-b": "vector(1080)"}
+    checked = promtool_check(promtool, tmp_path, text, rules)
+    assert "SUCCESS: 7 rules found" in checked and "inconsistency" not in checked, checked
+
+
+def test_a_fleet_rig_whose_exporter_the_gateway_cannot_reach_is_refused_in_one_line(tmp_path):
+    from rigkit.config.inventory import RigConfigError
+    from rigkit.monitoring.fleet import fleet
+
+    with pytest.raises(RigConfigError) as caught:
+        fleet(views(tmp_path, "monitoring: {enabled: true}\n"), "rig-a")
+    message = str(caught.value)
+    assert "\n" not in message and "c.yml" in message and "cannot reach the exporter of rig rig-c" in message
+    assert "serve_address: 0.0.0.0 (with api_key_file)" in message, message
+    # the same rig with its monitoring off has nothing to scrape: left out
+    assert [r.label for r in fleet(views(tmp_path, "monitoring: {enabled: false}\n"), "rig-a")] == ["rig-a", "rig-b"]

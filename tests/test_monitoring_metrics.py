@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import core
 from prometheus_client.parser import text_string_to_metric_families
 
-from rigkit.rigside import metrics
+from rigkit.rigside import metrics, xid
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -214,14 +214,13 @@ def test_the_exporter_script_builds_its_metrics_from_the_runtime():
     assert not spelled, f"metric names spelled in the script (they belong in rigside.metrics): {spelled}"
 
 
-def test_the_exporter_collects_through_prometheus_client_with_a_fake_nvml(tmp_path, monkeypatch):
-    """The script's collector, loaded as a module, on the fake NVML and state files in tmp_path."""
-    import json
+def exporter_module(monkeypatch):
+    """templates/monitoring/rigkit-exporter.py loaded as a module, on the runtime and the fake NVML."""
     import sys
 
     monkeypatch.setenv("RIGKIT_LIB_DIR", str(REPO / "rigkit"))
     monkeypatch.setitem(sys.modules, "rigside", importlib.import_module("rigkit.rigside"))
-    for name in ("atomic", "metrics", "names", "sdnotify"):
+    for name in ("atomic", "keyfile", "metrics", "names", "sdnotify", "xid"):
         monkeypatch.setitem(sys.modules, f"rigside.{name}", importlib.import_module(f"rigkit.rigside.{name}"))
     fake = FakeNvml()
     fake.nvmlInit = lambda: None
@@ -229,13 +228,60 @@ def test_the_exporter_collects_through_prometheus_client_with_a_fake_nvml(tmp_pa
     spec = importlib.util.spec_from_file_location("rigkit_exporter", REPO / "templates/monitoring/rigkit-exporter.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_exporter_collects_through_prometheus_client_with_a_fake_nvml(tmp_path, monkeypatch):
+    """The script's collector, loaded as a module, on the fake NVML and state files in tmp_path."""
+    import json
+
+    module = exporter_module(monkeypatch)
     (tmp_path / "policy").write_text(POLICY)
     (tmp_path / "keeper.json").write_text(json.dumps(KEEPER))
     settings = {"gpus": [0], "models": {"alpha": [0]}, "policy_path": str(tmp_path / "policy"),
                 "keeper_state_path": str(tmp_path / "keeper.json"), "watchdog_state_dir": str(tmp_path),
                 "verify_summary_dir": str(tmp_path), "hung_after_s": 1}
     registry = CollectorRegistry()
-    registry.register(module.RigCollector(settings))
+    registry.register(module.RigCollector(settings, xid.XidCounts()))
     text = generate_latest(registry).decode()
     assert 'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-1234",device="nvidia0",gpu="0",modelName="NVIDIA GeForce RTX 4090"} 300.123' in text
     assert 'rigkit_gpu_policy_repairs_total{cause="changed-by-hand"} 2.0' in text
+
+
+def test_on_the_lan_the_exporter_wants_the_key_and_never_starts_without_it(tmp_path, monkeypatch, capsys):
+    """The key as the unit hands it over (a copy of the models' env file): a request
+    without it, with another or with it in another form gets 401; with it, the metrics. Settings that
+    ask for a key systemd did not pass: the exporter stops before it listens (exit 2, saying why)."""
+    import json
+    from wsgiref.util import setup_testing_defaults
+
+    from prometheus_client import make_wsgi_app
+
+    module = exporter_module(monkeypatch)
+    key = "k $HOME #x"
+    (tmp_path / "api-key.env").write_text(f"VLLM_API_KEY={key}\n")
+    assert module.lan_key(str(tmp_path / "api-key.env")) == key
+    registry = CollectorRegistry()
+    registry.register(module.RigCollector({"gpus": [0], "models": {}, "policy_path": "/nonexistent",
+                                           "keeper_state_path": "/nonexistent", "watchdog_state_dir": "/nonexistent",
+                                           "verify_summary_dir": "/nonexistent"}, xid.XidCounts()))
+    app = module.keyed(make_wsgi_app(registry), key)
+
+    def get(header):
+        environ = {"PATH_INFO": "/metrics", **({"HTTP_AUTHORIZATION": header} if header is not None else {})}
+        setup_testing_defaults(environ)
+        answer = {}
+        body = b"".join(app(environ, lambda status, headers: answer.update(status=status)))
+        return answer["status"], body.decode()
+
+    for header in (None, "Bearer other", f"bearer {key}", key, f"Bearer {key} "):
+        assert get(header) == ("401 Unauthorized", '{"error": "Unauthorized"}'), header
+    status, body = get(f"Bearer {key}")
+    assert status.startswith("200") and "DCGM_FI_DEV_POWER_USAGE" in body
+
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"address": "127.0.0.1", "port": 1, "gpus": [0], "models": {},
+                                    "key_file": str(tmp_path / "missing.env")}))
+    assert module.main(["rigkit-exporter", str(settings)]) == 2
+    said = capsys.readouterr().out
+    assert "missing.env (No such file or directory)" in said and "not serving the LAN without it" in said, said

@@ -174,10 +174,11 @@ class BaseSpec(_Strict):
 class MonitoringSpec(_Strict):
     """The monitoring pack (roles/monitoring.py): an exporter of GPU power, clocks, policy drift and
     rigkit's own figures, and Debian's Prometheus scraping it and every model's /metrics. Off unless
-    the rig file says `monitoring: {enabled: true}`. Linux rigs only. Both listen on 127.0.0.1 only."""
+    the rig file says `monitoring: {enabled: true}`. Linux rigs only. Both listen on 127.0.0.1; the
+    exporter on every interface, wanting the models' key, where the models serve there (serve_address)."""
 
     enabled: bool = False
-    exporter_port: int = Field(default=9835, ge=1024, le=65535)  # the exporter's /metrics (127.0.0.1)
+    exporter_port: int = Field(default=9835, ge=1024, le=65535)  # the exporter's /metrics (127.0.0.1, or the LAN)
     prometheus: bool = True  # install Debian's prometheus on the rig, scraping the exporter and the models
     prometheus_port: int = Field(default=9090, ge=1024, le=65535)  # its web UI and HTTP API (127.0.0.1)
     scrape_interval_s: int = Field(default=15, ge=1, le=600)

@@ -80,7 +80,7 @@ def plan(views: list[RigView]) -> GatewayPlan | None:
             raise GatewayConfigError(f"hosts {envs[env]} and {view.host} give the same key variable {env}; "
                                      "rename one of them")
         envs[env] = view.host
-        host = _backend_host(view, runner)
+        host = backend_host(view, runner)
         has_key = bool(view.rig.spec.api_key_file) and view.rig.spec.os == "linux"
         if has_key:
             keyed.append((view.host, env))
@@ -104,7 +104,8 @@ def gateway_plan(inventory, rigs=None) -> GatewayPlan | None:
         raise RigConfigError(str(exc)) from None
 
 
-def _backend_host(view: RigView, runner: RigView) -> str:
+def backend_host(view: RigView, runner: RigView) -> str:
+    """Where the gateway (and the fleet's Prometheus, rigkit.monitoring.fleet) reaches a rig."""
     if view.gateway_address is not None:
         if not _ADDRESS.fullmatch(view.gateway_address):
             raise GatewayConfigError(f"host {view.host}: gateway_address {view.gateway_address!r} is not a host "

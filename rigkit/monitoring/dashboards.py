@@ -94,6 +94,11 @@ def rig_dashboard() -> dict:
         _panel(10, "PSU headroom for the GPUs", "watt", [
             (f"rigkit:rig_psu_headroom_watts{r}", "headroom")], 12, 32,
             description="The rig file's PSU budget for the GPUs minus what they draw now."),
+        _panel(11, "Xid errors", "short", [
+            (f"increase(rigkit_gpu_xid_errors_total{r}[1h])", "GPU {{gpu}} Xids/h"),
+            (f"DCGM_FI_DEV_XID_ERRORS{r}", "GPU {{gpu}} last Xid")], 0, 40, w=24,
+            description="Xid errors the driver reported since the exporter started watching (NVML events); the last "
+                        "one's number (e.g. 79: fallen off the bus). The kernel log has each: journalctl -k | grep Xid."),
     ]
     return _dashboard("rigkit-rig", "rigkit: rig", "One rig: throughput, latency, queue, KV cache, watts vs cap, "
                       "clocks vs lock, energy per token, drift (rigkit's monitoring pack).", panels, with_rig=True)
@@ -113,11 +118,13 @@ def fleet_dashboard() -> dict:
         _panel(6, "Drifted GPUs and repairs per rig", "short", [
             ("sum by (rig) (rigkit_gpu_policy_drift)", "{{rig}} drifted now"),
             ("sum by (rig) (increase(rigkit_gpu_policy_repairs_total[1h]))", "{{rig}} repairs/h")], 12, 16),
-        _panel(7, "Exporters answering NVML", "short", [("rigkit_exporter_nvml_up", "{{rig}}")], 0, 24, w=24,
+        _panel(7, "Exporters answering NVML", "short", [("rigkit_exporter_nvml_up", "{{rig}}")], 0, 24, w=12,
                h=6, kind="stat"),
+        _panel(8, "Xid errors per rig (last hour)", "short", [
+            ("sum by (rig) (increase(rigkit_gpu_xid_errors_total[1h]))", "{{rig}}")], 12, 24, w=12, h=6, kind="stat"),
     ]
     return _dashboard("rigkit-fleet", "rigkit: fleet", "Every rig: throughput, power, energy per token, PSU "
-                      "headroom, queue and drift (rigkit's monitoring pack).", panels, with_rig=False)
+                      "headroom, queue, drift and Xid errors (rigkit's monitoring pack).", panels, with_rig=False)
 
 
 def dashboard_files() -> dict[str, str]:

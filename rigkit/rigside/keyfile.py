@@ -1,8 +1,11 @@
 """Reading a key from an env file on the rig, as Docker Compose reads it in `raw` format: the value
 is everything after the first `NAME=` up to the end of its line, byte for byte (`$`, quotes, `#`
-and spaces included). The vLLM servers' API key and the gateway's keys are kept this way."""
+and spaces included). The vLLM servers' API key and the gateway's keys are kept this way.
+And checking a request's key as vLLM checks it: `Authorization: Bearer <key>`, exactly."""
 
 from __future__ import annotations
+
+import hmac
 
 API_KEY_ENV_NAME = "VLLM_API_KEY"
 
@@ -31,3 +34,10 @@ def api_key(settings: dict | None, unreadable_is_none: bool = True) -> str | Non
         if unreadable_is_none:
             return None
         raise
+
+
+def authorized(header: str | None, key: str) -> bool:
+    """Whether an Authorization header carries `key` as vLLM's API server wants it (the header equal
+    to "Bearer <key>"), compared in constant time."""
+    return header is not None and hmac.compare_digest(header.encode("utf-8", "surrogateescape"),
+                                                      f"Bearer {key}".encode("utf-8", "surrogateescape"))

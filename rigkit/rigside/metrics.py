@@ -30,6 +30,12 @@ GPU_METRICS = {
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("counter", "Corrected (single-bit) ECC errors since the driver was loaded (DCGM field 310)."),
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("counter", "Uncorrected (double-bit) ECC errors since the driver was loaded (DCGM field 311)."),
 }
+# Xids, from NVML's events (rigside.xid): only for GPUs whose Xid events the exporter watches.
+XID_METRICS = {
+    "DCGM_FI_DEV_XID_ERRORS": ("gauge", "Value of the last Xid error seen since the exporter started watching; 0: none "
+                               "(DCGM field 230)."),
+    "rigkit_gpu_xid_errors_total": ("counter", "Xid errors seen since the exporter started watching the GPU's events."),
+}
 # rigkit's own, per GPU: what the rig file asks for (the GPU policy file the deploy wrote).
 POLICY_METRICS = {
     "rigkit_gpu_power_limit_configured_watts": ("gauge", "Power limit the rig file configures (the driver default where it says none)."),
@@ -52,7 +58,7 @@ RIG_METRICS = {
     "rigkit_model_gpu_info": ("gauge", "1 for each GPU a served model runs on (join key for per-model power)."),
     "rigkit_exporter_nvml_up": ("gauge", "1 when NVML answered this scrape."),
 }
-METRICS = {**GPU_METRICS, **POLICY_METRICS, **RIG_METRICS}
+METRICS = {**GPU_METRICS, **XID_METRICS, **POLICY_METRICS, **RIG_METRICS}
 GPU_LABELS = ("gpu", "UUID", "modelName", "device")
 TOLERANCE_W = 0.5  # the keeper's (templates/gpu_policy/rigkit-gpu-keeper.py)
 HOUR_S = 3600
@@ -158,8 +164,9 @@ def _iso_seconds(text) -> float | None:
 
 def build(readings: list[dict] | None, policy: dict[int, dict], keeper_state: dict | None,
           watchdog_states: dict[str, dict], verifications: dict[str, dict], model_gpus: dict[str, list[int]],
-          now: float) -> list[Family]:
+          now: float, xids: dict[int, tuple[int, int]] | None = None) -> list[Family]:
     """Every family of one scrape. `readings`: read_gpu's per GPU, or None when NVML did not answer;
+    `xids`: rigside.xid.XidCounts.snapshot() ({GPU: (count, last Xid)} of the GPUs watched);
     `keeper_state`: the keeper's state file; `watchdog_states`: {model: its state file};
     `verifications`: {model: the last verification's summary (verification_summary)};
     `model_gpus`: {model: its GPU indexes}."""
@@ -174,6 +181,10 @@ def build(readings: list[dict] | None, policy: dict[int, dict], keeper_state: di
         labels = reading["labels"]
         for name in GPU_METRICS:
             add(name, labels, reading.get(name))
+        if int(labels["gpu"]) in (xids or {}):
+            count, last = xids[int(labels["gpu"])]
+            add("DCGM_FI_DEV_XID_ERRORS", labels, last)
+            add("rigkit_gpu_xid_errors_total", labels, count)
         entry = policy.get(int(labels["gpu"]))
         configured = configured_limit_w(entry, reading)
         add("rigkit_gpu_power_limit_configured_watts", labels, configured)

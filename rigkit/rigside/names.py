@@ -90,6 +90,13 @@ PROMETHEUS_UNIT = "prometheus.service"
 PROMETHEUS_CONFIG_PATH = "/etc/prometheus/prometheus.yml"
 PROMETHEUS_RULES_PATH = "/etc/prometheus/rigkit-rules.yml"
 PROMETHEUS_ARGS_PATH = "/etc/default/prometheus"
+# The keys Prometheus scrapes keyed rigs with, one file per rig (<rig>.key), readable by Prometheus only
+PROMETHEUS_KEYS_DIR = "/etc/prometheus/rigkit-keys"
+PROMETHEUS_USER = "prometheus"  # Debian's package creates it
+# On the LAN the exporter's copy of the models' key: in its runtime folder (systemd's RuntimeDirectory=,
+# its user's only, gone when it stops), put there by its unit's privileged ExecStartPre
+EXPORTER_RUNTIME_DIR_NAME = "rigkit-exporter"
+EXPORTER_KEY_PATH = f"/run/{EXPORTER_RUNTIME_DIR_NAME}/api-key.env"
 
 
 def project_name(model) -> str:

@@ -11,7 +11,12 @@ temperature, clock event reasons, the energy counter, ECC counts where NVML has 
 own files: the GPU policy (configured caps and locks), the keeper's state (repairs by cause), the
 watchdog's state per model (restarts), the last verification per model. Names and the metric set:
 the rig-side runtime's rigside.metrics (DCGM's names where DCGM has the metric). Nothing is read
-between scrapes: the cost follows the scrape interval.
+between scrapes (the cost follows the scrape interval), except Xid errors: NVML delivers them only
+as events, which a thread waits for in bounded waits and counts (rigside.xid).
+
+On the LAN (the settings' `key_file`), every request must carry the models' API key as
+`Authorization: Bearer <key>`, as vLLM wants it; the unit copies the key's env file for it at each
+start. Without the key the exporter does not start: it never serves the LAN open.
 
 One scrape at a time reads NVML; a scrape that finds another still reading after HUNG_AFTER_S
 answers with rigkit_exporter_nvml_up 0, and the heartbeat to systemd stops, so WatchdogSec restarts
@@ -22,16 +27,18 @@ import os
 import sys
 import threading
 import time
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 # The rig-side runtime (rigkit/rigside), shipped by rigkit's rigside role before this exporter; this
 # folder is rigkit.rigside.names.LIB_DIR (tests/test_layout.py keeps them equal).
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
-from rigside import atomic, metrics, names  # noqa: E402
+from rigside import atomic, keyfile, metrics, names, xid  # noqa: E402
 from rigside.sdnotify import notify  # noqa: E402
 
 try:
-    from prometheus_client import REGISTRY, start_http_server
+    from prometheus_client import REGISTRY, make_wsgi_app
     from prometheus_client import core
     from prometheus_client import gc_collector, platform_collector
 except ImportError:
@@ -53,8 +60,9 @@ def say(text):
 class RigCollector:
     """prometheus-client calls collect() once per scrape."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, xids):
         self.settings = settings
+        self.xids = xids
         self.hung_after_s = float(settings.get("hung_after_s", 30))
         self.lock = threading.Lock()
         self.reading_since = None  # monotonic time a scrape started reading, while it reads
@@ -112,8 +120,43 @@ class RigCollector:
                 self.reading_since = None
                 self.lock.release()
         policy, keeper, watchdog, verified = self.read_files()
-        families = metrics.build(readings, policy, keeper, watchdog, verified, self.settings["models"], time.time())
+        families = metrics.build(readings, policy, keeper, watchdog, verified, self.settings["models"], time.time(),
+                                 self.xids.snapshot())
         yield from metrics.to_prometheus(families, core)
+
+
+class ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow client never holds the exporter up
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args):  # no line per scrape in the journal
+        pass
+
+
+def keyed(app, key):
+    """The app behind the models' key: a request without it gets vLLM's answer, 401 Unauthorized."""
+    def guarded(environ, start_response):
+        if keyfile.authorized(environ.get("HTTP_AUTHORIZATION"), key):
+            return app(environ, start_response)
+        body = b'{"error": "Unauthorized"}'
+        start_response("401 Unauthorized", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+    return guarded
+
+
+def lan_key(path):
+    """The models' key from the exporter's copy of their env file (read as Compose reads it), or
+    None with the reason said."""
+    try:
+        key = keyfile.env_value(path, keyfile.API_KEY_ENV_NAME)
+    except OSError as exc:
+        say(f"cannot read the API key at {path} ({exc.strerror or exc}); rigkit-exporter.service's ExecStartPre "
+            "copies it there from the models' key file: not serving the LAN without it")
+        return None
+    if not key:
+        say(f"{path} sets no {keyfile.API_KEY_ENV_NAME}: not serving the LAN without the key")
+    return key or None
 
 
 def main(argv):
@@ -124,12 +167,21 @@ def main(argv):
     if not isinstance(settings, dict):
         say(f"cannot read the settings {argv[1]} (missing or not JSON); rigkit's monitoring role writes them")
         return 2
+    key = lan_key(settings["key_file"]) if settings.get("key_file") else None
+    if settings.get("key_file") and key is None:
+        return 2  # never serve the LAN without the key
     for collector in (gc_collector.GC_COLLECTOR, platform_collector.PLATFORM_COLLECTOR):
         REGISTRY.unregister(collector)  # the process collector stays: process_cpu_seconds_total is the exporter's cost
-    collector = RigCollector(settings)
+    app = make_wsgi_app(REGISTRY) if key is None else keyed(make_wsgi_app(REGISTRY), key)
+    xids = xid.XidCounts()
+    collector = RigCollector(settings, xids)
     REGISTRY.register(collector)
-    start_http_server(int(settings["port"]), addr=settings["address"], registry=REGISTRY)
-    say(f"serving /metrics on {settings['address']}:{settings['port']} for GPUs {settings['gpus']}")
+    server = make_server(settings["address"], int(settings["port"]), app, ThreadingServer, handler_class=QuietHandler)
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    threading.Thread(target=xid.watch, args=(pynvml, settings["gpus"], xids, threading.Event(), say), name="xid",
+                     daemon=True).start()
+    say(f"serving /metrics on {settings['address']}:{settings['port']}"
+        f"{' (with the API key)' if key else ''} for GPUs {settings['gpus']}")
     notify("READY=1")
     beat_s = max(1.0, collector.hung_after_s / 3)
     while True:

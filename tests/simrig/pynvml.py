@@ -24,6 +24,15 @@ For `rigkit tune` (docs/simulated-rig.md):
   for its current limit, lock and offsets; "held_at_w" is another firmware limit that holds the
   card at that draw while the requested limit is reported as enforced (seed 004's "requested
   106 W, drew 70 W"); the power-cap reason is set only while the cap (or that limit) holds it.
+
+Xid events (the monitoring exporter): nvmlEventSetCreate, nvmlDeviceGetSupportedEventTypes,
+nvmlDeviceRegisterEvents, nvmlEventSetWait(_v2), nvmlEventSetFree and nvmlDeviceGetIndex, with
+nvidia-ml-py's names, constants and event data fields (device, eventType, eventData,
+gpuInstanceId, computeInstanceId). A test makes an Xid by appending a line "GPU XID" to
+/run/nvidia-sim/xid-events (the kernel's part on a real rig). As in NVML, a set gets only the
+events after its registration, each once; a wait with none raises NVMLError_Timeout after its
+timeout; a type the GPU does not support (only Xid, P-state and clock events here: no ECC on
+these GeForce cards) raises NVMLError_NotSupported.
 """
 
 import fcntl
@@ -54,8 +63,51 @@ IGNORED_LOCK_MHZ = 2640
 SIM_DRIVER_VERSION = "580.95.05"
 
 
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
+nvmlEventTypePState = 0x0000000000000004
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlEventTypeClock = 0x0000000000000010
+_SUPPORTED_EVENTS = nvmlEventTypeXidCriticalError | nvmlEventTypePState | nvmlEventTypeClock
+XID_EVENTS_PATH = STATE_DIR + "/xid-events"
+_EVENT_POLL_S = 0.1
+
+
 class NVMLError(Exception):
     pass
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 (nvidia-ml-py's names, value and text)
+    value = NVML_ERROR_NOT_SUPPORTED
+
+    def __init__(self):
+        super().__init__("Not Supported")
+
+
+class NVMLError_Timeout(NVMLError):  # noqa: N801
+    value = NVML_ERROR_TIMEOUT
+
+    def __init__(self):
+        super().__init__("Timeout")
+
+
+class c_nvmlEventData_t:  # noqa: N801 (nvidia-ml-py's name and fields)
+    def __init__(self, device, event_type, event_data):
+        self.device, self.eventType, self.eventData = device, event_type, event_data
+        self.gpuInstanceId = self.computeInstanceId = 0xFFFFFFFF  # not a MIG instance
+
+
+class _EventSet:
+    def __init__(self):
+        self.types = {}  # GPU index -> registered event types
+        self.offset = _xid_log_size()  # events before the set existed are not its own
+
+
+def _xid_log_size():
+    try:
+        return os.path.getsize(XID_EVENTS_PATH)
+    except OSError:
+        return 0
 
 
 class c_nvmlClockOffset_t:  # noqa: N801 (nvidia-ml-py's name)
@@ -252,3 +304,50 @@ def nvmlDeviceGetFieldValues(handle, field_ids):
     values[NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP] = seconds * 1e6 if capped else 0
     return [_Value(values.get(i, 0), NVML_VALUE_TYPE_UNSIGNED_LONG_LONG if i >= 246 else NVML_VALUE_TYPE_UNSIGNED_INT)
             for i in field_ids]
+
+
+def nvmlDeviceGetIndex(handle):
+    return handle
+
+
+def nvmlEventSetCreate():
+    return _EventSet()
+
+
+def nvmlDeviceGetSupportedEventTypes(handle):
+    return _SUPPORTED_EVENTS
+
+
+def nvmlDeviceRegisterEvents(handle, eventTypes, eventSet):  # noqa: N803 (nvidia-ml-py's argument names)
+    if eventTypes & ~_SUPPORTED_EVENTS:
+        raise NVMLError_NotSupported()
+    eventSet.types[handle] = eventSet.types.get(handle, 0) | eventTypes
+
+
+def nvmlEventSetWait_v2(eventSet, timeoutms):  # noqa: N803
+    """The next Xid of a registered GPU appended since the set's last event, waiting up to timeoutms."""
+    deadline = time.monotonic() + timeoutms / 1000
+    while True:
+        try:
+            with open(XID_EVENTS_PATH, "rb") as f:
+                f.seek(eventSet.offset)
+                lines = f.read()
+        except OSError:
+            lines = b""
+        while b"\n" in lines:
+            line, lines = lines.split(b"\n", 1)
+            eventSet.offset += len(line) + 1
+            gpu, xid = (int(cell) for cell in line.split())
+            if eventSet.types.get(gpu, 0) & nvmlEventTypeXidCriticalError:
+                return c_nvmlEventData_t(gpu, nvmlEventTypeXidCriticalError, xid)
+        if time.monotonic() >= deadline:
+            raise NVMLError_Timeout()
+        time.sleep(min(_EVENT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def nvmlEventSetWait(eventSet, timeoutms):  # noqa: N803
+    return nvmlEventSetWait_v2(eventSet, timeoutms)
+
+
+def nvmlEventSetFree(eventSet):  # noqa: N803
+    eventSet.types.clear()
