@@ -9,10 +9,11 @@ run them, `rigkit deploy INVENTORY`, in the tree's own folder with the tree's ow
 import path (so each side is wholly its own code). Prints each side's median and their ratio, and
 a fixed pure-Python loop timed between blocks (this shared machine's speed drifts).
 
-    .venv/bin/python bench/converge_against.py REF [--rounds 4] [--runs 3]
+    .venv/bin/python bench/converge_against.py REF [--new REF2] [--rounds 4] [--runs 3]
 
 REF: a commit, e.g. the commit before a move (`git log`); it is exported with `git archive` into a
-temporary folder, nothing in this checkout changes.
+temporary folder, nothing in this checkout changes. `--new REF2`: compare REF2 (e.g. the move's
+merge commit) instead of this checkout, so that only the move's own changes are timed.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def deploy(tree: Path, *extra: str) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("ref", help="the earlier commit to compare with")
+    parser.add_argument("--new", help="the later commit (default: this checkout as it is)")
     parser.add_argument("--rounds", type=int, default=4, help="A B B A blocks, this many sides in all (even)")
     parser.add_argument("--runs", type=int, default=3, help="timed converged deploys per block")
     args = parser.parse_args()
@@ -66,9 +68,14 @@ def main() -> None:
     print("starting the demo rig", flush=True)
     subprocess.run([sys.executable, "-m", "tests.simrig", "up"], cwd=REPO, check=True, capture_output=True)
     with tempfile.TemporaryDirectory() as tmp:
-        earlier = Path(tmp)
+        earlier, later = Path(tmp) / "earlier", Path(tmp) / "later"
+        earlier.mkdir()
         described = export(args.ref, earlier)
-        sides = {"this checkout": REPO, f"earlier ({described})": earlier}
+        sides = {"this checkout": REPO}
+        if args.new:
+            later.mkdir()
+            sides = {f"later ({export(args.new, later)})": later}
+        sides[f"earlier ({described})"] = earlier
         times: dict[str, list[float]] = {name: [] for name in sides}
         loops_s = [reference_loop_s()]
         names = list(sides)
@@ -95,7 +102,7 @@ def main() -> None:
     print(f"\nmedians of {len(times[names[0]])} converged deploys each (0 changed operations each):")
     for name in names:
         print(f"  {name}: {med[name]:.2f} s (min {min(times[name]):.2f}, max {max(times[name]):.2f})")
-    print(f"  this checkout / earlier: {this / before:.3f}")
+    print(f"  {names[0].split(' (')[0]} / earlier: {this / before:.3f}")
     print(f"  reference loop: {min(loops_s):.2f}-{max(loops_s):.2f} s over the blocks (the machine's speed while measuring)")
 
 
