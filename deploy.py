@@ -76,7 +76,7 @@ if rig.spec.os == "linux":
                + serving(rig, copied, checked.topology, rollouts=rollouts, gate=not options.verify_never))
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes, rollouts=rollouts,
-               accept_slower=options.accept_slower)
+               accept_slower=options.accept_slower, topology=checked.topology)
     monitoring(rig, runtime_changes)  # off unless the rig file asks; after verify, which its figures come from
     if fleet_gateway is not None and fleet_gateway.host == host.name:
         fleet = {name: rig_config(h) for h in inventory for name in [h.name]}
