@@ -123,3 +123,11 @@ def test_the_rig_side_reads_the_last_step_and_the_verdict():
     output = "STEP start CUDA\nSTEP copy GPU0->GPU1\nnoise\n"
     assert p2p.last_step(output) == "copy GPU0->GPU1" and p2p.verdict_of(output) is None
     assert p2p.verdict_of(output + 'RESULT {"ok": true, "pairs": []}\n') == {"ok": True, "pairs": []}
+
+
+def test_the_deploy_reads_the_kept_passes_as_keys_and_nothing_as_none_kept():
+    from rigkit.serving.facts import P2pVerdicts
+
+    assert P2pVerdicts.default() == set()  # pyinfra answers an empty output with the default
+    key = "b" * 64
+    assert P2pVerdicts().process([f"{key}.json", f"{key}.json.tmp", "notes.txt"]) == {key}
