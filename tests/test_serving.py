@@ -337,8 +337,12 @@ def test_a_tensor_parallel_model_on_gpus_without_p2p_gets_vllms_flags_and_is_ver
     with p2p_faults(rig, {}):
         run = deploy_and_verify(rig, only_alpha, catalog=split)
         assert run.returncode == 0, run.output
-        assert "P2P check of test-alpha passed" in run.output and "all-reduce GPU0+GPU1" in run.output
-        assert len(rig_verdicts(rig)) == 1
+        assert "P2P check of test-alpha (GPUs 0, 1)" in run.output  # the operation ran
+        (kept,) = rig_verdicts(rig)  # and its pass is kept on the rig: read it there
+        _, text = rig.exec(f"cat {P2P_VERDICT_DIR}/{kept}")
+        passed = json.loads(text)
+        assert passed["ok"] and [s["step"] for s in passed["pairs"]] == [
+            "copy GPU0->GPU1", "copy GPU1->GPU0", "all-reduce GPU0+GPU1"]
         assert "GPU0-GPU1  PHB   GNS" in run.output  # the preflight's table: the link the all-reduce crosses
         assert "P2P not usable (GPU0-GPU1 GNS over PHB)" in run.output
         config = container("test-alpha").attrs["Config"]
