@@ -125,11 +125,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
                       dest=compose_path, mode="644", batch=paths)
         settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
                        dest=settings_path, mode="644", batch=paths)
-        if spans_gpus(model) and (key := probe_key(model, topology.get(model.name))) not in passed:
+        if spans_gpus(model) and (check_key := probe_key(model, topology.get(model.name))) not in passed:
             # Fails the deploy before the rollout (vLLM not started, nothing promoted) on a hang or wrong bytes.
             server.shell(name=f"P2P check of {model.name} (GPUs {', '.join(map(str, model.spec.gpus))}): a copy "
                               "per pair and an all-reduce, before vLLM starts on them",
-                         commands=[probe_command(model, key, rig.spec.p2p_check_timeout_s)])
+                         commands=[probe_command(model, check_key, rig.spec.p2p_check_timeout_s)])
         state = stacks.get(model.name, {"pending": True, "running": 0})
         if not state["pending"] and not state["running"]:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
