@@ -356,7 +356,7 @@ def test_a_tensor_parallel_model_on_gpus_without_p2p_gets_vllms_flags_and_is_ver
         assert verified["provenance"]["vllm_env"] == {"NCCL_P2P_DISABLE": "1"}
         assert complete("test-alpha").status_code == 200
         again = run_deploy(rig, only_alpha, catalog=split)
-        assert again.changed_operations() == 0 and "P2P check" not in again.output, again.output
+        assert again.changed_operations() == 0 and "P2P check of test-alpha" not in again.output, again.output
     # `rigkit status` reads the topology again to judge that compose file: no drift.
     import os
     import subprocess
