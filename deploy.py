@@ -82,7 +82,7 @@ if rig.spec.os == "linux":
                + serving(rig, copied, checked.topology, rollouts=rollouts, gate=not options.verify_never))
     if not options.verify_never:
         verify(rig, results_dir=options.results_dir, always=options.verify_always, after=changes, rollouts=rollouts,
-               accept_slower=options.accept_slower, rollout_outcome=options.rollout_outcome)
+               accept_slower=options.accept_slower, rollout_outcome=options.rollout_outcome, topology=checked.topology)
     # off unless the rig file asks; after verify, which its figures come from
     monitoring(rig, runtime_changes, scraped, {h.name: rig_config(h) for h in inventory} if scraped else None)
     if fleet_gateway is not None and fleet_gateway.host == host.name:

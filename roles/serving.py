@@ -32,6 +32,8 @@ from rigkit.private_file import private_file
 from rigkit.render import template_text
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.rigside.names import (
+    P2P_PROBE_SCRIPT_PATH,
+    P2P_VERDICT_DIR,
     SECRETS_ENV_FILE,
     STACK_HELPER_PATH,
     STACKS_DIR,
@@ -42,8 +44,9 @@ from rigkit.rigside.names import (
     WATCHDOG_TIMER,
 )
 from rigkit.serving.compose import render_compose, stack_settings
-from rigkit.topology.rig import compose_additions
-from rigkit.serving.facts import RigkitStacks
+from rigkit.topology.probe import probe_command, probe_key
+from rigkit.topology.rig import compose_additions, needs_topology, spans_gpus
+from rigkit.serving.facts import P2pVerdicts, RigkitStacks
 from rigkit.units import UnitStates
 from rigkit.serving.watchdog import (
     service_unit,
@@ -65,13 +68,15 @@ def _stack_files(rig: RigConfig) -> dict[str, tuple[str, str]]:
 
 
 def _role_files(rig: RigConfig) -> tuple[str, ...]:
-    return (HELPER_PATH, *(p for pair in _stack_files(rig).values() for p in pair))  # read in one command
+    probe = (P2P_PROBE_SCRIPT_PATH,) if needs_topology(rig) else ()
+    return (HELPER_PATH, *probe, *(p for pair in _stack_files(rig).values() for p in pair))  # read in one command
 
 
 def serving_reads(rig: RigConfig) -> list[Read]:
     """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
     key_file = [(FileStates, {"paths": (SECRETS_ENV_FILE,)})] if rig.spec.api_key_file else []  # private_file's
-    return [(RigkitStacks, {"stacks_dir": STACKS_DIR}), (FileStates, {"paths": _role_files(rig)}), *key_file,
+    checks = [(P2pVerdicts, {"verdict_dir": P2P_VERDICT_DIR})] if needs_topology(rig) else []
+    return [(RigkitStacks, {"stacks_dir": STACKS_DIR}), (FileStates, {"paths": _role_files(rig)}), *key_file, *checks,
             (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (TIMER,)})]
 
 
@@ -81,7 +86,9 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
     """Returns the operations whose change means a stack was (re)started or removed.
     `weights_ops`: {model: op}; a model whose weights were copied again is restarted on them.
     `topology`: {model: rigkit.topology.decide.Verdict} from the preflight, for models spanning GPUs:
-    its vLLM flags and environment go into the model's compose file.
+    its vLLM flags and environment go into the model's compose file. Such a model is first checked
+    (a copy per GPU pair and an all-reduce in a container of its image, rigkit.topology.probe) before
+    its rollout, unless that check passed before for its topology and image.
     `gate`: a new config that gets ready is held un-promoted for the rollout gate (roles/verify.py),
     which promotes or rolls it back; `rollouts`, when given, receives {model: its rollout op}."""
     topology = topology or {}
@@ -106,6 +113,10 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         key = private_file(name="Install the API key (root only)", dest=SECRETS_ENV_FILE,
                            data=api_key_env_file(api_key))
 
+    passed = read_once(P2pVerdicts, verdict_dir=P2P_VERDICT_DIR) if needs_topology(rig) else set()
+    if needs_topology(rig):
+        put(name="Install the P2P check", data=template_text("serving/rigkit-p2p-probe.py"), dest=P2P_PROBE_SCRIPT_PATH,
+            mode="644", batch=paths)
     for model in rig.models:
         compose_path, settings_path = wanted_files[model.name]
         compose = put(name=f"Compose file for {model.name}",
@@ -114,6 +125,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
                       dest=compose_path, mode="644", batch=paths)
         settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
                        dest=settings_path, mode="644", batch=paths)
+        if spans_gpus(model) and (check_key := probe_key(model, topology.get(model.name))) not in passed:
+            # Fails the deploy before the rollout (vLLM not started, nothing promoted) on a hang or wrong bytes.
+            server.shell(name=f"P2P check of {model.name} (GPUs {', '.join(map(str, model.spec.gpus))}): a copy "
+                              "per pair and an all-reduce, before vLLM starts on them",
+                         commands=[probe_command(model, check_key, rig.spec.p2p_check_timeout_s)])
         state = stacks.get(model.name, {"pending": True, "running": 0})
         if not state["pending"] and not state["running"]:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")

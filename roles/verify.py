@@ -47,6 +47,8 @@ from rigkit.rigside.names import (
 from rigkit.serving.api_key import read_api_key
 from rigkit.rigside.names import served_name
 from rigkit.serving.compose import vllm_args
+from rigkit.topology.decide import Verdict
+from rigkit.topology.rig import compose_additions
 from rigkit.sshforward import forward
 from rigkit.weights.engine import dial_command, rig_engine
 from rigkit.ssh import rig_call
@@ -76,14 +78,18 @@ def verify_reads(rig: RigConfig) -> list[Read]:
 
 @deploy("Verify")
 def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), rollouts: dict | None = None,
-           accept_slower: frozenset[str] = frozenset(), rollout_outcome: Path | None = None) -> None:
+           accept_slower: frozenset[str] = frozenset(), rollout_outcome: Path | None = None,
+           topology: dict | None = None) -> None:
     """`after`: the deploy's operations; verification runs if any changed, or `always`.
     `rollouts`: {model: its rollout op} of a deploy whose rollouts hold a new config for the gate
     (roles/serving.py with gate=True): where one ran, the model is gated first; a gated model's
     verification is the gate's own runs. `accept_slower`: models whose gate waives speed.
     A refused model fails the deploy only after every model of the rig was gated or verified, so that
     no other model is left serving a candidate the gate never judged; `rollout_outcome` (set by
-    `rigkit rollout`): where that last step writes what the refusals left serving (_refused)."""
+    `rigkit rollout`): where that last step writes what the refusals left serving (_refused).
+    `topology`: the preflight's {model: Verdict}: what it added to a model's compose file is recorded
+    in the result's provenance with the rest of its command line."""
+    topology = topology or {}
     if not rig.models:
         return
     gated: set[str] = set()
@@ -103,11 +109,13 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), ro
             python.call(
                 name=f"Gate {model.name}: a new config against the last proven result, promoted or rolled back",
                 function=rig_call(_gate_model), rig=rig, model=model, results_dir=results_dir,
+                verdict=topology.get(model.name),
                 accept_slower=model.name in accept_slower, gated=gated, refusals=refusals, _if=rolled.did_change,
             )
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
             function=rig_call(_verify_model), rig=rig, model=model, results_dir=results_dir,
+            verdict=topology.get(model.name),
             _if=lambda m=model.name: m not in gated and (always or any(op.did_change() for op in [*after, *installed])),
         )
     if rollouts:
@@ -126,7 +134,7 @@ def _run(command: str) -> str:
 
 
 def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
-             workload: dict | None = None) -> tuple[list[VerificationResult], dict]:
+             workload: dict | None = None, verdict: Verdict | None = None) -> tuple[list[VerificationResult], dict]:
     """`runs` benchmarks of the model as it serves now, one sampler around them all: one verification
     result per run (not saved), and the telemetry. `workload`: {prompt_tokens, output_tokens, concurrency}."""
     # The benchmark client (httpx) and result writer (matplotlib) are imported only when a model is
@@ -146,16 +154,28 @@ def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
             ) for _ in range(runs)]
     telemetry = sampled["telemetry"]
     # The image as the catalog names it; its digest stays null until the serving role records one.
-    serving = {"image": model.spec.image, "image_digest": None, "vllm_args": vllm_args(model, rig.spec.serve_address)}
+    serving = served_with(rig, model, verdict)
     earlier = earlier_results(folder)
     return [build_result(rig, model, bench, telemetry, earlier, serving=serving) for bench in benches], telemetry
 
 
-def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path) -> None:
+def served_with(rig: RigConfig, model: ModelConfig, verdict: Verdict | None) -> dict:
+    """The image as the catalog names it (its digest stays null until the serving role records one) and
+    the command line and topology environment the compose file carries (the serving role's own
+    functions, with the preflight's additions: rigkit.topology.rig.compose_additions)."""
+    added = compose_additions(verdict)
+    publish = rig.spec.os == "windows"  # Windows rigs publish the port, vLLM listening on 0.0.0.0 inside
+    return {"image": model.spec.image, "image_digest": None,
+            "vllm_args": vllm_args(model, "0.0.0.0" if publish else rig.spec.serve_address,
+                                   added.get("topology_args", ())),
+            "vllm_env": {k: v for k, v in added.get("topology_env", {}).items() if k not in model.spec.env} or None}
+
+
+def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path, verdict: Verdict | None = None) -> None:
     from rigkit.verify.result import results_folder
 
     folder = results_folder(results_dir, rig.name, model.name)
-    results, telemetry = _measure(rig, model, folder)
+    results, telemetry = _measure(rig, model, folder, verdict=verdict)
     _save_and_judge(rig, model, folder, results[0], telemetry)
 
 
@@ -179,7 +199,7 @@ def _save_and_judge(rig: RigConfig, model: ModelConfig, folder: Path, result: Ve
 
 
 def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_slower: bool, gated: set,
-                refusals: list) -> None:
+                refusals: list, verdict: Verdict | None = None) -> None:
     """The rollout gate (docs/serving.md, "The rollout gate"): the candidate `rigkit-stack rollout NAME gate`
     holds is benchmarked GATE_RUNS times with the proven result's workload, judged against it
     (rigkit.verify.gate), then promoted, or rolled back and the rollback verified the same way (a refusal
@@ -208,7 +228,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     baseline = proven_baseline(folder)
     workload = workload_of(baseline)
     caps = {g.index: g.power_limit_w for g in rig.spec.gpus if g.index in model.spec.gpus and g.power_limit_w}
-    runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload)
+    runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, verdict)
     verdict = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in runs], caps,
                      accept_slower=accept_slower)
     if verdict.waived:  # promoted slower on purpose: recorded in the provenance of what is saved
@@ -237,7 +257,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     rollback = {"said": said[-1] if said else "rigkit-stack said nothing", "rolled_back": rolled_back}
     if rolled_back:
         # The rollback verified the same way: the restored config's runs against the proven result.
-        again, telemetry = _measure(rig, model, folder, GATE_RUNS, workload)
+        again, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, verdict)
         check = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in again], caps)
         restored = run_summary([r.to_json() for r in again])
         rollback.update(verified=check.promote, reason=check.reason, runs=restored)

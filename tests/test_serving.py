@@ -9,6 +9,7 @@ accept the compose files' GPU reservations; there is no GPU behind them).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import docker
 import httpx
@@ -20,7 +21,9 @@ from roles.gpu_policy import gpu_policy_reads
 from roles.gpu_report import gpu_report_reads
 from roles.preflight import preflight_reads
 from roles.serving import serving_reads
-from tests.conftest import SERVING_RIG, TEST_CATALOG, copy_catalog
+from rigkit.rigside.names import P2P_VERDICT_DIR
+from tests.conftest import RESULTS, SERVING_RIG, TEST_CATALOG, copy_catalog
+from tests.simrig.weights import SIM_MODELS, ensure_checkpoint
 from tests.conftest import run_deploy as deploy_and_verify
 
 pytestmark = pytest.mark.simrig
@@ -41,6 +44,13 @@ def rig(serving_rig):
 
 def container(name):
     return docker.from_env().containers.get(f"rigkit-{name}-vllm-1")
+
+
+def _running(name):
+    try:
+        return container(name).status == "running"
+    except docker.errors.NotFound:
+        return False
 
 
 def started(name):
@@ -241,32 +251,118 @@ def test_new_weights_are_copied_and_the_model_restarted_on_them(rig):
         extra.unlink()
 
 
+P2P_SIM = "test-p2p"  # a bind-mounted model folder holding the rig's gpus.json for the torch stand-in
+
+
+def tp2_catalog(tmp_path, env: str = ""):
+    """test-alpha split over GPUs 0 and 1 (tensor 2), its weights bind-mounted from a folder whose gpu/ holds
+    the simulated rig's gpus.json (SimRig.gpu_config_copies), where the stand-in image's torch reads
+    `topology.p2p_faults`. `env`: more catalog env lines (an NCCL_ variable gives the P2P check a key of
+    its own, so a pass kept by another test is not reused)."""
+    ensure_checkpoint(P2P_SIM)
+    return copy_catalog(tmp_path, test_alpha=[
+        ("gpus: [0]\n", "gpus: [0, 1]\nparallel: {tensor: 2}\n"),
+        ("  source: /srv/rigkit-sim-models/test-alpha\n", f"  storage: bind\n  source: {SIM_MODELS / P2P_SIM}\n"),
+        ("env:\n", f"env:\n  STANDIN_TORCH_GPU_DIR: /models/test-alpha/gpu\n{env}")])
+
+
+@contextmanager
+def p2p_faults(rig, faults: dict):
+    """The simulated rig's GPU pairs misbehave (gpus.json's topology.p2p_faults), until the block ends."""
+    rig.gpu_config_copies = (SIM_MODELS / P2P_SIM / "gpu",)
+    rig.topology = {"p2p_faults": faults} if faults else None
+    rig.write_gpu_config()
+    try:
+        yield
+    finally:
+        rig.topology = None
+        rig.write_gpu_config()
+
+
+def only_alpha_rig(tmp_path, extra: str = ""):
+    path = tmp_path / "alpha-only.yml"
+    path.write_text(SERVING_RIG.read_text().replace("models: [test-alpha, test-beta]", "models: [test-alpha]") + extra)
+    return path
+
+
+def rig_verdicts(rig):
+    code, out = rig.exec(f"ls -1 {P2P_VERDICT_DIR} 2>/dev/null; true")
+    return sorted(out.split())
+
+
+def test_a_p2p_check_that_hangs_fails_the_deploy_fast_naming_the_pair_before_vllm_starts(rig, tmp_path):
+    """Simulated: GPUs 0 and 1 whose copy never returns (the torch stand-in's `hang` fault, a hung DMA as
+    when ACS redirects peer traffic). The P2P check (a container of the model's image) is bounded by the
+    rig file's p2p_check_timeout_s (10 s here, each step 5 s): the deploy fails naming GPU0->GPU1, vLLM is
+    not started on the new config, nothing is promoted and no pass is kept."""
+    import time
+
+    before = started("test-alpha") if _running("test-alpha") else None
+    with p2p_faults(rig, {"0-1": "hang"}):
+        began = time.monotonic()
+        run = run_deploy(rig, only_alpha_rig(tmp_path, "p2p_check_timeout_s: 10\n"),
+                         catalog=tp2_catalog(tmp_path, '  NCCL_DEBUG: "WARN"\n'))
+        seconds = time.monotonic() - began
+    assert run.returncode != 0, run.output
+    assert "the P2P check failed at copy GPU0->GPU1: copy GPU0->GPU1 did not finish within 5 s (hung)" in run.output
+    assert "vLLM was not started" in run.output
+    assert seconds < 120, seconds  # the whole deploy, planning included, inside the issue's 2 minutes
+    assert rig_verdicts(rig) == []
+    assert (started("test-alpha") if _running("test-alpha") else None) == before  # not (re)started
+    code, proven = rig.exec("cat /etc/rigkit/stacks/test-alpha/compose.yml 2>/dev/null; true")
+    assert '"--tensor-parallel-size", "2"' not in proven  # the TP2 config was not promoted
+    assert not docker.from_env().containers.list(all=True, filters={"name": "p2p-check"})  # the check removed
+
+
+def test_a_p2p_check_that_reads_back_wrong_bytes_is_refused(rig, tmp_path):
+    """Simulated: GPUs 0 and 1 whose copies arrive with one byte changed (the torch stand-in's
+    `wrong_bytes` fault): refused at once, naming the pair, with no pass kept."""
+    with p2p_faults(rig, {"0-1": "wrong_bytes"}):
+        run = run_deploy(rig, only_alpha_rig(tmp_path), catalog=tp2_catalog(tmp_path, '  NCCL_DEBUG: "INFO"\n'))
+    assert run.returncode != 0, run.output
+    assert "copy GPU0->GPU1: the bytes read back differ from the bytes sent" in run.output
+    assert rig_verdicts(rig) == []
+
+
 def test_a_tensor_parallel_model_on_gpus_without_p2p_gets_vllms_flags_and_is_verified(rig, tmp_path):
     """Simulated: two GeForce cards on one host bridge whose P2P `nvidia-smi topo -p2p r` reports
     "GNS" both ways (the rig's nvidia-smi stand-in prints that matrix; the same as captured from a
     2x RTX 5090 host, tests/data/topology/2x5090-*). The topology preflight reads it before anything
-    changes; the model's compose file gets vLLM's `--disable-custom-all-reduce` and NCCL_P2P_DISABLE=1,
-    checked in the engine's own record of the container; the deploy verifies the model."""
-    only_alpha = tmp_path / "alpha-only.yml"
-    only_alpha.write_text(SERVING_RIG.read_text().replace("models: [test-alpha, test-beta]", "models: [test-alpha]"))
-    split = copy_catalog(tmp_path, test_alpha=[("gpus: [0]\n", "gpus: [0, 1]\nparallel: {tensor: 2}\n")])
-    run = deploy_and_verify(rig, only_alpha, catalog=split)
-    assert run.returncode == 0, run.output
-    assert "GPU0-GPU1  PHB   GNS" in run.output  # the preflight's table: the link the all-reduce crosses
-    assert "P2P not usable (GPU0-GPU1 GNS over PHB)" in run.output
-    config = container("test-alpha").attrs["Config"]
-    assert "--disable-custom-all-reduce" in config["Cmd"]
-    assert config["Cmd"][config["Cmd"].index("--tensor-parallel-size") + 1] == "2"
-    assert "NCCL_P2P_DISABLE=1" in config["Env"]
-    assert "verification of test-alpha" in run.output  # ran, and passed (a failure fails the deploy)
-    assert complete("test-alpha").status_code == 200
-    assert run_deploy(rig, only_alpha, catalog=split).changed_operations() == 0
+    changes; the P2P check (the torch stand-in: copies and an all-reduce that work) passes before vLLM
+    starts and is kept on the rig; the model's compose file gets vLLM's `--disable-custom-all-reduce` and
+    NCCL_P2P_DISABLE=1, checked in the engine's own record of the container; the deploy verifies the model
+    and records those in the result's provenance. A second deploy neither checks again nor changes anything."""
+    only_alpha = only_alpha_rig(tmp_path)
+    split = tp2_catalog(tmp_path)
+    with p2p_faults(rig, {}):
+        run = deploy_and_verify(rig, only_alpha, catalog=split)
+        assert run.returncode == 0, run.output
+        assert "P2P check of test-alpha (GPUs 0, 1)" in run.output  # the operation ran
+        (kept,) = rig_verdicts(rig)  # and its pass is kept on the rig: read it there
+        _, text = rig.exec(f"cat {P2P_VERDICT_DIR}/{kept}")
+        passed = json.loads(text)
+        assert passed["ok"] and [s["step"] for s in passed["pairs"]] == [
+            "copy GPU0->GPU1", "copy GPU1->GPU0", "all-reduce GPU0+GPU1"]
+        assert "GPU0-GPU1  PHB   GNS" in run.output  # the preflight's table: the link the all-reduce crosses
+        assert "P2P not usable (GPU0-GPU1 GNS over PHB)" in run.output
+        config = container("test-alpha").attrs["Config"]
+        assert "--disable-custom-all-reduce" in config["Cmd"]
+        assert config["Cmd"][config["Cmd"].index("--tensor-parallel-size") + 1] == "2"
+        assert "NCCL_P2P_DISABLE=1" in config["Env"]
+        assert "verification of test-alpha" in run.output  # ran, and passed (a failure fails the deploy)
+        verified = json.loads(sorted(p for p in (RESULTS / only_alpha.stem / "test-alpha").glob("*.json")
+                                     if not p.name.startswith("gate-"))[-1].read_text())
+        assert verified["provenance"]["vllm_args"] == config["Cmd"]  # what the container really runs
+        assert verified["provenance"]["vllm_env"] == {"NCCL_P2P_DISABLE": "1"}
+        assert complete("test-alpha").status_code == 200
+        again = run_deploy(rig, only_alpha, catalog=split)
+        assert again.changed_operations() == 0 and "P2P check of test-alpha" not in again.output, again.output
     # `rigkit status` reads the topology again to judge that compose file: no drift.
     import os
     import subprocess
     import sys
 
-    from tests.conftest import REPO, RESULTS, STATE_ROOT
+    from tests.conftest import REPO, STATE_ROOT
 
     env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RIG_FILE=str(only_alpha),
                RIGKIT_CATALOG_DIR=str(split), RIGKIT_RESULTS_DIR=str(RESULTS), RIGKIT_STATUS_RIGS="1")
@@ -275,3 +371,31 @@ def test_a_tensor_parallel_model_on_gpus_without_p2p_gets_vllms_flags_and_is_ver
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     (doc,) = json.loads(out.read_text())["rigs"]
     assert doc["reachable"] and doc["drift"] == [], done.stdout + done.stderr
+
+
+def test_a_topology_known_to_hang_is_refused_at_deploy_with_the_fix_and_nothing_changed(rig, tmp_path):
+    """Simulated: the two GPUs report P2P "OK" (`nvidia-smi topo -p2p r`) while the PCIe switch between them
+    redirects peer requests (the rig's lspci stand-in prints the PLX switch capture,
+    tests/data/topology/plx-acs-lspci-vvv.txt, ACSCtl ReqRedir+ CmpltRedir+): NCCL start-up hangs on
+    such a rig (NVIDIA/nccl#2079). The real pyinfra deploy stops at the preflight, naming the fix, before
+    any operation runs: the rig's stack files are as they were."""
+    from tests.conftest import DATA, OPERATIONS_STARTED
+
+    p2p_ok = " \tGPU0\tGPU1\t\n GPU0\tX\tOK\t\n GPU1\tOK\tX\t\n"
+    lspci = (DATA / "topology" / "plx-acs-lspci-vvv.txt").read_text()
+    _, files_before = rig.exec("sha256sum /etc/rigkit/stacks/*/* 2>/dev/null; true")
+    rig.topology = {"p2p_r": p2p_ok, "lspci": "\n".join(l for l in lspci.splitlines() if not l.startswith("#"))}
+    rig.write_gpu_config()
+    try:
+        run = run_deploy(rig, only_alpha_rig(tmp_path), catalog=copy_catalog(
+            tmp_path, test_alpha=[("gpus: [0]\n", "gpus: [0, 1]\nparallel: {tensor: 2}\n")]))
+    finally:
+        rig.topology = None
+        rig.write_gpu_config()
+    assert run.returncode != 0, run.output
+    assert "nothing was changed" in run.output
+    assert "P2P is reported OK over PCIe (GPU0-GPU1 (PHB)) but PCIe ACS redirects peer requests on 0000:02:01.0" \
+        in run.output
+    assert "Fix: turn ACS off in the BIOS" in run.output and "topology_override: allow-risky-p2p" in run.output
+    assert OPERATIONS_STARTED not in run.output
+    assert rig.exec("sha256sum /etc/rigkit/stacks/*/* 2>/dev/null; true")[1] == files_before

@@ -204,6 +204,10 @@ class RigSpec(_Strict):
     # Multi-GPU topology (docs/topology.md): "allow-risky-p2p" turns the errors for P2P over PCIe while ACS
     # redirects or the IOMMU translates into warnings, for a rig where that was proven to work.
     topology_override: Literal["allow-risky-p2p"] | None = None
+    # The active P2P check before a model spanning GPUs first starts (a copy per GPU pair and an all-reduce,
+    # in a container of the model's image): its bound, container start included; a hang fails the deploy
+    # within it, so within 2 minutes at most.
+    p2p_check_timeout_s: int = Field(default=90, ge=10, le=110)
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
     api_key_file: str | None = None
     # Where the vLLM servers listen: loopback only (default), or every interface so a gateway on another

@@ -117,3 +117,13 @@ def volume_name(model) -> str:
 def rollout_lock_path(model_name: str, lock_dir: str = LOCK_DIR) -> str:
     """The one lock a stack's rollout holds (rigkit-stack takes it, the watchdog respects it)."""
     return f"{lock_dir}/rigkit-stack-{model_name}.lock"
+
+# The active P2P check of a model spanning GPUs (docs/topology.md): the script run inside a container of
+# the model's image, and its passed verdicts, one file per key (topology and image, rigkit.topology.probe)
+P2P_PROBE_SCRIPT_PATH = f"{LIB_DIR}/rigkit-p2p-probe.py"
+P2P_VERDICT_DIR = "/var/lib/rigkit/p2p"
+
+
+def p2p_verdict_path(key: str, verdict_dir: str = P2P_VERDICT_DIR) -> str:
+    """Where a passed P2P check of `key` is kept (its presence: no need to check again)."""
+    return f"{verdict_dir}/{key}.json"

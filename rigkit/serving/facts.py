@@ -40,3 +40,21 @@ class RigkitStacks(FactBase):
             name, pending, running = line.split()
             stacks[name] = {"pending": pending == "1", "running": int(running)}
         return stacks
+
+
+class P2pVerdicts(FactBase):
+    """The keys of the P2P checks passed on the rig (rigkit.rigside.p2p keeps one file per key in
+    `verdict_dir`): a model spanning GPUs whose key is among them is not checked again.
+
+    Returns a set of keys (hex); an empty set where the folder does not exist.
+    """
+
+    @staticmethod
+    def default() -> set:
+        return set()  # pyinfra's answer when the command printed nothing: no folder, or an empty one
+
+    def command(self, verdict_dir: str) -> str:
+        return f"ls -1 {shlex.quote(verdict_dir)} 2>/dev/null; true"
+
+    def process(self, output) -> set:
+        return {line[:-5] for line in output if line.endswith(".json") and len(line) == 69}

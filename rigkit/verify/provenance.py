@@ -13,7 +13,8 @@ from rigkit.verify.checks import GpuLoad
 
 def provenance(rig: RigConfig, bench_provenance: dict, telemetry: dict, loads: list[GpuLoad],
                serving: dict | None) -> dict:
-    """`serving`: what the caller knows of the server: {image, image_digest, vllm_args} (any may be missing)."""
+    """`serving`: what the caller knows of the server: {image, image_digest, vllm_args, vllm_env} (any may be
+    missing; vllm_env: the environment rigkit's topology preflight added, where it added any)."""
     policy = {g.index: g for g in rig.spec.gpus}
     names = {g["index"]: g.get("name") for g in telemetry["gpus"]}
     serving = serving or {}
@@ -29,6 +30,7 @@ def provenance(rig: RigConfig, bench_provenance: dict, telemetry: dict, loads: l
         "serving_image": serving.get("image"),
         "image_digest": serving.get("image_digest"),
         "vllm_args": list(serving["vllm_args"]) if serving.get("vllm_args") is not None else None,
+        "vllm_env": dict(serving["vllm_env"]) if serving.get("vllm_env") else None,
         "server_version": bench_provenance.get("server_version"),
         "prompt_tokens": bench_provenance.get("prompt_tokens"),
         "output_tokens": bench_provenance.get("output_tokens"),

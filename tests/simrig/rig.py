@@ -30,6 +30,7 @@ from tests.simrig.weights import SIM_MODELS
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("RIGKIT_STATE", REPO_ROOT / ".state"))
 NVIDIA_SMI = Path(__file__).with_name("nvidia-smi")
+LSPCI = Path(__file__).with_name("lspci")  # prints gpus.json's topology.lspci (ACS of the bridges)
 FAKE_NVML = Path(__file__).with_name("pynvml.py")
 FAKE_POWERSHELL = Path(__file__).with_name("powershell.exe")
 SIM_CURVES = Path(__file__).parents[1] / "sim_curves.py"
@@ -79,6 +80,9 @@ class SimRig:
     # What `nvidia-smi topo -m` and `topo -p2p r` print ({"topo_m": text, "p2p_r": text}, e.g. a capture
     # from tests/data/topology); None: every pair across one host bridge (PHB), P2P "GNS" (GeForce cards).
     topology: dict | None = None
+    # Host folders that get a copy of gpus.json on every write, without a restart (e.g. inside a model's
+    # bind-mounted weights folder, where the vLLM stand-in image's torch stand-in reads `topology.p2p_faults`).
+    gpu_config_copies: tuple[Path, ...] = ()
 
     @property
     def state_dir(self) -> Path:
@@ -103,9 +107,9 @@ class SimRig:
                   "driver_version": self.driver_version, "module_version": self.module_version or self.driver_version,
                   "topology": self.topology}
         (self.state_dir / "gpus.json").write_text(json.dumps(config, indent=2))
-        if self.shared_gpu_dir:
-            self.shared_gpu_dir.mkdir(parents=True, exist_ok=True)
-            (self.shared_gpu_dir / "gpus.json").write_text(json.dumps(config, indent=2))
+        for folder in ([self.shared_gpu_dir] if self.shared_gpu_dir else []) + list(self.gpu_config_copies):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "gpus.json").write_text(json.dumps(config, indent=2))
 
     def _forget_gpu_settings(self) -> None:
         """What a reboot does to /run/nvidia-sim when it is a host folder rather than a tmpfs."""
@@ -143,6 +147,7 @@ class SimRig:
             # real rig whose engine is local (rigkit reads weights markers there, read-only).
             volumes_dir: (volumes_dir, "ro"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
+            str(LSPCI): ("/usr/bin/lspci", "ro"),
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
             str(SIM_CURVES): ("/usr/lib/python3/dist-packages/rigkit_sim_curves.py", "ro"),
             str(FAKE_POWERSHELL): ("/usr/local/bin/powershell.exe", "ro"),
