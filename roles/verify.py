@@ -109,7 +109,7 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), ro
             python.call(
                 name=f"Gate {model.name}: a new config against the last proven result, promoted or rolled back",
                 function=rig_call(_gate_model), rig=rig, model=model, results_dir=results_dir,
-                verdict=topology.get(model.name),
+                topology_verdict=topology.get(model.name),
                 accept_slower=model.name in accept_slower, gated=gated, refusals=refusals, _if=rolled.did_change,
             )
         python.call(
@@ -199,11 +199,12 @@ def _save_and_judge(rig: RigConfig, model: ModelConfig, folder: Path, result: Ve
 
 
 def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_slower: bool, gated: set,
-                refusals: list, verdict: Verdict | None = None) -> None:
+                refusals: list, topology_verdict: Verdict | None = None) -> None:
     """The rollout gate (docs/serving.md, "The rollout gate"): the candidate `rigkit-stack rollout NAME gate`
     holds is benchmarked GATE_RUNS times with the proven result's workload, judged against it
     (rigkit.verify.gate), then promoted, or rolled back and the rollback verified the same way (a refusal
-    is added to `refusals`: the deploy fails once every model was gated)."""
+    is added to `refusals`: the deploy fails once every model was gated). `topology_verdict`: the
+    preflight's for this model, so that the runs' provenance records what its compose file carries."""
     from rigkit.verify.gate import decide, from_result
     from rigkit.verify.gate_record import (
         GATE_RUNS,
@@ -228,7 +229,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     baseline = proven_baseline(folder)
     workload = workload_of(baseline)
     caps = {g.index: g.power_limit_w for g in rig.spec.gpus if g.index in model.spec.gpus and g.power_limit_w}
-    runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, verdict)
+    runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
     verdict = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in runs], caps,
                      accept_slower=accept_slower)
     if verdict.waived:  # promoted slower on purpose: recorded in the provenance of what is saved
@@ -257,7 +258,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     rollback = {"said": said[-1] if said else "rigkit-stack said nothing", "rolled_back": rolled_back}
     if rolled_back:
         # The rollback verified the same way: the restored config's runs against the proven result.
-        again, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, verdict)
+        again, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
         check = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in again], caps)
         restored = run_summary([r.to_json() for r in again])
         rollback.update(verified=check.promote, reason=check.reason, runs=restored)
