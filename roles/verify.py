@@ -115,7 +115,7 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), ro
         python.call(
             name=f"Verify {model.name}: benchmark and GPUs under load",
             function=rig_call(_verify_model), rig=rig, model=model, results_dir=results_dir,
-            verdict=topology.get(model.name),
+            topology_verdict=topology.get(model.name),
             _if=lambda m=model.name: m not in gated and (always or any(op.did_change() for op in [*after, *installed])),
         )
     if rollouts:
@@ -134,7 +134,7 @@ def _run(command: str) -> str:
 
 
 def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
-             workload: dict | None = None, verdict: Verdict | None = None) -> tuple[list[VerificationResult], dict]:
+             workload: dict | None = None, topology_verdict: Verdict | None = None) -> tuple[list[VerificationResult], dict]:
     """`runs` benchmarks of the model as it serves now, one sampler around them all: one verification
     result per run (not saved), and the telemetry. `workload`: {prompt_tokens, output_tokens, concurrency}."""
     # The benchmark client (httpx) and result writer (matplotlib) are imported only when a model is
@@ -154,16 +154,16 @@ def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
             ) for _ in range(runs)]
     telemetry = sampled["telemetry"]
     # The image as the catalog names it; its digest stays null until the serving role records one.
-    serving = served_with(rig, model, verdict)
+    serving = served_with(rig, model, topology_verdict)
     earlier = earlier_results(folder)
     return [build_result(rig, model, bench, telemetry, earlier, serving=serving) for bench in benches], telemetry
 
 
-def served_with(rig: RigConfig, model: ModelConfig, verdict: Verdict | None) -> dict:
+def served_with(rig: RigConfig, model: ModelConfig, topology_verdict: Verdict | None) -> dict:
     """The image as the catalog names it (its digest stays null until the serving role records one) and
     the command line and topology environment the compose file carries (the serving role's own
     functions, with the preflight's additions: rigkit.topology.rig.compose_additions)."""
-    added = compose_additions(verdict)
+    added = compose_additions(topology_verdict)
     publish = rig.spec.os == "windows"  # Windows rigs publish the port, vLLM listening on 0.0.0.0 inside
     return {"image": model.spec.image, "image_digest": None,
             "vllm_args": vllm_args(model, "0.0.0.0" if publish else rig.spec.serve_address,
@@ -171,11 +171,12 @@ def served_with(rig: RigConfig, model: ModelConfig, verdict: Verdict | None) -> 
             "vllm_env": {k: v for k, v in added.get("topology_env", {}).items() if k not in model.spec.env} or None}
 
 
-def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path, verdict: Verdict | None = None) -> None:
+def _verify_model(rig: RigConfig, model: ModelConfig, results_dir: Path,
+                  topology_verdict: Verdict | None = None) -> None:
     from rigkit.verify.result import results_folder
 
     folder = results_folder(results_dir, rig.name, model.name)
-    results, telemetry = _measure(rig, model, folder, verdict=verdict)
+    results, telemetry = _measure(rig, model, folder, topology_verdict=topology_verdict)
     _save_and_judge(rig, model, folder, results[0], telemetry)
 
 
