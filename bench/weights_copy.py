@@ -158,12 +158,13 @@ RELAY_VOLUMES = ("rigkit-weights-bench-relay-a", "rigkit-weights-bench-relay-b")
 def ssh_client(port: int):
     import paramiko
 
+    from rigkit.ssh import gcm_first_transport
     from tests.simrig.rig import ssh_keypair
 
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # a simulated rig made for this run
     client.connect("127.0.0.1", port=port, username="root", key_filename=str(ssh_keypair()), allow_agent=False,
-                   look_for_keys=False, timeout=30)
+                   look_for_keys=False, timeout=30, transport_factory=gcm_first_transport)  # as group_data/all.py
     return client
 
 
@@ -187,7 +188,20 @@ def checkpoint_folder(shards: int) -> Path:
     return folder
 
 
-def time_relay(client, transports, model, chunk_bytes: int) -> tuple[float, dict]:
+def openssh_commands(join: str):
+    """What rigkit's relay joins the rigs with, from host data as an inventory gives it (rigkit/ssh.py):
+    two `ssh` commands, or None for the deploy's paramiko channels (`--relay-join paramiko`)."""
+    from rigkit.ssh import openssh_command
+    from tests.simrig.rig import ssh_keypair
+
+    if join == "paramiko":
+        return None
+    data = {"ssh_user": "root", "ssh_key": str(ssh_keypair()), "ssh_known_hosts_file": "/dev/null",
+            "ssh_strict_host_key_checking": "off"}
+    return tuple(openssh_command({**data, "ssh_port": port}, "127.0.0.1") for _, port in RELAY_RIGS)
+
+
+def time_relay(client, transports, model, chunk_bytes: int, join: str = "openssh") -> tuple[float, dict]:
     from rigkit.weights.relay import relay
 
     for v in client.volumes.list(filters={"name": RELAY_VOLUMES[1]}):
@@ -195,7 +209,7 @@ def time_relay(client, transports, model, chunk_bytes: int) -> tuple[float, dict
     client.volumes.create(RELAY_VOLUMES[1])
     drop_caches()
     started = time.monotonic()
-    report = relay(transports[0], transports[1], model, "bench-a", chunk_bytes)
+    report = relay(transports[0], transports[1], model, "bench-a", chunk_bytes, openssh=openssh_commands(join))
     return time.monotonic() - started, report
 
 
@@ -215,7 +229,7 @@ def time_rsync(client, source_dir: str, port: int) -> float:
     return time.monotonic() - started
 
 
-def rig_to_rig(relay_gb: float, chunk_bytes: int) -> None:
+def rig_to_rig(relay_gb: float, chunk_bytes: int, join: str) -> None:
     from rigkit.config.schema import ModelSpec as Spec
     from tests.simrig.rig import SimRig
 
@@ -244,13 +258,14 @@ def rig_to_rig(relay_gb: float, chunk_bytes: int) -> None:
         runs = []
         for which in ("relay", "rsync", "rsync", "relay"):
             if which == "relay":
-                seconds, report = time_relay(client, transports, model_b, chunk_bytes)
+                seconds, report = time_relay(client, transports, model_b, chunk_bytes, join)
                 assert report["received_bytes"] == total, report
+                which = f"relay ({report['sent_from']} to {report['volume_path']}, joined by {report['joined_by']})"
             else:
                 seconds = time_rsync(client, source_dir, RELAY_RIGS[0][1])
             runs.append((which, seconds))
             print(f"  {which}: {seconds:.1f} s ({total / 1e6 / seconds:.0f} MB/s)", flush=True)
-        relay_s = sum(s for w, s in runs if w == "relay") / 2
+        relay_s = sum(s for w, s in runs if w.startswith("relay")) / 2
         rsync_s = sum(s for w, s in runs if w == "rsync") / 2
         print(f"page cache dropped before each copy: {drop_caches()}")
         print(f"rig to rig, ABBA: rigkit relay {total / 1e6 / relay_s:.0f} MB/s, rsync {total / 1e6 / rsync_s:.0f} MB/s; "
@@ -271,6 +286,8 @@ def main() -> None:
     parser.add_argument("--relay-gb", type=float, default=10.7, help="rig to rig: the checkpoint's size (GB)")
     parser.add_argument("--relay-prepare", action="store_true", help="rig to rig: only make the checkpoint (no Docker)")
     parser.add_argument("--relay-chunk-mb", type=int, default=64, help="rig to rig: the receiver's chunk (MiB)")
+    parser.add_argument("--relay-join", choices=("openssh", "paramiko"), default="openssh",
+                        help="rig to rig: what joins the rigs (rigkit uses OpenSSH where the inventory allows)")
     parser.add_argument("--shard-mb", type=int, default=300)
     parser.add_argument("--proofs-only", action="store_true", help="only the source checks' cost (no Docker)")
     parser.add_argument("--proofs-dir", type=Path, default=Path("/tmp/rigkit-bench-proofs"))
@@ -281,7 +298,7 @@ def main() -> None:
         checkpoint_folder(max(1, round(args.relay_gb * 1e9 / (1 << 30))))
         return
     if args.rig_to_rig:
-        rig_to_rig(args.relay_gb, args.relay_chunk_mb << 20)
+        rig_to_rig(args.relay_gb, args.relay_chunk_mb << 20, args.relay_join)
         return
     if args.proofs_only:
         proof_cost(args.proofs_dir, args.shard_mb, cold=not args.proofs_warm)

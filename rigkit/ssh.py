@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import shutil
 import socket
+import subprocess
 
 import paramiko
 from pyinfra.api.exceptions import OperationError
@@ -31,6 +34,21 @@ def tcp_nodelay(host) -> bool:
         return False
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return True
+
+
+class GcmFirstTransport(paramiko.Transport):
+    """paramiko's Transport asking for AES-GCM first (then its usual order: a server without GCM gets
+    what it got before). paramiko's own first choice, aes128-ctr with hmac-sha2-256, costs the
+    controller's CPU twice per byte; measured through one channel from the simulated rig's OpenSSH,
+    1 GiB each way: receive 345-376 MB/s (ctr) vs 596-645 MB/s (gcm), send 161-185 vs 214-253 MB/s.
+    It matters where rigkit itself carries bulk data: the rig-to-rig weights relay."""
+
+    _preferred_ciphers = tuple(sorted(paramiko.Transport._preferred_ciphers, key=lambda name: "-gcm@" not in name))
+
+
+def gcm_first_transport(sock, **kwargs) -> paramiko.Transport:
+    """paramiko's `transport_factory` hook (SSHClient.connect), set for every rig in group_data/all.py."""
+    return GcmFirstTransport(sock, **kwargs)
 
 
 def quiet_paramiko() -> None:
@@ -80,3 +98,45 @@ def lost_connection_text(error: BaseException | None) -> str:
     what = f" ({type(error).__name__}: {error or 'closed'})" if error is not None else ""
     return (f"lost the SSH connection to the rig{what}: was it rebooted, or did the network drop? Deploy "
             "again once it answers: an interrupted rollout is seen as pending and finished then")
+
+
+# pyinfra's ssh_strict_host_key_checking values, as OpenSSH's StrictHostKeyChecking ("ask" would prompt).
+HOST_KEY_CHECKING = {"yes": "yes", "accept-new": "accept-new", "no": "no", "off": "no"}
+KEEPALIVE_S, KEEPALIVE_COUNT = 15, 20  # a silent rig is given up after 300 s (the weights relay's stall rule)
+
+
+@functools.cache
+def gcm_first_option() -> tuple[str, ...]:
+    """OpenSSH's client asked for AES-GCM first (its default is chacha20-poly1305, which the AES
+    instructions of any recent CPU do not speed up), the rest of its list kept: `-o Ciphers=^...`,
+    where this `ssh` knows the `^` form (`ssh -G` parses it without connecting)."""
+    option = ("-o", "Ciphers=^aes128-gcm@openssh.com")
+    try:
+        parsed = subprocess.run(["ssh", "-G", *option, "rigkit-check"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return option if parsed.returncode == 0 else ()
+
+
+def openssh_command(target) -> list[str] | None:
+    """OpenSSH's `ssh` reaching a rig as pyinfra's connection to it does (an SshTarget from
+    rigkit.config.inventory: hostname, port, user, key, SSH config, known hosts and their checking),
+    never prompting (BatchMode), the remote command to follow; None where `ssh` is not installed or
+    the connection needs what only paramiko is given (a password, a key's passphrase, paramiko's
+    own connect arguments)."""
+    checking = HOST_KEY_CHECKING.get(target.strict_host_key_checking)
+    if not shutil.which("ssh") or target.has_password or target.paramiko_kwargs or checking is None:
+        return None
+    argv = ["ssh", "-T", "-x", "-a", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
+            "-o", "ConnectTimeout=30", "-o", f"ServerAliveInterval={KEEPALIVE_S}",
+            "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", "-o", "LogLevel=ERROR", *gcm_first_option()]
+    if target.config_file:
+        argv += ["-F", os.path.expanduser(target.config_file)]
+    if target.known_hosts_file:
+        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts_file)}"]
+    if target.key_file:
+        argv += ["-i", os.path.expanduser(target.key_file)]
+    argv += ["-p", str(target.port)]
+    if target.user:
+        argv += ["-l", str(target.user)]
+    return [*argv, "--", target.hostname]

@@ -3,6 +3,13 @@ SSH ports), the real pyinfra CLI deploying both, rig A copying its folder onto i
 that volume through the controller's relay (two SSH channels, `docker run -i` with the copier on each
 rig), the receiver killed mid-copy, the next deploy resuming at its last journaled chunk.
 
+Both ways the controller joins the rigs: the killed copy through the deploy's paramiko channels (rig
+B's connection has a paramiko argument of its own), the resumed one through two OpenSSH `ssh` sharing
+a pipe. Both ways a rig runs the copier: rig A's shell reaches its engine's volumes folder (root on a rig
+whose engine is local), so its sender runs there; rig B first boots without that folder (as an engine
+in a VM, or a user the folder refuses), so its receiver runs in a helper container, which the test
+kills; rig B then reboots with the folder and the resumed copy is received on its shell.
+
 Simulated: the GPUs (tests/simrig) and vLLM (tests/vllm_standin). Both rigs share the host's Docker
 engine, so rig B's model has another name than rig A's (each its own volume) and names rig A's
 volume in its source. Chunks are 64 KiB here (`rigkit_weights_chunk_bytes`) so a 48 MiB checkpoint
@@ -60,7 +67,8 @@ def fleet(fresh_rig, tmp_path_factory):
     remove_leftovers(client)
     if not (SOURCE / "config.json").exists():
         make_checkpoint(SOURCE, shards=1, shard_bytes=48 * 1024 * 1024, seed=33)
-    rig_b = SimRig(name=RIG_B[0], ssh_port=RIG_B[1]).start(log=lambda m: print(m, file=sys.stderr))
+    rig_b = SimRig(name=RIG_B[0], ssh_port=RIG_B[1], engine_volumes=False).start(
+        log=lambda m: print(m, file=sys.stderr))
     folder = tmp_path_factory.mktemp("relay")
     (folder / "models").mkdir()
     for name in PORTS:
@@ -75,7 +83,11 @@ def fleet(fresh_rig, tmp_path_factory):
              ("rig-b", {**ssh, "ssh_port": RIG_B[1], "rig_file": str(folder / "rig-b.yml")})]
     inventory = folder / "inventory.py"
     inventory.write_text(f"rigs = {hosts!r}\n")
-    yield client, inventory, folder
+    # The same rigs, rig B's connection with a paramiko argument of its own: OpenSSH cannot be told the
+    # same, so the relay joins the two rigs through paramiko's channels (rigkit/ssh.py openssh_command).
+    hosts[1][1]["ssh_paramiko_connect_kwargs"] = {"banner_timeout": 60}
+    (folder / "inventory-paramiko.py").write_text(f"rigs = {hosts!r}\n")
+    yield client, inventory, folder, rig_b
     remove_leftovers(client)
     rig_b.remove()
 
@@ -111,9 +123,9 @@ def journaled(state: Path) -> int:
 
 
 def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a_second_deploy_changes_nothing(fleet):
-    client, inventory, folder = fleet
+    client, inventory, folder, rig_b = fleet
     total = sum(p.stat().st_size for p in SOURCE.rglob("*") if p.is_file())
-    proc = start_deploy(inventory, folder / "first.log")
+    proc = start_deploy(folder / "inventory-paramiko.py", folder / "first.log")  # joined through paramiko
 
     # Kill rig B's receiver once it has journaled a few chunks (its container, as an OOM kill or a crash would).
     def receiving():
@@ -122,7 +134,8 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
         except docker.errors.NotFound:
             return None
     state = wait_for("rig B's receiver to create its volume", receiving, 300, every_s=0.05)
-    wait_for("rig B's receiver to journal 8 chunks", lambda: journaled(state) >= 8 or proc.poll() is not None, 300)
+    # 9 journal lines: config.json's one chunk (first in the manifest's order) and 8 of the shard's.
+    wait_for("rig B's receiver to journal 9 chunks", lambda: journaled(state) >= 9 or proc.poll() is not None, 300)
     assert proc.poll() is None, (folder / "first.log").read_text()[-4000:]
     client.containers.get("rigkit-weights-relay-b-receive").kill()
     first = finish(proc, folder / "first.log")
@@ -135,9 +148,15 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
     cut = {str(p.relative_to(state.parent))[:-len(".rigkit-partial")] for p in state.parent.rglob("*.rigkit-partial")}
     assert 8 * CHUNK_BYTES <= sum(kept.values()) < total
 
+    # Rig B reboots, now reaching its engine's volumes folder: the resumed copy is received there.
+    rig_b.engine_volumes = True
+    rig_b.start(log=lambda m: print(m, file=sys.stderr))
     second = finish(start_deploy(inventory, folder / "second.log"), folder / "second.log")
     assert second.returncode == 0, second.output[-6000:]
     record = json.loads((state / "last-copy.json").read_text())
+    assert record["volume_path"] == str(state.parent), record  # on rig B's shell, not in a container at /v
+    source_path = Path(client.volumes.get("rigkit-weights-relay-a").attrs["Mountpoint"])
+    assert f"sent again; {source_path} to {state.parent}, joined by OpenSSH" in second.output, second.output[-6000:]
     # Bytes the copier recorded: at most one chunk crossed again; the rest resumed in place.
     assert record["resent_bytes"] <= CHUNK_BYTES, record
     assert record["received_bytes"] == total - sum(kept.values()), record

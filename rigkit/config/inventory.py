@@ -257,6 +257,12 @@ class SshTarget:
     key_file: str | None = None
     known_hosts_file: str | None = None
     strict_host_key_checking: str = "yes"  # pyinfra's `ssh_strict_host_key_checking`: yes, off, accept-new
+    config_file: str | None = None  # `ssh_config_file`
+    # What only paramiko can be given: a password or a key's passphrase (OpenSSH would prompt), or the
+    # names of paramiko connect arguments the inventory sets (`ssh_paramiko_connect_kwargs`; not
+    # `transport_factory`, which only picks algorithms on a socket already connected: rigkit's default).
+    has_password: bool = False
+    paramiko_kwargs: tuple[str, ...] = ()
 
 
 def ssh_address(host) -> str:
@@ -284,6 +290,10 @@ def ssh_target(host) -> SshTarget:
         key_file=data.get("ssh_key"),
         known_hosts_file=data.get("ssh_known_hosts_file"),
         strict_host_key_checking=str(data.get("ssh_strict_host_key_checking") or "yes"),
+        config_file=data.get("ssh_config_file"),
+        has_password=bool(data.get("ssh_password") or data.get("ssh_key_password")),
+        paramiko_kwargs=tuple(sorted(str(key) for key in (data.get("ssh_paramiko_connect_kwargs") or {})
+                                     if key != "transport_factory")),
     )
 
 

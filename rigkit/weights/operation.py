@@ -8,9 +8,10 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import ConnectError, DeployError, NestedOperationError
 from pyinfra.operations import python
 
+from rigkit.config.inventory import ssh_target
 from rigkit.config.schema import ModelConfig
 from rigkit.weights.engine import dial_command, rig_engine
-from rigkit.ssh import rig_call
+from rigkit.ssh import openssh_command, rig_call
 
 
 class CopyFailed(NestedOperationError):
@@ -67,8 +68,10 @@ def relay_on_rig(model: ModelConfig, verify: bool, chunk_bytes: int) -> None:
         target = host.connector.client.get_transport()
         if verify:
             logger.info(f"{host.print_prefix}{verify_volume(target, model)}")
-        report = relay(source_host(source.rig).connector.client.get_transport(), target, model, source.rig,
-                       chunk_bytes)
+        other = source_host(source.rig)
+        openssh = (openssh_command(ssh_target(other)), openssh_command(ssh_target(host)))
+        report = relay(other.connector.client.get_transport(), target, model, source.rig, chunk_bytes,
+                       openssh=openssh if all(openssh) else None)
     except (RelayError, ConnectError) as exc:
         host.log_styled(f"weights: {exc}", fg="red", log_func=logger.error)
         raise CopyFailed(str(exc)) from None
@@ -76,7 +79,13 @@ def relay_on_rig(model: ModelConfig, verify: bool, chunk_bytes: int) -> None:
     logger.info(f"{host.print_prefix}{model.name}: copied {report['received_bytes'] / 1e9:.2f} of "
                 f"{report['bytes'] / 1e9:.2f} GB from rig {source.rig} in {report['seconds']:.1f} s ({rate:.0f} MB/s), "
                 f"{report['files']} files; resumed at {report['rehashed_bytes']} bytes (re-hashed here), "
-                f"{report['resent_bytes']} bytes sent again")
+                f"{report['resent_bytes']} bytes sent again; {where(report.get('sent_from'))} to "
+                f"{where(report.get('volume_path'))}, joined by {report['joined_by']}")
+
+
+def where(path: str | None) -> str:
+    """Where a side of the relay ran: on the volume's folder from the rig's shell, or in a helper container."""
+    return "a helper container" if path in (None, "", "/v") else path
 
 
 def relay_needed(model: ModelConfig, state: dict, verify: bool) -> bool:

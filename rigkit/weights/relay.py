@@ -1,19 +1,31 @@
 """Weights from another rig's volume (`weights.source: {rig: NAME}`): a streamed relay through the
 control machine, between two SSH channels the deploy already trusts.
 
-On the source rig a helper container mounts its volume read-only and runs the copier's `send`;
-on the target rig another mounts the target volume and runs `receive`. The controller writes the
+On the source rig the copier's `send` reads its volume, on the target rig `receive` writes the
+target volume: each runs as the SSH session's own python3 on the volume's folder where that
+session can reach it (root on a rig whose engine is local), else in a helper container that
+mounts the volume (Docker Desktop, a user without access to the engine's folder). The folder is
+the fast path: a container's stdin and stdout cross dockerd, which cost most of the relay's CPU
+(bench/weights_copy.py --rig-to-rig). The controller writes the
 source's manifest into the receiver, hands the receiver's plan (which files, from which byte) to
-the sender, and pumps the sender's stdout into the receiver's stdin: nothing is staged on the
+the sender, and joins the sender's stdout to the receiver's stdin: nothing is staged on the
 controller's disk, and the rigs need no SSH trust between them. The receiver fsyncs and journals
 fixed-size chunks (CHUNK_BYTES), so a copy cut off resumes at its last journaled chunk.
+
+The join: where OpenSSH's `ssh` can reach both rigs as the deploy's connections do (openssh.py),
+the sender's `ssh` writes into a pipe the receiver's `ssh` reads, and no byte crosses Python;
+else the deploy's own paramiko channels, pumped here (Python handles every 32 KiB packet twice:
+it carries about 0.7 of what the pipe of two `ssh` does, measured in bench/weights_copy.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import select
 import shlex
+import subprocess
 import time
 
 from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES as CHUNK_BYTES
@@ -42,19 +54,29 @@ def relay_name(model: ModelConfig, side: str) -> str:
 
 
 def helper_command(model: ModelConfig, side: str, volume: str, args: list[str], read_only: bool) -> str:
-    """A shell command on a rig: replace any earlier helper of this side (one writer only), then run
-    the copier in a container with stdin attached, no network, the volume at /v."""
+    """A shell command on a rig running the copier with `args` ("/v" standing for the volume's folder):
+    on the volume's folder itself where this shell can read it (`read_only`) or write it, else in a
+    container with stdin attached, no network, the volume at /v, replacing any earlier helper of this
+    side. One writer at a time either way: the copier's receive and verify lock the volume."""
     image = model.spec.weights.helper_image or model.spec.image
     name = relay_name(model, side)
+    script = template_text("weights/rigkit-copy.py")
     mount = f"type=volume,source={volume},target=/v" + (",readonly" if read_only else "")
     run = ["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--pull", "never",
            "--label", f"rigkit.weights-helper={model.name}", "--mount", mount, "--entrypoint", "python3",
-           image, "-c", template_text("weights/rigkit-copy.py"), *args]
-    # A source volume that is not there is an error, never created empty by `docker run`.
-    exists = "" if not read_only else (
-        f"docker volume inspect {shlex.quote(volume)} >/dev/null 2>&1 || "
-        f"{{ echo {shlex.quote(json.dumps({'status': 'error', 'error': f'no volume {volume} on that rig'}))}; exit 2; }}; ")
-    return f"{exists}docker rm -f {shlex.quote(name)} >/dev/null 2>&1; exec {shlex.join(run)}"
+           image, "-c", script, *args]
+    direct = " ".join('"$mp"' if arg == "/v" else shlex.quote(arg) for arg in ["python3", "-c", script, *args])
+    # A source volume that is not there is an error, never created empty; a target volume is made
+    # here (as `docker run --mount` would) so that its folder exists for the direct path.
+    if read_only:
+        prepare = (f"docker volume inspect {shlex.quote(volume)} >/dev/null 2>&1 || "
+                   f"{{ echo {shlex.quote(json.dumps({'status': 'error', 'error': f'no volume {volume} on that rig'}))}; exit 2; }}; ")
+    else:
+        prepare = f"docker volume create {shlex.quote(volume)} >/dev/null 2>&1; "
+    access = "-r" if read_only else "-w"
+    return (f"{prepare}mp=$(docker volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null); "
+            f'if [ -n "$mp" ] && [ -d "$mp" ] && [ {access} "$mp" ] && command -v python3 >/dev/null; then exec {direct}; fi; '
+            f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1; exec {shlex.join(run)}")
 
 
 def manifest_digest(files: list[dict]) -> str:
@@ -104,14 +126,30 @@ def read_manifest(transport, model: ModelConfig, rig: str) -> dict:
     return answer
 
 
-def relay(source_transport, target_transport, model: ModelConfig, rig: str, chunk_bytes: int = CHUNK_BYTES) -> dict:
+def relay(source_transport, target_transport, model: ModelConfig, rig: str, chunk_bytes: int = CHUNK_BYTES,
+          openssh: tuple[list[str], list[str]] | None = None) -> dict:
     """Copy the source rig's volume into the target's; the receiver's report (copied, received_bytes,
-    rehashed_bytes, resent_bytes, ...) with the sender's read_bytes and the relay's seconds."""
+    rehashed_bytes, resent_bytes, volume_path, ...) with the sender's read_bytes and folder (sent_from:
+    "/v" in a helper container), the relay's seconds and what joined the two (`joined_by`). `openssh`:
+    the `ssh` commands reaching the source and the target rig (openssh.py), else paramiko's channels."""
     started = time.monotonic()
     manifest = read_manifest(source_transport, model, rig)
-    receiver = _open(target_transport, helper_command(model, "receive", volume_name(model),
-                                                      ["receive", "/v", str(chunk_bytes)], False))
-    receiver.sendall(json.dumps({"files": manifest["files"]}).encode() + b"\n")
+    receive = helper_command(model, "receive", volume_name(model), ["receive", "/v", str(chunk_bytes)], False)
+    send = helper_command(model, "send", source_volume(model), ["send", "/v"], True)
+    line = json.dumps({"files": manifest["files"]}).encode() + b"\n"
+    if openssh:
+        report, sent = _join_openssh(openssh, model, rig, line, send, receive)
+        joined_by = "OpenSSH"
+    else:
+        report, sent = _pump_paramiko(source_transport, target_transport, model, rig, line, send, receive)
+        joined_by = f"paramiko ({source_transport.remote_cipher}, {target_transport.local_cipher})"
+    return {**report, "read_bytes": sent.get("read_bytes", 0), "sent_from": sent.get("volume_path", ""),
+            "joined_by": joined_by, "seconds": time.monotonic() - started}
+
+
+def _pump_paramiko(source_transport, target_transport, model, rig, line, send, receive) -> tuple[dict, dict]:
+    receiver = _open(target_transport, receive)
+    receiver.sendall(line)
     plan = b""
     while not plan.endswith(b"\n"):
         data = receiver.recv(65536)
@@ -120,17 +158,15 @@ def relay(source_transport, target_transport, model: ModelConfig, rig: str, chun
         plan += data
     if not plan.endswith(b"\n"):
         raise RelayError(_failed(model, "the target rig's receiver", receiver, plan.decode(errors="replace")))
-    sender = _open(source_transport, helper_command(model, "send", source_volume(model), ["send", "/v"], True))
+    sender = _open(source_transport, send)
     sender.sendall(plan)
     sender.shutdown_write()
-    pumped = 0
     try:
         while True:
             data = sender.recv(PUMP_BYTES)
             if not data:
                 break
             receiver.sendall(data)
-            pumped += len(data)
     except OSError as exc:  # the receiver went away (killed, out of space): its own report says why
         sender.close()
         raise RelayError(_failed(model, "the target rig's receiver", receiver, "", f" ({exc})")) from None
@@ -138,24 +174,110 @@ def relay(source_transport, target_transport, model: ModelConfig, rig: str, chun
     sent = _last_json(_drain(sender, "err")) or {}
     if sender.recv_exit_status() != 0:
         receiver.close()
-        raise RelayError(f"{model.name}: the sender on rig {rig} failed: {sent.get('error', 'no report')}. "
-                         "Nothing was marked complete; deploy again and the copy resumes at its last chunk")
+        raise RelayError(_sender_failed(model, rig, sent))
     out = _drain(receiver, "out")
     report = _last_json(out)
     if receiver.recv_exit_status() != 0 or not report or report.get("status") != "copied":
         raise RelayError(_failed(model, "the target rig's receiver", receiver, out))
-    return {**report, "read_bytes": sent.get("read_bytes", 0), "pumped_bytes": pumped,
-            "seconds": time.monotonic() - started}
+    return report, sent
+
+
+def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]:
+    """The receiver's `ssh` reads a pipe; the controller writes the manifest into it, reads the plan,
+    then starts the sender's `ssh` writing its stdout into the same pipe. Bounded by the copier's own
+    rule (the receiver gives up after STALL_TIMEOUT_S without a byte, which ends the sender with it)
+    and by `ssh`'s keepalives (a lost rig: STALL_TIMEOUT_S)."""
+    source_ssh, target_ssh = openssh
+    read_end, write_end = os.pipe()
+    try:
+        receiver = subprocess.Popen([*target_ssh, receive], stdin=read_end, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+    finally:
+        os.close(read_end)
+    sender = None
+    try:
+        try:
+            _write_all(write_end, line)
+            plan = _read_line(receiver.stdout, STALL_TIMEOUT_S)
+        except OSError:
+            plan = b""
+        if not plan.endswith(b"\n"):
+            os.close(write_end)
+            write_end = -1
+            out, err = _finish(receiver)
+            raise RelayError(_failed_text(model, "the target rig's receiver", plan.decode(errors="replace") + out, err))
+        sender = subprocess.Popen([*source_ssh, send], stdin=subprocess.PIPE, stdout=write_end,
+                                  stderr=subprocess.PIPE)
+        os.close(write_end)  # the sender's `ssh` holds the pipe's writing end now: its exit ends the stream
+        write_end = -1
+        sender.stdin.write(plan)
+        sender.stdin.close()
+        sent_err = sender.stderr.read().decode(errors="replace")
+        sender.wait()
+        out, err = _finish(receiver)
+    finally:
+        if write_end >= 0:
+            os.close(write_end)
+        for proc in (sender, receiver):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    sent = _last_json(sent_err) or {}
+    report = _last_json(out) or {}
+    if report.get("status") == "copied" and receiver.returncode == 0:
+        if sender.returncode != 0:
+            raise RelayError(_sender_failed(model, rig, sent, sent_err))
+        return report, sent
+    # Which side broke: a receiver whose stream was cut off blames the sender; a receiver that failed
+    # otherwise (killed, out of space) is the cause, and the sender's broken pipe only its echo.
+    if "the copy was cut off" in str(report.get("error", "")) and sender.returncode != 0:
+        raise RelayError(_sender_failed(model, rig, sent, sent_err))
+    raise RelayError(_failed_text(model, "the target rig's receiver", out, err))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_line(stream, timeout_s: float) -> bytes:
+    """One line from a process's stdout, waiting at most `timeout_s` for each piece."""
+    fd, line = stream.fileno(), b""
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        if not ready:
+            break
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        line += data
+    return line
+
+
+def _finish(proc: subprocess.Popen) -> tuple[str, str]:
+    """A process's stdout and stderr once it has exited (it exits when its stdin ends, or the stall rule)."""
+    out, err = proc.communicate()
+    return out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _sender_failed(model: ModelConfig, rig: str, sent: dict, err: str = "") -> str:
+    why = sent.get("error") or err.strip()[-400:] or "no report"
+    return (f"{model.name}: the sender on rig {rig} failed: {why}. Nothing was marked complete; deploy again and "
+            "the copy resumes at its last chunk")
 
 
 def _failed(model: ModelConfig, who: str, channel, out: str, extra: str = "") -> str:
-    out = out + _drain(channel, "out")
+    return _failed_text(model, who, out + _drain(channel, "out"), _drain(channel, "err"), extra)
+
+
+def _failed_text(model: ModelConfig, who: str, out: str, err: str, extra: str = "") -> str:
     answer = _last_json(out) or {}
     if answer.get("error") == "no space":
         why = (f"volume {volume_name(model)} is out of space: the copy needs {answer.get('needed_bytes', 0) / 1e9:.2f} GB "
                f"more (free: {answer.get('free_bytes', 0) / 1e9:.2f} GB)")
     else:
-        why = answer.get("error") or _drain(channel, "err").strip()[-400:] or "it stopped without a report"
+        why = answer.get("error") or err.strip()[-400:] or "it stopped without a report"
     return (f"{model.name}: {who} failed{extra}: {why}. Nothing was marked complete; deploy again and the copy "
             "resumes at its last chunk")
 

@@ -1,5 +1,6 @@
-"""rigkit weights copier: runs inside a short-lived helper container on the rig, or (check
-only) on the rig itself as the deploy's read-only fact.
+"""rigkit weights copier: runs inside a short-lived helper container on the rig, or on the rig
+itself (check, as the deploy's read-only fact; manifest, send, receive and verify of a relay where
+the rig's shell reaches the volume's folder, rigkit/weights/relay.py).
 
     python3 -c "<this file>" check|copy|verify [SRC DST [ROOT]]
     python3 -c "<this file>" check-each NAME SRC DST ROOT [NAME SRC DST ROOT ...]
@@ -29,6 +30,9 @@ State in the volume, under DST/.rigkit/:
                   the volume and proven again before it is trusted
   manifest.json   every file, as in progress.jsonl; written when all files are in
   complete        the completion marker, written last; removed first by every copy
+  writer.lock     flock'd by receive and verify while they run: one writer at a time
+  chunks.jsonl    receive: each chunk fsynced, then journaled here (resume point)
+  last-copy.json  receive: what the last complete copy read and wrote
 
 check   compare the source's paths, sizes and mtimes with the manifest (reads no file contents)
 copy    copy what is missing or different, resuming an interrupted copy, then write manifest and marker
@@ -475,6 +479,7 @@ def proven(entries):
 
 def verify():
     started = time.monotonic()
+    held = hold_volume()  # noqa: F841: it removes files; released when the process ends
     manifest = load_json(state_path("manifest.json"), None)
     if manifest is None:
         report(status="corrupt", bad=[], error="no manifest: the volume was never completely copied")
@@ -563,7 +568,8 @@ def send():
                 read_bytes += len(block)
     out.write(json.dumps({"end": True}).encode() + b"\n")
     out.flush()
-    print(json.dumps({"status": "sent", "read_bytes": read_bytes, "seconds": time.monotonic() - started}),
+    print(json.dumps({"status": "sent", "read_bytes": read_bytes, "seconds": time.monotonic() - started,
+                      "volume_path": SRC}),
           file=sys.stderr, flush=True)
     return 0
 
@@ -593,8 +599,14 @@ class Prefetch:
             if not block:
                 return
 
+    STALL_S = 300  # as rigkit/weights/relay.py's STALL_TIMEOUT_S: the relay's pipes have no timeout of their own
+
     def _more(self):
-        block = self.q.get() if not self.eof else b""
+        try:
+            block = self.q.get(timeout=self.STALL_S) if not self.eof else b""
+        except queue.Empty:
+            raise SourceError(f"no byte came from the source rig for {self.STALL_S} s: the copy was cut off; deploy "
+                              "again and it resumes at its last chunk") from None
         if block:
             self.blocks.append(block)
         else:
@@ -739,6 +751,26 @@ def fsync_path(path):
         os.close(fd)
 
 
+def hold_volume(wait_s=60):
+    """An exclusive lock on the volume (DST/.rigkit/writer.lock), held until this process ends: one
+    writer at a time, whether the copier runs on the rig's shell or in a helper container (whose
+    predecessor `docker rm -f` kills; a direct one whose controller went away ends at its stdin's
+    end). Waits at most `wait_s`."""
+    import fcntl
+    os.makedirs(os.path.join(DST, ".rigkit"), exist_ok=True)
+    lock = open(state_path("writer.lock"), "a")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise SourceError(f"another copy into this volume was still running after {wait_s} s; deploy again "
+                                  "once it has ended") from None
+            time.sleep(0.2)
+
+
 def receive():
     started = time.monotonic()
     chunk_bytes = CHUNK_BYTES
@@ -751,7 +783,7 @@ def receive():
         parts = e["path"].split("/")
         if e["path"].startswith("/") or ".." in parts or "" in parts or parts[0] == ".rigkit":
             raise SourceError(f"the source's manifest names {e['path']!r}, not a path inside a volume")
-    os.makedirs(os.path.join(DST, ".rigkit"), exist_ok=True)
+    held = hold_volume()  # noqa: F841: released when the process ends
     if os.path.exists(state_path("complete")):
         os.remove(state_path("complete"))
     done = durable_done(source)
@@ -849,7 +881,7 @@ def receive():
     result = dict(status="copied", files=len(source), bytes=total, copied_bytes=received, received_bytes=received,
                   rehashed_bytes=rehashed, resent_bytes=sum(dropped), resumed_at={p: o for p, o in plan if o},
                   chunk_bytes=chunk_bytes, resumed_files=len(source) - len(plan), proven=proven(files),
-                  seconds=time.monotonic() - started)
+                  seconds=time.monotonic() - started, volume_path=DST)
     with open(state_path("last-copy.json"), "w") as f:  # what this copy read and wrote, for a person (and tests)
         json.dump(result, f)
     with open(state_path("complete"), "w") as f:

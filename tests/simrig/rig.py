@@ -83,6 +83,10 @@ class SimRig:
     # Host folders that get a copy of gpus.json on every write, without a restart (e.g. inside a model's
     # bind-mounted weights folder, where the vLLM stand-in image's torch stand-in reads `topology.p2p_faults`).
     gpu_config_copies: tuple[Path, ...] = ()
+    # The engine's volumes folder in the rig at the path `docker volume inspect` reports, writable, as
+    # root sees it on a real rig whose engine is local. False: not there, as for a user the folder
+    # refuses or an engine in a VM (Docker Desktop); rigkit then reaches volumes through containers.
+    engine_volumes: bool = True
 
     @property
     def state_dir(self) -> Path:
@@ -143,9 +147,6 @@ class SimRig:
             str(SIM_MODELS): (str(SIM_MODELS), "ro"),  # same path in the rig as on the host (see weights.py)
             "/sys/fs/cgroup": ("/sys/fs/cgroup", "ro"),
             "/var/run/docker.sock": ("/run/docker.sock", "rw"),
-            # The engine's volumes at the path `docker volume inspect` reports, as root sees them on a
-            # real rig whose engine is local (rigkit reads weights markers there, read-only).
-            volumes_dir: (volumes_dir, "ro"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
             str(LSPCI): ("/usr/bin/lspci", "ro"),
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
@@ -157,6 +158,8 @@ class SimRig:
             str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
             str(authorized): ("/root/.ssh/authorized_keys", "ro"),
         }
+        if self.engine_volumes:  # rigkit reads weights markers there; a relay reads and writes volumes there
+            mounts[volumes_dir] = (volumes_dir, "rw")
         if self.shared_gpu_dir:
             self._forget_gpu_settings()
             mounts[str(self.shared_gpu_dir)] = ("/run/nvidia-sim", "rw")

@@ -1,0 +1,145 @@
+"""How the weights relay joins two rigs through OpenSSH (rigkit/weights/relay.py `_join_openssh`), without
+Docker and without rigs: each "ssh RIG" is `sh -c` here, which is what `ssh` does with its command on
+the far side (hands it to the user's shell), so the copier's receive and send run as local processes on
+two folders, their stdout and stdin joined by the relay's own pipe. What this simulates: the two SSH
+hops (tested for real in test_weights_relay_rigs.py). What is real: the copier, the pipe, the relay's
+waiting and its reading of who failed. Also: the `ssh` command rigkit builds from a host's inventory
+data (rigkit/ssh.py `openssh_command`), and where it declines to build one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rigkit.config.inventory import ssh_target
+from rigkit.config.schema import ModelConfig, ModelSpec
+from rigkit.ssh import gcm_first_transport, openssh_command
+from rigkit.weights.relay import RelayError, _join_openssh
+from tests.simrig.rig import ssh_keypair
+from tests.test_weights_relay import CHUNK, journaled_bytes, source_volume
+from tests.test_weights_copier import COPIER
+
+SHELL = ["sh", "-c"]  # `ssh RIG` stand-in: the command string to a shell, as sshd does on the rig
+MODEL = ModelConfig("relay-b", ModelSpec.model_validate({
+    "image": "rigkit-vllm-standin:sim", "gpus": [0], "port": 18999, "weights": {"source": {"rig": "rig-a"}}}),
+                    Path("relay-b.yml"))
+
+
+def commands(a: Path, b: Path) -> tuple[bytes, str, str]:
+    """(the source's manifest line, the sender's command, the receiver's command), as relay() passes them."""
+    manifest = subprocess.run([sys.executable, str(COPIER), "manifest", str(a)], capture_output=True, timeout=60)
+    line = json.dumps({"files": json.loads(manifest.stdout)["files"]}).encode() + b"\n"
+    send = shlex.join([sys.executable, str(COPIER), "send", str(a)])
+    receive = shlex.join([sys.executable, str(COPIER), "receive", str(b), str(CHUNK)])
+    return line, send, receive
+
+
+def test_the_pipe_carries_every_byte_and_both_reports_come_back(tmp_path):
+    a, files = source_volume(tmp_path)
+    line, send, receive = commands(a, tmp_path / "b")
+    report, sent = _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, receive)
+    total = sum(len(data) for data in files.values())
+    assert report["status"] == "copied" and report["received_bytes"] == total, report
+    assert sent["read_bytes"] == total and sent["volume_path"] == str(a), sent
+    assert {name: (tmp_path / "b" / name).read_bytes() for name in files} == files
+    assert (tmp_path / "b" / ".rigkit" / "complete").exists()
+
+
+def test_a_killed_receiver_is_named_as_the_cause_not_the_sender_whose_pipe_it_broke(tmp_path):
+    a, files = source_volume(tmp_path)
+    b = tmp_path / "b"
+    line, send, receive = commands(a, b)
+    # The receiver slowed to a chunk per 50 ms (a throttled stdin) so the kill lands mid-copy, then killed
+    # by its pid once it has journaled 3 chunks, as a crash or an OOM kill would.
+    throttled = f"{shlex.quote(sys.executable)} -c {shlex.quote(THROTTLE)} | {receive}"
+
+    def kill_when_journaled():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if sum(1 for _ in (b / ".rigkit" / "chunks.jsonl").open()) >= 3:
+                    break
+            except FileNotFoundError:
+                pass
+            time.sleep(0.01)
+        subprocess.run(["pkill", "-KILL", "-f", f"receive {b} "], check=False)
+
+    killer = threading.Thread(target=kill_when_journaled)
+    killer.start()
+    with pytest.raises(RelayError) as failed:
+        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, throttled)
+    killer.join()
+    assert str(failed.value).startswith("relay-b: the target rig's receiver failed: "), failed.value
+    assert "resumes at its last chunk" in str(failed.value)
+    assert not (b / ".rigkit" / "complete").exists()
+    sizes = {name: len(data) for name, data in files.items()}
+    assert sum(journaled_bytes(b / ".rigkit", sizes).values()) < sum(sizes.values())
+
+
+# Copies stdin to stdout a 64 KiB block per 50 ms (the receiver's side of a slow link).
+THROTTLE = ("import os, sys, time\n"
+            "while (block := os.read(0, 65536)):\n"
+            "    os.write(1, block); time.sleep(0.05)\n")
+
+
+def test_a_sender_that_fails_is_named_with_its_own_reason(tmp_path):
+    a, _ = source_volume(tmp_path)
+    line, send, receive = commands(a, tmp_path / "b")
+    with (a / "model-1.safetensors").open("ab") as shard:
+        shard.write(b"\0")  # rig A's volume changed after its manifest: the sender refuses the file
+    with pytest.raises(RelayError) as failed:
+        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, receive)
+    assert str(failed.value).startswith("relay-b: the sender on rig rig-a failed: model-1.safetensors has "), failed.value
+    assert not (tmp_path / "b" / ".rigkit" / "complete").exists()
+
+
+def test_a_receiver_that_cannot_start_is_named_with_what_it_said(tmp_path):
+    a, _ = source_volume(tmp_path)
+    line, send, _ = commands(a, tmp_path / "b")
+    with pytest.raises(RelayError) as failed:
+        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, "echo 'ssh: connect to host rig-b port 22: "
+                      "Connection refused' >&2; exit 255")
+    assert str(failed.value) == ("relay-b: the target rig's receiver failed: ssh: connect to host rig-b port 22: "
+                                 "Connection refused. Nothing was marked complete; deploy again and the copy resumes "
+                                 "at its last chunk")
+
+
+KEY = {"ssh_user": "root", "ssh_key": str(ssh_keypair()), "ssh_port": 2222, "ssh_known_hosts_file": "/dev/null",
+       "ssh_strict_host_key_checking": "off"}
+
+
+def command(name: str, data: dict) -> list[str] | None:
+    """openssh_command for a host of the inventory: its name and data, read as deploys read them."""
+    return openssh_command(ssh_target(SimpleNamespace(name=name, data=data)))
+
+
+def test_the_ssh_command_says_what_the_inventory_says_and_never_prompts():
+    argv = command("rig-a", {**KEY, "ssh_hostname": "-oProxyCommand=x",
+                             "ssh_paramiko_connect_kwargs": {"transport_factory": gcm_first_transport}})
+    assert argv[:2] == ["ssh", "-T"]
+    options = {argv[i + 1] for i, arg in enumerate(argv) if arg == "-o"}
+    assert {"BatchMode=yes", "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null"} <= options
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "root"
+    assert argv[argv.index("-i") + 1] == str(ssh_keypair())
+    assert argv[-2:] == ["--", "-oProxyCommand=x"]  # a hostname is never read as an option
+    assert command("rig-a", {})[-4:] == ["-p", "22", "--", "rig-a"]  # the inventory name, as pyinfra
+    assert "StrictHostKeyChecking=yes" in command("rig-a", {})  # as `rigkit tune` reaches a rig
+
+
+@pytest.mark.parametrize("data", [
+    {"ssh_password": "s3cret"},  # OpenSSH would prompt for it
+    {"ssh_key_password": "s3cret"},
+    {"ssh_paramiko_connect_kwargs": {"banner_timeout": 60}},  # paramiko's own arguments
+    {"ssh_strict_host_key_checking": "ask"},  # a prompt
+])
+def test_no_ssh_command_where_openssh_cannot_connect_as_pyinfra_does(data):
+    assert command("rig-a", {**KEY, **data}) is None
