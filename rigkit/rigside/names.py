@@ -114,6 +114,15 @@ def volume_name(model) -> str:
     return model.spec.weights.volume or f"{PROJECT_PREFIX}weights-{model.name}"
 
 
+def weights_helper_name(model, side: str = "helper") -> str:
+    """The container of a model's weights copier: "helper" (a copy from a folder), or a relay's side
+    ("manifest", "send", "receive", "verify"). One of each at a time: a new one replaces it."""
+    return f"{PROJECT_PREFIX}weights-{model.name}-{side}"
+
+
+WEIGHTS_HELPER_LABEL = "rigkit.weights-helper"  # on each such container: the model's name
+
+
 def rollout_lock_path(model_name: str, lock_dir: str = LOCK_DIR) -> str:
     """The one lock a stack's rollout holds (rigkit-stack takes it, the watchdog respects it)."""
     return f"{lock_dir}/rigkit-stack-{model_name}.lock"

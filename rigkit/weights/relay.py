@@ -31,7 +31,7 @@ import time
 from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES as CHUNK_BYTES
 from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
-from rigkit.rigside.names import PROJECT_PREFIX, volume_name
+from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name, weights_helper_name
 
 WINDOW_BYTES = 32 * 1024 * 1024  # SSH channel window: paramiko's 2 MiB default stalls a fast stream
 PACKET_BYTES = 256 * 1024
@@ -49,21 +49,17 @@ def source_volume(model: ModelConfig) -> str:
     return model.spec.weights.source.volume or volume_name(model)
 
 
-def relay_name(model: ModelConfig, side: str) -> str:
-    return f"{PROJECT_PREFIX}weights-{model.name}-{side}"
-
-
 def helper_command(model: ModelConfig, side: str, volume: str, args: list[str], read_only: bool) -> str:
     """A shell command on a rig running the copier with `args` ("/v" standing for the volume's folder):
     on the volume's folder itself where this shell can read it (`read_only`) or write it, else in a
     container with stdin attached, no network, the volume at /v, replacing any earlier helper of this
     side. One writer at a time either way: the copier's receive and verify lock the volume."""
     image = model.spec.weights.helper_image or model.spec.image
-    name = relay_name(model, side)
+    name = weights_helper_name(model, side)
     script = template_text("weights/rigkit-copy.py")
     mount = f"type=volume,source={volume},target=/v" + (",readonly" if read_only else "")
     run = ["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--pull", "never",
-           "--label", f"rigkit.weights-helper={model.name}", "--mount", mount, "--entrypoint", "python3",
+           "--label", f"{WEIGHTS_HELPER_LABEL}={model.name}", "--mount", mount, "--entrypoint", "python3",
            image, "-c", script, *args]
     direct = " ".join('"$mp"' if arg == "/v" else shlex.quote(arg) for arg in ["python3", "-c", script, *args])
     # A source volume that is not there is an error, never created empty; a target volume is made

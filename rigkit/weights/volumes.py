@@ -19,7 +19,7 @@ from docker.types import Mount
 
 from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
-from rigkit.rigside.names import PROJECT_PREFIX, volume_name
+from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name, weights_helper_name
 from rigkit.weights.layout import helper_image, source_layout
 
 COPY_TIMEOUT_S = 6 * 3600  # tens of GB over a slow mount still end
@@ -68,15 +68,11 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def helper_name(model: ModelConfig) -> str:
-    return f"{PROJECT_PREFIX}weights-{model.name}-helper"
-
-
 def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> dict:
     """Run the copier in `mode` and return its JSON report. Any earlier helper for this model is
     stopped first: the copy protocol makes a second start a resume, never a second writer."""
     try:
-        client.containers.get(helper_name(model)).remove(force=True)
+        client.containers.get(weights_helper_name(model)).remove(force=True)
     except docker.errors.NotFound:
         pass
     root, inside = source_layout(model.spec.weights.source)
@@ -85,14 +81,14 @@ def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> di
             helper_image(model),
             ["python3", "-c", template_text("weights/rigkit-copy.py"), mode, f"/src/{inside}", "/dst", "/src"],
             entrypoint=[],
-            name=helper_name(model),
+            name=weights_helper_name(model),
             # A bind Mount, unlike `volumes=`, never creates a missing source folder on the rig.
             mounts=[
                 Mount("/src", root, type="bind", read_only=True),
                 Mount("/dst", volume_name(model), type="volume"),
             ],
             network_mode="none",
-            labels={"rigkit.weights-helper": model.name},
+            labels={WEIGHTS_HELPER_LABEL: model.name},
             detach=True,
         )
     except docker.errors.APIError as exc:
