@@ -3,7 +3,8 @@ library only), to names.RUNTIME_DIR (/usr/local/lib/rigkit/rigside/). The rig's 
 (rigkit-stack, the watchdog, the gateway helper, the status probe) import it from there: it holds
 the protocols they share once (the key file, the one-token probe, the rollout lock, atomic
 replace, the rig's paths). Runs after base and before every role that installs such a script;
-only what differs is put, so a second deploy changes nothing.
+one operation puts only the modules that differ, so a second deploy changes nothing (and pays
+pyinfra's per-operation cost once for the package).
 
 Defaults: none; where it goes is rigkit.rigside.names.RUNTIME_DIR.
 """
@@ -17,7 +18,7 @@ from pyinfra.api import deploy
 import rigkit.rigside
 from rigkit.config.schema import RigConfig
 from rigkit.facts_once import Read
-from rigkit.files import FileStates, put
+from rigkit.files import FileStates, put_all
 from rigkit.render import module_source
 from rigkit.rigside.names import RUNTIME_DIR
 
@@ -38,6 +39,4 @@ def rigside_reads(rig: RigConfig) -> list[Read]:
 def rigside(rig: RigConfig) -> list:
     """Returns the operations that changed the runtime."""
     files = runtime_files()
-    paths = tuple(files)
-    return [put(name=f"Rig-side runtime: {Path(path).name}", data=data, dest=path, mode="644", batch=paths)
-            for path, data in files.items()]
+    return [put_all(name=f"Rig-side runtime: {len(files)} modules in {RUNTIME_DIR}", files=files, mode="644")]
