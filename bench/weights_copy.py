@@ -191,6 +191,9 @@ def checkpoint_folder(shards: int) -> Path:
 def openssh_commands(join: str):
     """What rigkit's relay joins the rigs with, from host data as an inventory gives it (rigkit/ssh.py):
     two `ssh` commands, or None for the deploy's paramiko channels (`--relay-join paramiko`)."""
+    from types import SimpleNamespace
+
+    from rigkit.config.inventory import ssh_target
     from rigkit.ssh import openssh_command
     from tests.simrig.rig import ssh_keypair
 
@@ -198,7 +201,8 @@ def openssh_commands(join: str):
         return None
     data = {"ssh_user": "root", "ssh_key": str(ssh_keypair()), "ssh_known_hosts_file": "/dev/null",
             "ssh_strict_host_key_checking": "off"}
-    return tuple(openssh_command({**data, "ssh_port": port}, "127.0.0.1") for _, port in RELAY_RIGS)
+    return tuple(openssh_command(ssh_target(SimpleNamespace(name="127.0.0.1", data={**data, "ssh_port": port})))
+                 for _, port in RELAY_RIGS)
 
 
 def time_relay(client, transports, model, chunk_bytes: int, join: str = "openssh") -> tuple[float, dict]:

@@ -58,15 +58,15 @@ def test_a_killed_receiver_is_named_as_the_cause_not_the_sender_whose_pipe_it_br
     a, files = source_volume(tmp_path)
     b = tmp_path / "b"
     line, send, receive = commands(a, b)
-    # The receiver slowed to a chunk per 50 ms (a throttled stdin) so the kill lands mid-copy, then killed
-    # by its pid once it has journaled 3 chunks, as a crash or an OOM kill would.
+    # The receiver slowed to a 64 KiB chunk per 100 ms (a throttled stdin: ~2 s for the whole volume) so
+    # the kill lands mid-copy, then killed once it has journaled 2 chunks, as a crash or an OOM kill would.
     throttled = f"{shlex.quote(sys.executable)} -c {shlex.quote(THROTTLE)} | {receive}"
 
     def kill_when_journaled():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if sum(1 for _ in (b / ".rigkit" / "chunks.jsonl").open()) >= 3:
+                if sum(1 for _ in (b / ".rigkit" / "chunks.jsonl").open()) >= 2:
                     break
             except FileNotFoundError:
                 pass
@@ -85,10 +85,10 @@ def test_a_killed_receiver_is_named_as_the_cause_not_the_sender_whose_pipe_it_br
     assert sum(journaled_bytes(b / ".rigkit", sizes).values()) < sum(sizes.values())
 
 
-# Copies stdin to stdout a 64 KiB block per 50 ms (the receiver's side of a slow link).
+# Copies stdin to stdout a 64 KiB block per 100 ms (the receiver's side of a slow link).
 THROTTLE = ("import os, sys, time\n"
             "while (block := os.read(0, 65536)):\n"
-            "    os.write(1, block); time.sleep(0.05)\n")
+            "    os.write(1, block); time.sleep(0.1)\n")
 
 
 def test_a_sender_that_fails_is_named_with_its_own_reason(tmp_path):
