@@ -60,20 +60,13 @@ def put(dest: str, data: str | bytes, mode: str = "644", batch: tuple[str, ...] 
     puts (the same tuple for each call), read in one command; `dest` must be among them."""
     data = data.encode() if isinstance(data, str) else data
     state = read_once(FileStates, paths=tuple(batch) or (dest,)).get(dest)
-    same_content = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
     # This body can run twice: while planning, when rigkit.units asks whether the put will
     # change, and when pyinfra executes it. What it tells the user, it tells once.
     first_time = _first_time(dest)
-    if same_content and state["mode"] == mode.lstrip("0"):
-        if first_time:
-            host.noop(f"{dest} is up to date")
-        return
-    if not same_content:
-        if host.state.config.DIFF and first_time:
-            _show_diff(dest, state, data)
-        yield f"mkdir -p {shlex.quote(str(PurePosixPath(dest).parent))}"
-        yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
-    yield f"chmod {shlex.quote(mode)} {shlex.quote(dest)}"
+    commands = list(_put_commands(dest, data, mode, state, first_time))
+    if not commands and first_time:
+        host.noop(f"{dest} is up to date")
+    yield from commands
 
 
 @operation()
@@ -83,21 +76,23 @@ def put_all(files: dict[str, bytes], mode: str = "644"):
     once, not per file. Their states are read in one command, as put's batch."""
     states = read_once(FileStates, paths=tuple(files))
     first_time = _first_time("put_all:" + ",".join(files))
-    changed = []
-    for dest, data in files.items():
-        state = states.get(dest)
-        same_content = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
-        if same_content and state["mode"] == mode.lstrip("0"):
-            continue
-        changed.append(dest)
-        if not same_content:
-            if host.state.config.DIFF and first_time:
-                _show_diff(dest, state, data)
-            yield f"mkdir -p {shlex.quote(str(PurePosixPath(dest).parent))}"
-            yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
-        yield f"chmod {shlex.quote(mode)} {shlex.quote(dest)}"
-    if not changed and first_time:
+    commands = [c for dest, data in files.items() for c in _put_commands(dest, data, mode, states.get(dest), first_time)]
+    if not commands and first_time:
         host.noop(f"{len(files)} files up to date")
+    yield from commands
+
+
+def _put_commands(dest: str, data: bytes, mode: str, state: dict | None, first_time: bool):
+    """The commands that make `dest` hold `data` with `mode`, given its state on the rig (none when it is so)."""
+    same_content = state is not None and state["sha256"] == hashlib.sha256(data).hexdigest()
+    if same_content and state["mode"] == mode.lstrip("0"):
+        return
+    if not same_content:
+        if host.state.config.DIFF and first_time:
+            _show_diff(dest, state, data)
+        yield f"mkdir -p {shlex.quote(str(PurePosixPath(dest).parent))}"
+        yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
+    yield f"chmod {shlex.quote(mode)} {shlex.quote(dest)}"
 
 
 _told: set[tuple[int, str, str]] = set()  # (run, host, dest) already reported
