@@ -101,7 +101,9 @@ def lost_connection_text(error: BaseException | None) -> str:
 
 
 # pyinfra's ssh_strict_host_key_checking values, as OpenSSH's StrictHostKeyChecking ("ask" would prompt).
-HOST_KEY_CHECKING = {"yes": "yes", "accept-new": "accept-new", "no": "no", "off": "no"}
+# "no"/"off" are accept-new: paramiko accepts an unknown key then but refuses a changed one always,
+# which OpenSSH's "no" would accept.
+HOST_KEY_CHECKING = {"yes": "yes", "accept-new": "accept-new", "no": "accept-new", "off": "accept-new"}
 KEEPALIVE_S, KEEPALIVE_COUNT = 15, 20  # a silent rig is given up after 300 s (the weights relay's stall rule)
 
 
@@ -118,6 +120,11 @@ def gcm_first_option() -> tuple[str, ...]:
     return option if parsed.returncode == 0 else ()
 
 
+def _config_path(path: str) -> str:
+    """A path as an ssh_config value: quoted (spaces), its % doubled (ssh expands %-tokens in it)."""
+    return '"' + os.path.expanduser(path).replace("%", "%%") + '"'
+
+
 def openssh_command(target) -> list[str] | None:
     """OpenSSH's `ssh` reaching a rig as pyinfra's connection to it does (an SshTarget from
     rigkit.config.inventory: hostname, port, user, key, SSH config, known hosts and their checking),
@@ -129,14 +136,17 @@ def openssh_command(target) -> list[str] | None:
         return None
     argv = ["ssh", "-T", "-x", "-a", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
             "-o", "ConnectTimeout=30", "-o", f"ServerAliveInterval={KEEPALIVE_S}",
-            "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", "-o", "LogLevel=ERROR", *gcm_first_option()]
+            "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", "-o", "LogLevel=ERROR",
+            # its own connection: a shared master would ignore these options and outlive a kill
+            "-o", "ControlMaster=no", "-o", "ControlPath=none", *gcm_first_option()]
     if target.config_file:
         argv += ["-F", os.path.expanduser(target.config_file)]
     if target.known_hosts_file:
-        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(target.known_hosts_file)}"]
-    if target.key_file:
-        argv += ["-i", os.path.expanduser(target.key_file)]
-    argv += ["-p", str(target.port)]
+        argv += ["-o", f"UserKnownHostsFile={_config_path(target.known_hosts_file)}"]
+    if target.key_file:  # that key only, as pyinfra (no agent, no default keys)
+        argv += ["-o", f"IdentityFile={_config_path(target.key_file)}", "-o", "IdentitiesOnly=yes"]
+    if target.port != 22:  # else the SSH config's Port, as pyinfra reads it there
+        argv += ["-p", str(target.port)]
     if target.user:
         argv += ["-l", str(target.user)]
     return [*argv, "--", target.hostname]

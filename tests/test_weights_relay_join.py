@@ -127,12 +127,15 @@ def test_the_ssh_command_says_what_the_inventory_says_and_never_prompts():
                              "ssh_paramiko_connect_kwargs": {"transport_factory": gcm_first_transport}})
     assert argv[:2] == ["ssh", "-T"]
     options = {argv[i + 1] for i, arg in enumerate(argv) if arg == "-o"}
-    assert {"BatchMode=yes", "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null"} <= options
+    # "off": an unknown key is accepted, a changed one refused (paramiko's rule; OpenSSH's "no" would not)
+    assert {"BatchMode=yes", "StrictHostKeyChecking=accept-new", 'UserKnownHostsFile="/dev/null"',
+            f'IdentityFile="{ssh_keypair()}"', "IdentitiesOnly=yes", "ControlPath=none"} <= options
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "root"
-    assert argv[argv.index("-i") + 1] == str(ssh_keypair())
     assert argv[-2:] == ["--", "-oProxyCommand=x"]  # a hostname is never read as an option
-    assert command("rig-a", {})[-4:] == ["-p", "22", "--", "rig-a"]  # the inventory name, as pyinfra
+    assert command("rig-a", {})[-2:] == ["--", "rig-a"] and "-p" not in command("rig-a", {})  # the SSH config's Port
     assert "StrictHostKeyChecking=yes" in command("rig-a", {})  # as `rigkit tune` reaches a rig
+    odd = command("rig-a", {"ssh_known_hosts_file": "/tmp/my hosts %h"})
+    assert 'UserKnownHostsFile="/tmp/my hosts %%h"' in odd  # one value, no %-token expanded
 
 
 @pytest.mark.parametrize("data", [
@@ -143,3 +146,39 @@ def test_the_ssh_command_says_what_the_inventory_says_and_never_prompts():
 ])
 def test_no_ssh_command_where_openssh_cannot_connect_as_pyinfra_does(data):
     assert command("rig-a", {**KEY, **data}) is None
+
+
+def test_a_sender_that_never_writes_is_given_up_when_the_receiver_is_and_then_killed(tmp_path, monkeypatch):
+    """A source rig whose engine hangs before the copier starts: the receiver's stall rule (300 s, 2 s
+    here through RIGKIT_RELAY_STALL_S) ends the copy, and the sender, silent, is killed after
+    SENDER_GRACE_S (1 s here), so the relay ends."""
+    import rigkit.weights.relay as relay_module
+
+    monkeypatch.setattr(relay_module, "SENDER_GRACE_S", 1)
+    a, _ = source_volume(tmp_path)
+    line, _, receive = commands(a, tmp_path / "b")
+    started = time.monotonic()
+    with pytest.raises(RelayError) as failed:
+        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, "exec sleep 120", f"RIGKIT_RELAY_STALL_S=2 {receive}")
+    assert time.monotonic() - started < 60
+    assert str(failed.value).startswith("relay-b: the sender on rig rig-a failed: "), failed.value
+    assert not (tmp_path / "b" / ".rigkit" / "complete").exists()
+
+
+@pytest.mark.parametrize("answer, said", [
+    # Another copy holds the volume: the receiver's first line is its error, not a plan.
+    ('{"status": "error", "error": "another copy into this volume was still running after 60 s; deploy again once '
+     'it has ended"}', "another copy into this volume was still running after 60 s"),
+    # No space: an empty plan and the report in one write, as the copier prints them.
+    ('{"files": []}\n{"status": "error", "error": "no space", "needed_bytes": 5000000000, "free_bytes": 1000000000}',
+     "volume rigkit-weights-relay-b is out of space: the copy needs 5.00 GB more (free: 1.00 GB)"),
+])
+def test_a_receiver_that_refuses_is_named_with_its_reason_and_no_sender_starts(tmp_path, answer, said):
+    a, _ = source_volume(tmp_path)
+    line, _, _ = commands(a, tmp_path / "b")
+    started = tmp_path / "sender-started"
+    receive = f"head -1 >/dev/null; printf '%s\\n' {shlex.quote(answer)}; exit 2"
+    with pytest.raises(RelayError) as failed:
+        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, f"touch {shlex.quote(str(started))}", receive)
+    assert str(failed.value).startswith(f"relay-b: the target rig's receiver failed: {said}"), failed.value
+    assert not started.exists()

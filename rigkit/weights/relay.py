@@ -31,6 +31,7 @@ import time
 from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES as CHUNK_BYTES
 from rigkit.config.schema import ModelConfig
 from rigkit.render import template_text
+from rigkit.rigread import DOCKER_S, bounded
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name, weights_helper_name
 
 WINDOW_BYTES = 32 * 1024 * 1024  # SSH channel window: paramiko's 2 MiB default stalls a fast stream
@@ -56,23 +57,30 @@ def helper_command(model: ModelConfig, side: str, volume: str, args: list[str], 
     side. One writer at a time either way: the copier's receive and verify lock the volume."""
     image = model.spec.weights.helper_image or model.spec.image
     name = weights_helper_name(model, side)
-    script = template_text("weights/rigkit-copy.py")
+    docker = bounded("docker", DOCKER_S)  # the engine's quick questions; the copy itself has its stall rule
     mount = f"type=volume,source={volume},target=/v" + (",readonly" if read_only else "")
-    run = ["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--pull", "never",
-           "--label", f"{WEIGHTS_HELPER_LABEL}={model.name}", "--mount", mount, "--entrypoint", "python3",
-           image, "-c", script, *args]
-    direct = " ".join('"$mp"' if arg == "/v" else shlex.quote(arg) for arg in ["python3", "-c", script, *args])
+    run = shlex.join(["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--pull", "never",
+                      "--label", f"{WEIGHTS_HELPER_LABEL}={model.name}", "--mount", mount, "--entrypoint", "python3",
+                      image, "-c"])
+    # The copier's source once, in $s (it is ~45 KB; one argument may be 128 KiB on Linux).
+    args_direct = " ".join('"$mp"' if arg == "/v" else shlex.quote(arg) for arg in args)
     # A source volume that is not there is an error, never created empty; a target volume is made
     # here (as `docker run --mount` would) so that its folder exists for the direct path.
     if read_only:
-        prepare = (f"docker volume inspect {shlex.quote(volume)} >/dev/null 2>&1 || "
+        prepare = (f"{docker} volume inspect {shlex.quote(volume)} >/dev/null 2>&1 || "
                    f"{{ echo {shlex.quote(json.dumps({'status': 'error', 'error': f'no volume {volume} on that rig'}))}; exit 2; }}; ")
     else:
-        prepare = f"docker volume create {shlex.quote(volume)} >/dev/null 2>&1; "
+        prepare = f"{docker} volume create {shlex.quote(volume)} >/dev/null 2>&1; "
     access = "-r" if read_only else "-w"
-    return (f"{prepare}mp=$(docker volume inspect --format '{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null); "
-            f'if [ -n "$mp" ] && [ -d "$mp" ] && [ {access} "$mp" ] && command -v python3 >/dev/null; then exec {direct}; fi; '
-            f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1; exec {shlex.join(run)}")
+    # The folder only of a local volume without mount options: one of another driver, or mounted from
+    # NFS, a tmpfs or a bind, is mounted only while a container uses it (its folder is then empty).
+    return (f"s={shlex.quote(template_text('weights/rigkit-copy.py'))}; {prepare}"
+            f"info=$({docker} volume inspect --format '{{{{.Driver}}}}:{{{{len .Options}}}}:{{{{.Mountpoint}}}}' "
+            f"{shlex.quote(volume)} 2>/dev/null); "
+            'case "$info" in local:0:/*) mp=${info#local:0:} ;; *) mp= ;; esac; '
+            f'if [ -n "$mp" ] && [ -d "$mp" ] && [ {access} "$mp" ] && command -v python3 >/dev/null; then '
+            f'umask 022; exec python3 -c "$s" {args_direct}; fi; '  # files as the container makes them
+            f'{docker} rm -f {shlex.quote(name)} >/dev/null 2>&1; exec {run} "$s" {shlex.join(args)}')
 
 
 def manifest_digest(files: list[dict]) -> str:
@@ -146,14 +154,19 @@ def relay(source_transport, target_transport, model: ModelConfig, rig: str, chun
 def _pump_paramiko(source_transport, target_transport, model, rig, line, send, receive) -> tuple[dict, dict]:
     receiver = _open(target_transport, receive)
     receiver.sendall(line)
-    plan = b""
-    while not plan.endswith(b"\n"):
+    answer = b""
+    while b"\n" not in answer:
         data = receiver.recv(65536)
         if not data:
             break
-        plan += data
-    if not plan.endswith(b"\n"):
-        raise RelayError(_failed(model, "the target rig's receiver", receiver, plan.decode(errors="replace")))
+        answer += data
+    plan, rest = _split_plan(answer)
+    if plan is None:
+        raise RelayError(_failed(model, "the target rig's receiver", receiver, answer.decode(errors="replace")))
+    if not json.loads(plan)["files"]:  # nothing to send (or the receiver refused): no sender at all
+        receiver.sendall(END_OF_STREAM)
+        receiver.shutdown_write()
+        return _receiver_report(model, receiver, rest.decode(errors="replace")), {}
     sender = _open(source_transport, send)
     sender.sendall(plan)
     sender.shutdown_write()
@@ -165,52 +178,87 @@ def _pump_paramiko(source_transport, target_transport, model, rig, line, send, r
             receiver.sendall(data)
     except OSError as exc:  # the receiver went away (killed, out of space): its own report says why
         sender.close()
-        raise RelayError(_failed(model, "the target rig's receiver", receiver, "", f" ({exc})")) from None
+        raise RelayError(_failed(model, "the target rig's receiver", receiver, rest.decode(errors="replace"),
+                                 f" ({exc})")) from None
     receiver.shutdown_write()
     sent = _last_json(_drain(sender, "err")) or {}
     if sender.recv_exit_status() != 0:
         receiver.close()
         raise RelayError(_sender_failed(model, rig, sent))
-    out = _drain(receiver, "out")
+    return _receiver_report(model, receiver, rest.decode(errors="replace")), sent
+
+
+END_OF_STREAM = json.dumps({"end": True}).encode() + b"\n"  # what the sender ends its stream with
+SENDER_GRACE_S = 30  # once the receiver has ended: the sender's last report, else it is killed
+
+
+def _split_plan(answer: bytes) -> tuple[bytes | None, bytes]:
+    """(the receiver's plan line, what came after it) from its first output; None for the plan when
+    its first line is not a plan ({"files": [...]}), e.g. its error report."""
+    first, newline, rest = answer.partition(b"\n")
+    try:
+        value = json.loads(first)
+    except ValueError:
+        return None, answer
+    if not newline or not isinstance(value, dict) or "status" in value or not isinstance(value.get("files"), list):
+        return None, answer
+    return first + newline, rest
+
+
+def _receiver_report(model: ModelConfig, receiver, out: str) -> dict:
+    out += _drain(receiver, "out")
     report = _last_json(out)
     if receiver.recv_exit_status() != 0 or not report or report.get("status") != "copied":
         raise RelayError(_failed(model, "the target rig's receiver", receiver, out))
-    return report, sent
+    return report
 
 
 def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]:
     """The receiver's `ssh` reads a pipe; the controller writes the manifest into it, reads the plan,
-    then starts the sender's `ssh` writing its stdout into the same pipe. Bounded by the copier's own
-    rule (the receiver gives up after STALL_TIMEOUT_S without a byte, which ends the sender with it)
-    and by `ssh`'s keepalives (a lost rig: STALL_TIMEOUT_S)."""
+    then starts the sender's `ssh` writing its stdout into the same pipe. Every wait is bounded: the
+    plan by STALL_TIMEOUT_S; the copy by the receiver's own rule (it gives up after STALL_TIMEOUT_S
+    without a byte) and `ssh`'s keepalives (a lost rig: STALL_TIMEOUT_S); the sender, once the
+    receiver has ended, by SENDER_GRACE_S, then it is killed."""
     source_ssh, target_ssh = openssh
     read_end, write_end = os.pipe()
+    _widen(write_end)
     try:
         receiver = subprocess.Popen([*target_ssh, receive], stdin=read_end, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE)
     finally:
         os.close(read_end)
-    sender = None
+    sender, sent_err = None, ""
     try:
         try:
             _write_all(write_end, line)
-            plan = _read_line(receiver.stdout, STALL_TIMEOUT_S)
+            answer = _read_line(receiver.stdout, STALL_TIMEOUT_S)
         except OSError:
-            plan = b""
-        if not plan.endswith(b"\n"):
+            answer = b""
+        plan, rest = _split_plan(answer)
+        if plan is None or not json.loads(plan)["files"]:
+            if plan is not None:  # nothing to send (or the receiver refused): no sender at all
+                _write_all(write_end, END_OF_STREAM)
             os.close(write_end)
             write_end = -1
-            out, err = _finish(receiver)
-            raise RelayError(_failed_text(model, "the target rig's receiver", plan.decode(errors="replace") + out, err))
+            out, err = _finish(receiver, SENDER_GRACE_S)
+            out = (answer if plan is None else rest).decode(errors="replace") + out
+            report = _last_json(out) or {}
+            if plan is not None and report.get("status") == "copied" and receiver.returncode == 0:
+                return report, {}
+            raise RelayError(_failed_text(model, "the target rig's receiver", out, err))
         sender = subprocess.Popen([*source_ssh, send], stdin=subprocess.PIPE, stdout=write_end,
                                   stderr=subprocess.PIPE)
         os.close(write_end)  # the sender's `ssh` holds the pipe's writing end now: its exit ends the stream
         write_end = -1
-        sender.stdin.write(plan)
-        sender.stdin.close()
-        sent_err = sender.stderr.read().decode(errors="replace")
-        sender.wait()
+        try:
+            sender.stdin.write(plan)
+            sender.stdin.close()
+        except OSError:  # its `ssh` ended at once (refused, unknown host key): its stderr says why
+            pass
+        sender.stdin = None  # closed: communicate() below only reads its stderr
         out, err = _finish(receiver)
+        out = rest.decode(errors="replace") + out
+        sent_err = _finish(sender, SENDER_GRACE_S)[1]
     finally:
         if write_end >= 0:
             os.close(write_end)
@@ -221,14 +269,23 @@ def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]
     sent = _last_json(sent_err) or {}
     report = _last_json(out) or {}
     if report.get("status") == "copied" and receiver.returncode == 0:
-        if sender.returncode != 0:
-            raise RelayError(_sender_failed(model, rig, sent, sent_err))
-        return report, sent
+        return report, sent  # every file proven against the source's manifest: the copy is complete
     # Which side broke: a receiver whose stream was cut off blames the sender; a receiver that failed
     # otherwise (killed, out of space) is the cause, and the sender's broken pipe only its echo.
     if "the copy was cut off" in str(report.get("error", "")) and sender.returncode != 0:
         raise RelayError(_sender_failed(model, rig, sent, sent_err))
     raise RelayError(_failed_text(model, "the target rig's receiver", out, err))
+
+
+def _widen(fd: int) -> None:
+    """A pipe's buffer to 1 MiB (Linux): the manifest is written into it before the receiver reads, and
+    a blocking write would hold up every other host's deploy (pyinfra runs them in one process)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1024 * 1024)
+    except (ImportError, OSError):
+        pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -238,23 +295,29 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_line(stream, timeout_s: float) -> bytes:
-    """One line from a process's stdout, waiting at most `timeout_s` for each piece."""
-    fd, line = stream.fileno(), b""
-    while not line.endswith(b"\n"):
+    """A process's stdout up to and including its first line (and whatever came with it), waiting
+    at most `timeout_s` for each piece."""
+    fd, answer = stream.fileno(), b""
+    while b"\n" not in answer:
         ready, _, _ = select.select([fd], [], [], timeout_s)
         if not ready:
             break
         data = os.read(fd, 65536)
         if not data:
             break
-        line += data
-    return line
+        answer += data
+    return answer
 
 
-def _finish(proc: subprocess.Popen) -> tuple[str, str]:
-    """A process's stdout and stderr once it has exited (it exits when its stdin ends, or the stall rule)."""
-    out, err = proc.communicate()
-    return out.decode(errors="replace"), err.decode(errors="replace")
+def _finish(proc: subprocess.Popen, timeout_s: float | None = None) -> tuple[str, str]:
+    """A process's stdout and stderr once it has exited (it exits when its stdin ends, or by the
+    stall rule); killed after `timeout_s` when given."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
 
 
 def _sender_failed(model: ModelConfig, rig: str, sent: dict, err: str = "") -> str:

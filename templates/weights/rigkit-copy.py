@@ -599,7 +599,9 @@ class Prefetch:
             if not block:
                 return
 
-    STALL_S = 300  # as rigkit/weights/relay.py's STALL_TIMEOUT_S: the relay's pipes have no timeout of their own
+    # As rigkit/weights/relay.py's STALL_TIMEOUT_S: the relay's pipes have no timeout of their own.
+    # RIGKIT_RELAY_STALL_S shortens it for tests (rigkit never sets it).
+    STALL_S = int(os.environ.get("RIGKIT_RELAY_STALL_S", "300"))
 
     def _more(self):
         try:
