@@ -177,7 +177,8 @@ def test_a_receiver_that_refuses_is_named_with_its_reason_and_no_sender_starts(t
     a, _ = source_volume(tmp_path)
     line, _, _ = commands(a, tmp_path / "b")
     started = tmp_path / "sender-started"
-    receive = f"head -1 >/dev/null; printf '%s\\n' {shlex.quote(answer)}; exit 2"
+    # It reads the manifest, then stops reading (closes its stdin, as a receiver that has ended) and answers.
+    receive = f"head -1 >/dev/null; exec 0<&-; printf '%s\\n' {shlex.quote(answer)}; exit 2"
     with pytest.raises(RelayError) as failed:
         _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, f"touch {shlex.quote(str(started))}", receive)
     assert str(failed.value).startswith(f"relay-b: the target rig's receiver failed: {said}"), failed.value

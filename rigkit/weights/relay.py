@@ -164,8 +164,11 @@ def _pump_paramiko(source_transport, target_transport, model, rig, line, send, r
     if plan is None:
         raise RelayError(_failed(model, "the target rig's receiver", receiver, answer.decode(errors="replace")))
     if not json.loads(plan)["files"]:  # nothing to send (or the receiver refused): no sender at all
-        receiver.sendall(END_OF_STREAM)
-        receiver.shutdown_write()
+        try:
+            receiver.sendall(END_OF_STREAM)
+            receiver.shutdown_write()
+        except OSError:  # the receiver has ended already (no space): its report says why
+            pass
         return _receiver_report(model, receiver, rest.decode(errors="replace")), {}
     sender = _open(source_transport, send)
     sender.sendall(plan)
@@ -237,7 +240,10 @@ def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]
         plan, rest = _split_plan(answer)
         if plan is None or not json.loads(plan)["files"]:
             if plan is not None:  # nothing to send (or the receiver refused): no sender at all
-                _write_all(write_end, END_OF_STREAM)
+                try:
+                    _write_all(write_end, END_OF_STREAM)
+                except OSError:  # the receiver has ended already (no space): its report says why
+                    pass
             os.close(write_end)
             write_end = -1
             out, err = _finish(receiver, SENDER_GRACE_S)
