@@ -249,7 +249,8 @@ def select_hosts(inventory, path: str, limit: str | None, option: str = "--limit
 
 @dataclass(frozen=True)
 class SshTarget:
-    """How `rigkit tune` reaches a rig outside a pyinfra run: pyinfra's own `ssh_*` host data."""
+    """How `rigkit tune` and the weights relay's `ssh` (rigkit.ssh.openssh_command) reach a rig outside
+    pyinfra's connection: pyinfra's own `ssh_*` host data."""
 
     hostname: str
     port: int = 22

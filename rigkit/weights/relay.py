@@ -12,7 +12,7 @@ the sender, and joins the sender's stdout to the receiver's stdin: nothing is st
 controller's disk, and the rigs need no SSH trust between them. The receiver fsyncs and journals
 fixed-size chunks (CHUNK_BYTES), so a copy cut off resumes at its last journaled chunk.
 
-The join: where OpenSSH's `ssh` can reach both rigs as the deploy's connections do (openssh.py),
+The join: where OpenSSH's `ssh` can reach both rigs as the deploy's connections do (rigkit/ssh.py),
 the sender's `ssh` writes into a pipe the receiver's `ssh` reads, and no byte crosses Python;
 else the deploy's own paramiko channels, pumped here (Python handles every 32 KiB packet twice:
 it carries about 0.7 of what the pipe of two `ssh` does, measured in bench/weights_copy.py).
@@ -135,7 +135,8 @@ def relay(source_transport, target_transport, model: ModelConfig, rig: str, chun
     """Copy the source rig's volume into the target's; the receiver's report (copied, received_bytes,
     rehashed_bytes, resent_bytes, volume_path, ...) with the sender's read_bytes and folder (sent_from:
     "/v" in a helper container), the relay's seconds and what joined the two (`joined_by`). `openssh`:
-    the `ssh` commands reaching the source and the target rig (openssh.py), else paramiko's channels."""
+    the `ssh` commands reaching the source and the target rig (rigkit.ssh.openssh_command), else
+    paramiko's channels."""
     started = time.monotonic()
     manifest = read_manifest(source_transport, model, rig)
     receive = helper_command(model, "receive", volume_name(model), ["receive", "/v", str(chunk_bytes)], False)
@@ -247,24 +248,21 @@ def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]
             os.close(write_end)
             write_end = -1
             out, err = _finish(receiver, SENDER_GRACE_S)
-            out = (answer if plan is None else rest).decode(errors="replace") + out
-            report = _last_json(out) or {}
-            if plan is not None and report.get("status") == "copied" and receiver.returncode == 0:
-                return report, {}
-            raise RelayError(_failed_text(model, "the target rig's receiver", out, err))
-        sender = subprocess.Popen([*source_ssh, send], stdin=subprocess.PIPE, stdout=write_end,
-                                  stderr=subprocess.PIPE)
-        os.close(write_end)  # the sender's `ssh` holds the pipe's writing end now: its exit ends the stream
-        write_end = -1
-        try:
-            sender.stdin.write(plan)
-            sender.stdin.close()
-        except OSError:  # its `ssh` ended at once (refused, unknown host key): its stderr says why
-            pass
-        sender.stdin = None  # closed: communicate() below only reads its stderr
-        out, err = _finish(receiver)
+            rest = answer if plan is None else rest  # a refusal's first line is its report
+        else:
+            sender = subprocess.Popen([*source_ssh, send], stdin=subprocess.PIPE, stdout=write_end,
+                                      stderr=subprocess.PIPE)
+            os.close(write_end)  # the sender's `ssh` holds the pipe's writing end now: its exit ends the stream
+            write_end = -1
+            try:
+                sender.stdin.write(plan)
+                sender.stdin.close()
+            except OSError:  # its `ssh` ended at once (refused, unknown host key): its stderr says why
+                pass
+            sender.stdin = None  # closed: communicate() below only reads its stderr
+            out, err = _finish(receiver)
+            sent_err = _finish(sender, SENDER_GRACE_S)[1]
         out = rest.decode(errors="replace") + out
-        sent_err = _finish(sender, SENDER_GRACE_S)[1]
     finally:
         if write_end >= 0:
             os.close(write_end)
@@ -278,7 +276,7 @@ def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]
         return report, sent  # every file proven against the source's manifest: the copy is complete
     # Which side broke: a receiver whose stream was cut off blames the sender; a receiver that failed
     # otherwise (killed, out of space) is the cause, and the sender's broken pipe only its echo.
-    if "the copy was cut off" in str(report.get("error", "")) and sender.returncode != 0:
+    if sender is not None and "the copy was cut off" in str(report.get("error", "")) and sender.returncode != 0:
         raise RelayError(_sender_failed(model, rig, sent, sent_err))
     raise RelayError(_failed_text(model, "the target rig's receiver", out, err))
 
