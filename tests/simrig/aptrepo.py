@@ -28,6 +28,7 @@ their originals:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import http.server
@@ -117,6 +118,15 @@ def debian_debs(packages: tuple[str, ...], log=print) -> list[Path]:
     """Debian's real .debs for `packages` and their dependencies, from the host's apt (Debian 12 like
     the rig), downloaded once into DEB_CACHE/<packages>/ and reused (a manifest lists them)."""
     folder = DEB_CACHE / "+".join(packages)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # `./run test`'s processes ask at once on a fresh machine (test_monitoring, test_monitoring_files):
+    # one downloads, the other waits for it, instead of both emptying and filling the same .partial.
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _cached_or_downloaded(packages, folder, log)
+
+
+def _cached_or_downloaded(packages: tuple[str, ...], folder: Path, log) -> list[Path]:
     manifest = folder / "manifest.txt"
     if manifest.is_file():
         debs = [folder / name for name in manifest.read_text().split()]

@@ -8,6 +8,7 @@ sources on the host, so the rig's paths and the host's must agree.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -21,6 +22,14 @@ def ensure_checkpoint(name: str) -> Path:
     config = folder / "config.json"
     if not config.exists():
         header = json.dumps({"w": {"dtype": "BF16", "shape": [512], "data_offsets": [0, 1024]}}).encode()
-        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(1024))
-        config.write_text(json.dumps({"model_type": "standin", "name": name}))
+        _write_atomically(folder / "model.safetensors", struct.pack("<Q", len(header)) + header + bytes(1024))
+        _write_atomically(config, json.dumps({"model_type": "standin", "name": name}).encode())
     return folder
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Whole or absent, never a half-written file: `./run test`'s processes may make the same
+    checkpoint at once while another reads it."""
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    part.write_bytes(data)
+    os.replace(part, path)
