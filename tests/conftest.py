@@ -59,6 +59,12 @@ def fresh_rig(simrig):
 
 
 SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/models, their ports
+# The Windows rig's model (tests/data/rigs/windows.yml): test-alpha under a name and port of its own, so
+# the Windows modules share nothing on the engine with the Linux ones and run in another process.
+WINDOWS_TEST_MODELS = {"win-alpha": 18121}
+# test-alpha and test-beta under names and ports of their own, for modules that run beside the test
+# models' (RIG_ALONE_MODULES, all in the same process) and serve or read a two-model rig: alone_serving_rig.
+ALONE_TEST_MODELS = {"alone-alpha": 18131, "alone-beta": 18132}
 
 
 def concerns_this_process(name: str, labels: dict) -> bool:
@@ -71,34 +77,48 @@ def concerns_this_process(name: str, labels: dict) -> bool:
     return name == TEST_RIG_NAME or any(m in text for text in (name, *labels.values()) for m in SERVED_TEST_MODELS)
 
 
-def remove_test_stacks() -> None:
-    """Remove the test models' stacks from the engine by their Compose project label, whatever
-    the rig's files say (a rebooted rig forgets them; the containers run on the host's engine)."""
+def remove_test_stacks(models=SERVED_TEST_MODELS) -> None:
+    """Remove `models`' stacks (the test models' by default) from the engine by their Compose project
+    label, whatever the rig's files say (a rebooted rig forgets them; the containers run on the host's
+    engine)."""
     import docker
 
     client = docker.from_env()
-    for name in SERVED_TEST_MODELS:
+    for name in models:
         for container in client.containers.list(all=True, filters={"label": f"com.docker.compose.project=rigkit-{name}"}):
             container.remove(force=True)
 
 
 @pytest.fixture(scope="module")
-def serving_rig(fresh_rig):
-    """The session's rig, fresh, with the vLLM stand-in image and the test models' checkpoints;
-    no test model's stack before or after the module, and no results history (RESULTS): the rollout
-    gate compares a new config with the last proven result, which must be this module's own."""
+def windows_rig(fresh_rig):
+    """The session's rig, fresh, and the checkpoints of windows.yml's models on the host (the rig's
+    weights sources, which the simulated Docker Desktop's weights helper binds)."""
+    from tests.simrig.weights import ensure_checkpoint
+
+    for name in WINDOWS_TEST_MODELS:
+        ensure_checkpoint(name)
+    return fresh_rig
+
+
+@pytest.fixture(scope="module")
+def serving_rig(fresh_rig, request):
+    """The session's rig, fresh, with the vLLM stand-in image and the checkpoints of the models the
+    module serves (its SERVED_MODELS, else the test models); none of their stacks before or after the
+    module, and no results history (RESULTS): the rollout gate compares a new config with the last
+    proven result, which must be this module's own."""
     import shutil
 
     from tests.simrig.weights import ensure_checkpoint
     from tests.vllm_standin.image import ensure_standin_image
 
+    models = getattr(request.module, "SERVED_MODELS", SERVED_TEST_MODELS)
     shutil.rmtree(RESULTS, ignore_errors=True)
     ensure_standin_image()
-    for name in SERVED_TEST_MODELS:
+    for name in models:
         ensure_checkpoint(name)
-    remove_test_stacks()
+    remove_test_stacks(models)
     yield fresh_rig
-    remove_test_stacks()
+    remove_test_stacks(models)
 
 
 @dataclass
@@ -136,6 +156,15 @@ TEST_CATALOG = DATA / "models"
 RESULTS = STATE_ROOT / "test-results" / TEST_RIG_NAME  # each engine process its own (serving_rig empties it)
 
 
+def alone_serving_rig(path: Path, extra: str = "") -> Path:
+    """SERVING_RIG serving ALONE_TEST_MODELS instead of the test models, plus `extra`, written to
+    `path` (the rig's name is its stem)."""
+    text = SERVING_RIG.read_text()
+    assert "models: [test-alpha, test-beta]\n" in text
+    path.write_text(text.replace("models: [test-alpha, test-beta]", f"models: [{', '.join(ALONE_TEST_MODELS)}]") + extra)
+    return path
+
+
 def copy_catalog(tmp_path: Path, **changes: list[tuple[str, str]]) -> Path:
     """A copy of the test catalog under tmp_path/models, with text replacements per model
     (test_alpha=[(old, new), ...]); each `old` must be in the file."""
@@ -171,29 +200,36 @@ def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, cata
 ENGINE_FIXTURES = {"simrig"}
 
 # Modules whose tests touch nothing on the host's engine but their own simulated rig(s) and things
-# named for themselves: no test model's stack, volume or port (test-alpha, test-beta), no
-# Prometheus, nothing under RESULTS but their own (the gateway's module has its own models, ports
-# and second rig). `./run test` runs them in an engine process
-# of their own, with a rig of their own, beside the others. A module not listed runs with the
-# others: the safe default for a new module.
-# Not the Windows deploys: their rig file serves test-alpha, whose weights the simulated Docker Desktop
-# copies onto the host engine's rigkit-weights-test-alpha volume, the Linux tests' volume too.
+# named for themselves: no test model's stack, volume or port (test-alpha, test-beta), nothing
+# under RESULTS but their own. The gateway's module has its own models, ports and second rig; the
+# Windows modules serve win-alpha; test_hung_tools, test_monitoring and test_watchdog_rig
+# ALONE_TEST_MODELS, and test_monitoring alone uses Prometheus's ports. `./run test` runs them in two
+# engine processes of their own (the value: 1 or 2), each with a rig of its own, beside the others;
+# modules that serve the same models share one (2: the Windows modules; the three with
+# ALONE_TEST_MODELS). A module not listed runs with the test models' modules: the safe default for a
+# new module. The split balances the three processes' minutes (the durations table `./run test`
+# prints): test_gpu_policy could run beside too, and runs with the test models' modules for that.
 RIG_ALONE_MODULES = {
-    "test_base", "test_deploy", "test_gateway", "test_gpu_keeper", "test_gpu_offsets", "test_gpu_policy", "test_simrig",
-    "test_tune_rig", "test_weights", "test_weights_relay_rigs", "test_winconnector",
+    "test_base": 1, "test_deploy": 1, "test_gateway": 1, "test_gpu_keeper": 1, "test_gpu_offsets": 1,
+    "test_simrig": 1, "test_tune_rig": 1, "test_weights": 1, "test_weights_relay_rigs": 1, "test_winconnector": 1,
+    "test_hung_tools": 2, "test_monitoring": 2, "test_watchdog_rig": 2, "test_windows_deploy": 2,
+    "test_windows_install_dir": 2, "test_windows_key": 2, "test_windows_verify": 2, "test_windows_weights": 2,
 }
 
 
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
-    runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
-    engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process)."""
+    runs those alone, `./run test` runs them beside the simrig tests, in a process of their own. The
+    engine's tests of RIG_ALONE_MODULES are also marked rig_alone and rig_alone_1 or rig_alone_2 (two
+    more processes)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
-        if item.module.__name__.rpartition(".")[2] in RIG_ALONE_MODULES:
+        process = RIG_ALONE_MODULES.get(item.module.__name__.rpartition(".")[2])
+        if process:
             item.add_marker(pytest.mark.rig_alone)
+            item.add_marker(getattr(pytest.mark, f"rig_alone_{process}"))
 
 
 @contextmanager

@@ -36,13 +36,14 @@ DELETE = object()
 # ----- helpers ------------------------------------------------------------------------------------
 
 def workspace(tmp_path: Path) -> tuple[Path, Path]:
-    """rigs/rig.yml (serving test-alpha) and models/ (test-alpha, test-beta) under tmp_path."""
+    """rigs/rig.yml (serving test-alpha) and models/ (test-alpha, test-beta, and win-alpha, which
+    tests/data/rigs/windows.yml serves) under tmp_path."""
     (tmp_path / "rigs").mkdir()
     (tmp_path / "models").mkdir()
     rig = yaml.safe_load(SERVING_RIG.read_text())
     rig["models"] = ["test-alpha"]
     (tmp_path / "rigs" / "rig.yml").write_text(yaml.safe_dump(rig))
-    for name in ("test-alpha", "test-beta"):
+    for name in ("test-alpha", "test-beta", "win-alpha"):
         (tmp_path / "models" / f"{name}.yml").write_text((TEST_CATALOG / f"{name}.yml").read_text())
     return tmp_path / "rigs" / "rig.yml", tmp_path / "models"
 
@@ -205,7 +206,7 @@ def test_a_windows_rig_refuses_linux_only_fields(tmp_path, capsys, name, changes
 def test_check_gives_a_windows_rig_no_apt_advice(tmp_path, capsys):
     rig, catalog = workspace(tmp_path)
     rig.write_text((REPO / "tests/data/rigs/windows.yml").read_text())
-    edited(catalog / "test-alpha.yml", {"image_requires": {"driver_min": "570.0"}})
+    edited(catalog / "win-alpha.yml", {"image_requires": {"driver_min": "570.0"}})
     assert main(["check", str(rig), "--catalog", str(catalog)]) == 0
     err = capsys.readouterr().err
     assert "driver 570.0 or newer is needed" in err and "base." not in err and "apt" not in err

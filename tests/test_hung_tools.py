@@ -18,7 +18,16 @@ import time
 
 import pytest
 
-from tests.conftest import POLICY_RIG, REPO, RESULTS, SERVING_RIG, STATE_ROOT, TEST_CATALOG, run_deploy
+from tests.conftest import (
+    ALONE_TEST_MODELS,
+    POLICY_RIG,
+    REPO,
+    RESULTS,
+    STATE_ROOT,
+    TEST_CATALOG,
+    alone_serving_rig,
+    run_deploy,
+)
 from tests.simrig.weights import ensure_checkpoint
 
 pytestmark = pytest.mark.simrig
@@ -37,9 +46,12 @@ LEFTOVERS = ("nvidia-smi", "sleep 3600", "timeout -k", "python3 -c", "docker ")
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig):
-    for name in ("test-alpha", "test-beta"):
+def rig(fresh_rig, tmp_path_factory):
+    """The fresh rig with the docker wrapper; its rig file (`.serving`) serves ALONE_TEST_MODELS: the
+    module runs beside the test models' (tests/conftest.py RIG_ALONE_MODULES)."""
+    for name in ALONE_TEST_MODELS:
         ensure_checkpoint(name)
+    fresh_rig.serving = alone_serving_rig(tmp_path_factory.mktemp("hung") / "serving.yml")
     fresh_rig.exec(f"printf '#!/bin/sh\\n[ -e {DOCKER_HANG} ] && exec sleep 3600\\nexec /usr/bin/docker \"$@\"\\n' "
                    f"> {DOCKER_WRAPPER} && chmod 755 {DOCKER_WRAPPER}")
     yield fresh_rig
@@ -62,7 +74,7 @@ def hung_docker(rig):
 
 def status(rig, tmp_path) -> tuple[float, str, dict]:
     env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT),
-               RIGKIT_RIG_FILE=str(SERVING_RIG), RIGKIT_CATALOG_DIR=str(TEST_CATALOG), RIGKIT_RESULTS_DIR=str(RESULTS))
+               RIGKIT_RIG_FILE=str(rig.serving), RIGKIT_CATALOG_DIR=str(TEST_CATALOG), RIGKIT_RESULTS_DIR=str(RESULTS))
     out = tmp_path / "status.json"
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", "tests/data/status-fleet.py", "--json", str(out)],
@@ -135,7 +147,7 @@ def test_status_with_a_hung_engine_answers_within_15_s_and_reports_no_missing_vo
 
 def test_deploy_with_a_hung_engine_fails_within_its_bound_with_one_line(rig, hung_docker):
     started = time.monotonic()
-    run = run_deploy(rig, SERVING_RIG, verify=False)
+    run = run_deploy(rig, rig.serving, verify=False)
     wall = time.monotonic() - started
     assert run.returncode != 0
     assert "docker did not answer within 10 s (asked for the weights volumes): the Docker Engine is hung" in run.output, \

@@ -24,7 +24,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import RESULTS, SERVING_RIG, keeper_held_off, run_deploy
+from tests.conftest import ALONE_TEST_MODELS, RESULTS, alone_serving_rig, keeper_held_off, run_deploy
 from tests.simrig.aptrepo import MONITORING_PACKAGES, AptRepos
 
 pytestmark = pytest.mark.simrig
@@ -32,6 +32,7 @@ pytestmark = pytest.mark.simrig
 EXPORTER_PORT, PROMETHEUS_PORT = 19835, 19090  # the rig shares the host's network: not the defaults
 MONITORING = (f"monitoring: {{enabled: true, exporter_port: {EXPORTER_PORT}, prometheus_port: {PROMETHEUS_PORT}, "
               "scrape_interval_s: 1}\n")
+SERVED_MODELS = ALONE_TEST_MODELS  # the module runs beside the test models' (tests/conftest.py RIG_ALONE_MODULES)
 WAIT_S = 60
 KEY = "mon key $HOME #x"  # kept byte for byte: `$` and `#` as Compose's raw env format keeps them
 
@@ -49,8 +50,7 @@ def monitored(serving_rig, tmp_path_factory):
         key_file = folder / "rig.key"
         key_file.write_text(KEY + "\n")
         key_file.chmod(0o600)
-        path = folder / "monitored.yml"
-        path.write_text(SERVING_RIG.read_text() + f"serve_address: 0.0.0.0\napi_key_file: {key_file}\n" + MONITORING)
+        path = alone_serving_rig(folder / "monitored.yml", f"serve_address: 0.0.0.0\napi_key_file: {key_file}\n" + MONITORING)
         first = run_deploy(serving_rig, path)
         if first.returncode != 0:  # what the services said, beside pyinfra's "Job ... failed"
             first.output += serving_rig.exec("journalctl -q --no-pager -n 40 -u rigkit-exporter -u prometheus")[1]
@@ -132,12 +132,12 @@ def test_deploy_installs_exporter_and_prometheus_which_scrapes_both_and_a_second
     assert by_gpu(query("rigkit_gpu_clock_lock_ceiling_mhz")) == {"0": 2200, "1": 2200}
     assert by_gpu(query("rigkit_gpu_policy_drift")) == {"0": 0, "1": 0}
     # The last verification's figures, as the deploy's result file has them
-    result = json.loads(last_verification(RESULTS / path.stem / "test-alpha").read_text())
-    shown = wait_for('rigkit_verify_joules_per_output_token{model="test-alpha"}', "the last verification's J/token")
+    result = json.loads(last_verification(RESULTS / path.stem / "alone-alpha").read_text())
+    shown = wait_for('rigkit_verify_joules_per_output_token{model="alone-alpha"}', "the last verification's J/token")
     assert float(shown[0]["value"][1]) == pytest.approx(result["figures"]["joules_per_output_token"])
     # vLLM's own metrics arrive labelled with the catalog model
     assert {r["metric"]["model"] for r in wait_for("vllm:generation_tokens_total", "vLLM's token counter")} == \
-        {"test-alpha", "test-beta"}
+        {"alone-alpha", "alone-beta"}
 
     second = run_deploy(rig, path)
     assert second.returncode == 0, second.output[-4000:]
@@ -216,7 +216,7 @@ def _verification_workload(port: int, seconds: float, key: str) -> int:
             words = " ".join(f"w{random.randrange(10**9)}" for _ in range(2048))
             with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions",
                                headers={"Authorization": f"Bearer {key}"},
-                               json={"model": "test-alpha", "prompt": words, "max_tokens": 256,
+                               json={"model": "alone-alpha", "prompt": words, "max_tokens": 256,
                                      "stream": True}) as response:
                 assert response.status_code == 200
                 for _ in response.iter_lines():
@@ -226,21 +226,21 @@ def _verification_workload(port: int, seconds: float, key: str) -> int:
 
 
 def test_energy_per_token_from_prometheus_agrees_with_the_verification(monitored):
-    """Simulates steady traffic of verification's own workload on test-alpha for LOAD_S: Prometheus's
+    """Simulates steady traffic of verification's own workload on alone-alpha for LOAD_S: Prometheus's
     rigkit:model_joules_per_output_token (the GPU's energy counter over the window divided by vLLM's
     generated tokens over it), averaged over the loaded part, agrees within 2% with the
     joules_per_output_token `rigkit verify` measured for one such request in this module's deploy."""
     rig, path, first = monitored
     assert first.returncode == 0, first.output[-3000:]
-    verified = json.loads(last_verification(RESULTS / path.stem / "test-alpha").read_text())
+    verified = json.loads(last_verification(RESULTS / path.stem / "alone-alpha").read_text())
     expected = verified["figures"]["joules_per_output_token"]
-    requests = _verification_workload(18101, LOAD_S, KEY)
+    requests = _verification_workload(SERVED_MODELS["alone-alpha"], LOAD_S, KEY)
     end = time.time()
     full_windows_s = LOAD_S - 15  # leave out the windows that reach back before the load began
-    wait_for(f'count_over_time(rigkit:model_joules_per_output_token{{model="test-alpha"}}[{full_windows_s}s]) > 0',
+    wait_for(f'count_over_time(rigkit:model_joules_per_output_token{{model="alone-alpha"}}[{full_windows_s}s]) > 0',
              "the energy-per-token rule's values over the load")
     url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?" + urllib.parse.urlencode({
-        "query": f'avg_over_time(rigkit:model_joules_per_output_token{{model="test-alpha"}}[{full_windows_s}s])',
+        "query": f'avg_over_time(rigkit:model_joules_per_output_token{{model="alone-alpha"}}[{full_windows_s}s])',
         "time": f"{end - 1:.3f}"})
     with urllib.request.urlopen(url, timeout=10) as response:
         result = json.load(response)["data"]["result"]

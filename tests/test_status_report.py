@@ -24,10 +24,10 @@ def gpus(limit_w=330.0, enforced_w=None, persistence=True) -> GpuReport:
                                      persistence, 3105, 49140) for i in (0, 1)))
 
 
-def probe() -> dict:
-    wanted = wanted_files(RIG)
+def probe(rig=RIG) -> dict:
+    wanted = wanted_files(rig)
     stacks = {}
-    for m in RIG.models:
+    for m in rig.models:
         files = {"compose.yml": wanted[m.name]["compose.yml"], "stack.json": wanted[m.name]["stack.json"]}
         stacks[m.name] = {"deployed": True, "files": files, "containers_error": None,
                           "containers": [{"name": f"rigkit-{m.name}-vllm-1", "status": "running", "running": True,
@@ -44,13 +44,13 @@ def probe() -> dict:
                                                      "resized_files": []} for m in RIG.models}}
 
 
-def weights(status="unchanged") -> dict:
-    return {m.name: {"status": status, "complete": status == "unchanged"} for m in RIG.models}
+def weights(status="unchanged", rig=RIG) -> dict:
+    return {m.name: {"status": status, "complete": status == "unchanged"} for m in rig.models}
 
 
-def results(passed=True) -> dict:
+def results(passed=True, rig=RIG) -> dict:
     return {m.name: {"time": (NOW - timedelta(hours=2)).isoformat(), "passed": passed, "regressions": [],
-                     "checks": [{"name": "decode", "passed": passed, "message": "60 tok/s"}]} for m in RIG.models}
+                     "checks": [{"name": "decode", "passed": passed, "message": "60 tok/s"}]} for m in rig.models}
 
 
 def status(report=None, facts=None, volume_states=None, verified=None) -> dict:
@@ -119,25 +119,25 @@ def test_a_windows_rigs_scheduled_tasks_stand_for_the_units():
     on the installed files): each wrong state is drift or a failure with the deploy as repair; no
     persistence-mode drift on Windows (WDDM has none); the readiness repair is the caller's."""
     win = load_rig(SERVING_RIG.parent / "windows.yml", TEST_CATALOG)
-    facts = {"stacks": {"test-alpha": {**probe()["stacks"]["test-alpha"],
-                                       "ready": {"ok": False, "error": "HTTP 503", "port": 18101}}}, "volumes": {}}
+    facts = {"stacks": {"win-alpha": {**probe(win)["stacks"]["win-alpha"],
+                                      "ready": {"ok": False, "error": "HTTP 503", "port": 18121}}}, "volumes": {}}
     tasks = {"GPU-PowerPolicy": {"registered": True, "as_rendered": True, "applied": False},
              "LocalLLM-Bootstrap": {"registered": True, "as_rendered": False, "applied": True},
              "LocalLLM-Watchdog": {"registered": False, "as_rendered": False, "applied": None}}
     windows = Commands("inv.py", "@winssh/rig1", admin="an elevated administrator (PowerShell)")
-    doc = build_status(win, "rig1", windows, gpus(persistence=False), facts, weights(), wanted_files(win),
-                       results(), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks,
+    doc = build_status(win, "rig1", windows, gpus(persistence=False), facts, weights(rig=win), wanted_files(win),
+                       results(rig=win), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks,
                        recreate=lambda name: windows.on_rig(f"recreate {name}"))
     assert [(d["what"], d["found"]) for d in doc["drift"]] == [
         ("scheduled task LocalLLM-Bootstrap", "differs from the rendered task (edited in Task Scheduler?)"),
         ("scheduled task LocalLLM-Watchdog", "not registered")]
     failures = {f["what"]: f for f in doc["failures"]}
     assert failures["scheduled task GPU-PowerPolicy"]["repair"] == "rigkit deploy inv.py --limit @winssh/rig1"
-    assert failures["stack test-alpha readiness"]["repair"] == \
-        "on @winssh/rig1 as an elevated administrator (PowerShell): recreate test-alpha"
+    assert failures["stack win-alpha readiness"]["repair"] == \
+        "on @winssh/rig1 as an elevated administrator (PowerShell): recreate win-alpha"
     assert doc["scheduled_tasks"][2] == {"task": "LocalLLM-Watchdog", **tasks["LocalLLM-Watchdog"]}
     assert not doc["ok"]
     removed = win.spec.model_copy(update={"gpu_policy": "remove"})
-    gone = build_status(type(win)(win.name, removed, win.models, win.file), "rig1", windows, gpus(), facts, weights(),
-                        wanted_files(win), results(), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks)
+    gone = build_status(type(win)(win.name, removed, win.models, win.file), "rig1", windows, gpus(), facts, weights(rig=win),
+                        wanted_files(win), results(rig=win), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks)
     assert [d["found"] for d in gone["drift"] if d["what"].startswith("scheduled task")] == ["registered", "registered"]

@@ -13,13 +13,15 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import SERVING_RIG, copy_catalog, run_deploy
-from tests.simrig.weights import ensure_checkpoint
-from tests.vllm_standin.image import ensure_standin_image
+from tests.conftest import ALONE_TEST_MODELS, alone_serving_rig, copy_catalog, run_deploy
 
 pytestmark = pytest.mark.simrig
+SERVED_MODELS = ALONE_TEST_MODELS  # serving_rig's
 
-URL = "http://127.0.0.1:18101"
+# The module serves ALONE_TEST_MODELS (alone_serving_rig): it runs beside the test models' modules
+# (tests/conftest.py RIG_ALONE_MODULES). The watchdog's tests are on alone-alpha.
+MODEL = "alone-alpha"
+URL = f"http://127.0.0.1:{ALONE_TEST_MODELS[MODEL]}"
 # The shortest legal watchdog settings (rigkit/config/schema.py: each >= 1 s), so each window is seconds.
 FAST = ("ready_timeout_s: 30\n", "ready_timeout_s: 30\nwatchdog: {interval_s: 1, wedged_after_s: 3, "
         "probe_timeout_s: 1, max_restarts_per_hour: 5}\n")
@@ -28,26 +30,25 @@ RESTART_S = 10  # `docker restart` of the stand-in (it ends at SIGTERM) and its 
 # The documented bound (docs/serving.md): wedged_after_s + 2 intervals (the stall is seen one check
 # after it began) + a probe + the restart.
 BOUND_S = WEDGED_AFTER_S + 2 * INTERVAL_S + PROBE_S + RESTART_S
-LOCK = "/run/lock/rigkit-stack-test-alpha.lock"
+LOCK = f"/run/lock/rigkit-stack-{MODEL}.lock"
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig, tmp_path_factory):
-    ensure_standin_image()
-    for name in ("test-alpha", "test-beta"):
-        ensure_checkpoint(name)
-    catalog = copy_catalog(tmp_path_factory.mktemp("wd"), test_alpha=[FAST])
+def rig(serving_rig, tmp_path_factory):
+    fresh_rig = serving_rig
+    folder = tmp_path_factory.mktemp("wd")
+    catalog = copy_catalog(folder, alone_alpha=[FAST])
     # The stacks and the watchdog are what these tests need; verification (and the rollout gate, three
     # benchmark runs per model) is tested in test_verify.py and test_rollout_gate.py.
-    run = run_deploy(fresh_rig, SERVING_RIG, catalog=catalog, verify=False)
+    run = run_deploy(fresh_rig, alone_serving_rig(folder / "serving.yml"), catalog=catalog, verify=False)
     assert run.returncode == 0, run.output
     yield fresh_rig
-    for name in ("test-alpha", "test-beta"):
+    for name in ALONE_TEST_MODELS:
         fresh_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
 
 
 def started() -> str:
-    return docker.from_env().containers.get("rigkit-test-alpha-vllm-1").attrs["State"]["StartedAt"]
+    return docker.from_env().containers.get(f"rigkit-{MODEL}-vllm-1").attrs["State"]["StartedAt"]
 
 
 def journal(rig, since: str) -> str:
@@ -74,7 +75,7 @@ def wait_restart(before: str, limit_s: float) -> float | None:
 def stuck_request(prompt: str = "hi") -> None:
     def send():
         try:
-            httpx.post(f"{URL}/v1/completions", json={"model": "test-alpha", "prompt": prompt, "max_tokens": 4},
+            httpx.post(f"{URL}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4},
                        timeout=60)
         except httpx.HTTPError:
             pass
@@ -89,10 +90,10 @@ def test_the_timer_runs_and_a_wedged_model_is_restarted_within_its_bound(rig):
     took = wait_restart(before, BOUND_S)
     assert took is not None, f"no restart within {BOUND_S} s:\n{journal(rig, since)}"
     log = journal(rig, since)
-    assert f"test-alpha: WEDGED: no completion within {PROBE_S} s" in log and "no token progress on /metrics" in log, log
+    assert f"{MODEL}: WEDGED: no completion within {PROBE_S} s" in log and "no token progress on /metrics" in log, log
     for _ in range(60):  # the restarted stand-in serves again (a restart ends a runtime wedge)
         try:
-            if httpx.post(f"{URL}/v1/completions", json={"model": "test-alpha", "prompt": "hi", "max_tokens": 1},
+            if httpx.post(f"{URL}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
                           timeout=5).status_code == 200:
                 break
         except httpx.HTTPError:

@@ -219,6 +219,6 @@ def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_c
 
 
 def test_a_rig_source_on_a_windows_rig_is_refused_by_check(tmp_path):
-    run = check_one_model(tmp_path, "{rig: rig-a}", "windows.yml", "[test-alpha]")
+    run = check_one_model(tmp_path, "{rig: rig-a}", "windows.yml", "[win-alpha]")
     assert run.returncode == 2 and "copied only onto Linux rigs" in run.stderr, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1

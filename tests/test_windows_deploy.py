@@ -47,8 +47,8 @@ pytestmark = pytest.mark.simrig
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig):
-    return fresh_rig
+def rig(windows_rig):
+    return windows_rig
 
 
 def deploy(rig, rig_file=WIN_RIG):
@@ -186,7 +186,7 @@ def test_the_preflight_refuses_docker_desktop_as_it_cannot_serve_and_changes_not
     assert run.returncode != 0
     assert "nothing was changed" in run.output and "Use the WSL 2 based engine" in run.output
     assert 'could not select device driver "" with capabilities: [[gpu]]' in run.output  # docker's own words
-    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]", 'gpus: [0]\nimage_requires: {driver_min: "999.1"}')])
+    catalog = copy_catalog(tmp_path, win_alpha=[("gpus: [0]", 'gpus: [0]\nimage_requires: {driver_min: "999.1"}')])
     old_driver = run_deploy(rig, WIN_RIG, catalog=catalog, inventory=INVENTORY, verify=False)
     assert old_driver.returncode != 0
     assert "is older than 999.1, the minimum for image rigkit-vllm-standin:sim" in old_driver.output
@@ -222,7 +222,7 @@ def test_a_windows_rig_reached_as_linux_is_refused_before_any_change(rig):
     linux = run_deploy(rig, POLICY_RIG, inventory=INVENTORY)
     assert linux.returncode != 0
     assert "has os: linux, but its inventory entry uses the Windows connector" in linux.output
-    assert rig.exec("ls /C:/ProgramData/rigkit/stacks")[1].split() == ["test-alpha"]  # nothing new was put
+    assert rig.exec("ls /C:/ProgramData/rigkit/stacks")[1].split() == ["win-alpha"]  # nothing new was put
 
 
 def test_gpu_policy_remove_resets_the_gpus_unregisters_the_tasks_and_removes_the_files(rig, tmp_path):

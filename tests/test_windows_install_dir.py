@@ -130,8 +130,8 @@ def test_assert_private_throws_for_an_owner_other_than_system_or_administrators(
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig):
-    return fresh_rig
+def rig(windows_rig):
+    return windows_rig
 
 
 def on_rig(rig, command: str) -> str:

@@ -44,8 +44,8 @@ pytestmark = pytest.mark.simrig
 
 
 @pytest.fixture(scope="module")
-def rig(fresh_rig):
-    return fresh_rig
+def rig(windows_rig):
+    return windows_rig
 
 
 def keyed_rig(tmp_path, key: str | None = KEY, name: str = "win.yml"):
@@ -132,7 +132,7 @@ def test_the_key_file_gets_its_acl_before_its_content_and_is_never_inlined(rig, 
     assert calls[2]["present"] == [temporary.rsplit("\\", 1)[1]]
     assert get_acl(rig, str(API_KEY_FILE)) == {"owner": ADMINS, "protected": True, "sids": [SYSTEM, ADMINS]}
 
-    compose = on_rig(rig, "cat /C:/ProgramData/rigkit/stacks/test-alpha/compose.yml")
+    compose = on_rig(rig, "cat /C:/ProgramData/rigkit/stacks/win-alpha/compose.yml")
     assert 'env_file: [{"path": "C:\\\\ProgramData\\\\rigkit\\\\secrets\\\\vllm-api-key.env", "format": "raw"}]' in compose
     bootstrap = on_rig(rig, "cat /C:/ProgramData/rigkit/llm-bootstrap.ps1")
     assert "$KeyFile = 'C:\\ProgramData\\rigkit\\secrets\\vllm-api-key.env'" in bootstrap
@@ -236,7 +236,7 @@ def test_a_watchdog_setting_changes_its_settings_file_only(rig, tmp_path):
     rig_file = keyed_rig(tmp_path, key="rk-second-key")
     catalog = copy_catalog(tmp_path)  # compose files name their catalog file: one folder for both deploys
     assert run_deploy(rig, rig_file, catalog=catalog, inventory=INVENTORY, verify=False).returncode == 0
-    copy_catalog(tmp_path, test_alpha=[("ready_timeout_s: 30\n", "ready_timeout_s: 30\nwatchdog: {wedged_after_s: 45}\n")])
+    copy_catalog(tmp_path, win_alpha=[("ready_timeout_s: 30\n", "ready_timeout_s: 30\nwatchdog: {wedged_after_s: 45}\n")])
     runs_before = rig.exec(f"cat {STORE}/runs.log")[1].split()
     run = run_deploy(rig, rig_file, catalog=catalog, inventory=INVENTORY, verify=False)
     assert run.returncode == 0, run.output

@@ -35,7 +35,7 @@ WSL2 = "5.15.167.4-microsoft-standard-WSL2"
 
 def win_rig(tmp_path, extra: str = "", requires: str = REQUIRES, weight_bytes: int | None = None):
     model = "gpus: [0]" + requires + (f"weight_bytes: {weight_bytes}\n" if weight_bytes else "")
-    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]", model)])
+    catalog = copy_catalog(tmp_path, win_alpha=[("gpus: [0]", model)])
     rig_file = tmp_path / "win.yml"
     rig_file.write_text(WIN_RIG.read_text() + extra)
     return load_rig(rig_file, catalog)
@@ -52,7 +52,7 @@ def facts(**changes) -> PreflightFacts:
         gpu=Answer(0, "0, NVIDIA GeForce RTX 4090, 580.88, 8.9\n1, NVIDIA GeForce RTX 4090, 580.88, 8.9"),
         serving=Answer(0, ""), volumes=Answer(0, ""), user_profile="C:\\Users\\you", host_memory_bytes=32 * GIB,
         disk_dir="C:\\Users\\you\\AppData\\Local\\Docker\\wsl", disk_free_bytes=500 * 10 ** 9, wslconfig=None,
-        source_bytes={"test-alpha": 10 ** 9})
+        source_bytes={"win-alpha": 10 ** 9})
     values.update(changes)
     return PreflightFacts(**values)
 
@@ -128,7 +128,7 @@ def test_refused_when_the_wsl2_vm_is_smaller_than_the_models_need(tmp_path):
     need, unknown = needed_memory_bytes(rig)
     assert need == (2 + 20 + 4) * GIB and unknown == []
     why = only(preflight_problems(rig, facts(), IMAGE, False), "15.4 GB, docker info", "26.0 GB",
-               "VM 2 GB + test-alpha 20.0 GB weights + 4 GB x 1 GPU", "set wsl_memory_gb: 26")
+               "VM 2 GB + win-alpha 20.0 GB weights + 4 GB x 1 GPU", "set wsl_memory_gb: 26")
     assert str(rig.file) in why
 
 
@@ -145,17 +145,17 @@ def test_wsl_memory_gb_too_small_too_large_or_not_applicable_while_serving(tmp_p
 
 def test_refused_when_the_weights_do_not_fit_on_docker_desktops_drive(tmp_path):
     rig = win_rig(tmp_path)
-    tight = facts(source_bytes={"test-alpha": 60 * 10 ** 9}, disk_free_bytes=50 * 10 ** 9)
+    tight = facts(source_bytes={"win-alpha": 60 * 10 ** 9}, disk_free_bytes=50 * 10 ** 9)
     only(preflight_problems(rig, tight, IMAGE, False), "not enough disk", "60.0 GB to copy",
          "Docker Desktop's disk image (C:\\Users\\you\\AppData\\Local\\Docker\\wsl)", "50.0 GB free")
-    copied = facts(source_bytes={"test-alpha": 60 * 10 ** 9}, disk_free_bytes=50 * 10 ** 9,
-                   volumes=Answer(0, "rigkit-weights-test-alpha\nother"))
+    copied = facts(source_bytes={"win-alpha": 60 * 10 ** 9}, disk_free_bytes=50 * 10 ** 9,
+                   volumes=Answer(0, "rigkit-weights-win-alpha\nother"))
     assert preflight_problems(rig, copied, IMAGE, False) == []  # its volume exists: the copy resumes or is done
 
 
 def test_serving_and_applied_are_read_from_docker(tmp_path):
     rig = win_rig(tmp_path, "wsl_memory_gb: 16\n")
-    assert serving_models(rig, facts(serving=Answer(0, "rigkit-test-alpha\nrigkit-test-alpha\nsomething"))) == ["test-alpha"]
+    assert serving_models(rig, facts(serving=Answer(0, "rigkit-win-alpha\nrigkit-win-alpha\nsomething"))) == ["win-alpha"]
     assert serving_models(rig, facts()) == []
     assert vm_applied(rig, facts())  # 96% of 16 GiB: the VM runs with memory=16GB
     assert not vm_applied(rig, facts(info=Answer(0, json.dumps({"MemTotal": 8 * GIB}))))
@@ -167,12 +167,12 @@ def test_parse_reads_each_section():
              "rigkit-section=compose", "rigkit-exit=0 timed-out=False", "2.31.0",
              "rigkit-section=host", "profile=C:\\Users\\you", "memory=34359738368", "disk-dir=C:\\x", "disk-free=123",
              "rigkit-section=wslconfig", "rigkit-absent",
-             "rigkit-section=source test-alpha", "1000", "rigkit-section=source gone", "rigkit-absent"]
+             "rigkit-section=source win-alpha", "1000", "rigkit-section=source gone", "rigkit-absent"]
     parsed = parse_preflight(lines)
     assert parsed.version == Answer(0, '{"Server": {}}') and parsed.info.timed_out and parsed.compose.output == "2.31.0"
     assert parsed.gpu is None and parsed.serving.exit_code == -1
     assert (parsed.user_profile, parsed.host_memory_bytes, parsed.disk_free_bytes) == ("C:\\Users\\you", 32 * GIB, 123)
-    assert parsed.wslconfig is None and parsed.source_bytes == {"test-alpha": 1000, "gone": None}
+    assert parsed.wslconfig is None and parsed.source_bytes == {"win-alpha": 1000, "gone": None}
     for data in (b"[wsl2]\r\nmemory=8GB\r\n", b"\xef\xbb\xbf[wsl2]\r\nmemory=8GB\r\n",
                  "[wsl2]\r\nmemory=8GB\r\n".encode("utf-16")):  # as written by hand, with a BOM, by Out-File
         read = parse_preflight(["rigkit-section=wslconfig", base64.b64encode(data).decode()]).wslconfig

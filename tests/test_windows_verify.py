@@ -29,24 +29,25 @@ import urllib.request
 import docker
 import pytest
 
-from tests.conftest import DATA, REPO, RESULTS, STATE_ROOT, copy_catalog, run_deploy
+from tests.conftest import DATA, REPO, RESULTS, STATE_ROOT, WINDOWS_TEST_MODELS, copy_catalog, run_deploy
 from tests.simrig.weights import ensure_checkpoint
 
 WIN_RIG = DATA / "rigs" / "windows.yml"
 INVENTORY = "tests/data/windows-rig.py"
-PORT = 18101  # test-alpha's port in the test catalog
-COMPOSE = "/C:/ProgramData/rigkit/stacks/test-alpha/compose.yml"  # C:\ProgramData\rigkit\stacks\... in the rig
+PORT = WINDOWS_TEST_MODELS["win-alpha"]
+COMPOSE = "/C:/ProgramData/rigkit/stacks/win-alpha/compose.yml"  # C:\ProgramData\rigkit\stacks\... in the rig
 
 pytestmark = pytest.mark.simrig
+SERVED_MODELS = WINDOWS_TEST_MODELS  # serving_rig's: their checkpoints made, their stacks removed
 
 
 @pytest.fixture(scope="module")
 def rig(serving_rig, tmp_path_factory):
-    """Deployed (weights on their volume from C:\\models\\test-alpha), the policy applied and the stack up."""
+    """Deployed (weights on their volume from C:\\models\\win-alpha), the policy applied and the stack up."""
     rig = serving_rig
-    shutil.copytree(ensure_checkpoint("test-alpha"), rig.windows_drive / "models" / "test-alpha")
-    rig.catalog = copy_catalog(tmp_path_factory.mktemp("win-verify"), test_alpha=[
-        ("source: /srv/rigkit-sim-models/test-alpha", "source: 'C:\\models\\test-alpha'")])
+    shutil.copytree(ensure_checkpoint("win-alpha"), rig.windows_drive / "models" / "win-alpha")
+    rig.catalog = copy_catalog(tmp_path_factory.mktemp("win-verify"), win_alpha=[
+        ("source: /srv/rigkit-sim-models/win-alpha", "source: 'C:\\models\\win-alpha'")])
     run = run_deploy(rig, WIN_RIG, catalog=rig.catalog, inventory=INVENTORY, verify=False)
     assert run.returncode == 0, run.output
     # What the tasks would have done on Windows: the policy of windows.yml, then the stack.
@@ -59,7 +60,7 @@ def rig(serving_rig, tmp_path_factory):
             urllib.request.urlopen(f"http://127.0.0.1:{PORT}/v1/models", timeout=2)
             break
         except OSError:
-            assert time.monotonic() < deadline, "test-alpha's stand-in did not answer within 60 s"
+            assert time.monotonic() < deadline, "win-alpha's stand-in did not answer within 60 s"
             time.sleep(0.5)
     shutil.rmtree(RESULTS / "windows", ignore_errors=True)
     return rig
@@ -74,7 +75,7 @@ def test_verify_writes_json_and_png_with_nvml_sampled_in_a_gpu_container(rig):
     run = verify(rig)
     assert run.returncode == 0, run.output
     assert "GPU telemetry: NVML sampler in a container with GPU access" in run.output
-    [result] = sorted((RESULTS / "windows" / "test-alpha").glob("*.json"))
+    [result] = sorted((RESULTS / "windows" / "win-alpha").glob("*.json"))
     assert result.with_suffix(".png").stat().st_size > 10_000
     document = json.loads(result.read_text())
     assert document["passed"] is True
@@ -113,7 +114,7 @@ def test_status_reports_a_windows_rig_in_order_then_its_planted_drift_and_change
         return out
 
     store = "/var/lib/rigkit-winsim"
-    container = "docker ps -q --filter label=com.docker.compose.project=rigkit-test-alpha | xargs docker inspect " \
+    container = "docker ps -q --filter label=com.docker.compose.project=rigkit-win-alpha | xargs docker inspect " \
                 "--format '{{.State.StartedAt}}'"
     before = [on_rig(f"cat {store}/runs.log {store}/moves.log"), on_rig(container)]
     code, text, doc = windows_status(rig, tmp_path)
@@ -124,7 +125,7 @@ def test_status_reports_a_windows_rig_in_order_then_its_planted_drift_and_change
         ("LocalLLM-Watchdog", True, True, None)]
     [stack] = doc["stacks"]
     assert stack["running"] and stack["ready"] and stack["compose_as_rendered"] and stack["image"] == stack["running_image"]
-    assert [(w["volume"], w["status"]) for w in doc["weights"]] == [("rigkit-weights-test-alpha", "unchanged")]
+    assert [(w["volume"], w["status"]) for w in doc["weights"]] == [("rigkit-weights-win-alpha", "unchanged")]
     assert [v["passed"] for v in doc["verification"]] == [True]
 
     on_rig("nvidia-smi -i 1 -pl 450")
@@ -138,7 +139,7 @@ def test_status_reports_a_windows_rig_in_order_then_its_planted_drift_and_change
                f"&& cp /tmp/compose.yml {COMPOSE}")
     assert code == 1, text
     drift = {d["what"]: d for d in doc["drift"]}
-    assert set(drift) == {"GPU 1 power limit", "scheduled task LocalLLM-Bootstrap", "stack test-alpha files"}, doc["drift"]
+    assert set(drift) == {"GPU 1 power limit", "scheduled task LocalLLM-Bootstrap", "stack win-alpha files"}, doc["drift"]
     assert (drift["GPU 1 power limit"]["found"], drift["GPU 1 power limit"]["wanted"]) == ("450 W", "330 W")
     assert all(d["repair"] == f"rigkit deploy {INVENTORY} --limit @winssh/127.0.0.1" for d in doc["drift"]), doc["drift"]
     assert [on_rig(f"cat {store}/runs.log {store}/moves.log"), on_rig(container)] == before
@@ -150,7 +151,7 @@ def test_a_gpu_off_its_cap_fails_verification_and_says_so(rig):
     try:
         run = verify(rig)
         assert run.returncode != 0
-        assert "verification of test-alpha failed" in run.output
+        assert "verification of win-alpha failed" in run.output
         assert "gpu0_enforced_power_limit: enforced limit 450 W, policy 330 W: the requested limit is not in force" \
             in run.output, run.output[-4000:]
     finally:

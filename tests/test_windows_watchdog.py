@@ -32,7 +32,7 @@ def rig_with(tmp_path, catalog_change: tuple[str, str] | None = None, extra: str
     catalog.mkdir(exist_ok=True)
     for source in TEST_CATALOG.glob("*.yml"):
         text = source.read_text()
-        if catalog_change and source.stem == "test-alpha":
+        if catalog_change and source.stem == "win-alpha":
             text = text.replace(*catalog_change)
         (catalog / source.name).write_text(text)
     rig_file = tmp_path / "win.yml"

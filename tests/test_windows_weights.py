@@ -9,7 +9,7 @@ container of the Windows fact.
 Simulated: Windows (tests/simrig/powershell.exe runs no PowerShell: for the weights fact it runs
 the script's two `docker.exe` command lines, each killed at the script's deadline; a slow Docker
 Desktop is simulated by making docker.exe answer late) and Docker Desktop (tests/simrig/docker.exe, the host's
-Linux dockerd behind it): a Windows bind source `C:\\models\\test-alpha` is resolved to the host
+Linux dockerd behind it): a Windows bind source `C:\\models\\win-alpha` is resolved to the host
 folder that is the rig's drive C:, as Docker Desktop resolves it to the Windows folder. The host
 engine refuses a `C:\\...` source, so a copy that succeeds went through that translation. The
 9P share's slowness is not simulated.
@@ -26,22 +26,22 @@ import pytest
 
 from rigkit.windows.bundle import TASK_BOOTSTRAP
 from rigkit.windows.facts import INSPECT_TIMEOUT_S
-from tests.conftest import DATA, copy_catalog, remove_test_stacks, run_deploy
+from tests.conftest import DATA, WINDOWS_TEST_MODELS, copy_catalog, remove_test_stacks, run_deploy
 from tests.test_weights import make_checkpoint, sha256s
 from tests.vllm_standin.image import STABLE_TAG, ensure_standin_image
 
 WIN_RIG = DATA / "rigs" / "windows.yml"
 INVENTORY = "tests/data/windows-rig.py"
-VOLUME = "rigkit-weights-test-alpha"
-HELPER = "rigkit-weights-test-alpha-helper"
-SOURCE = r"C:\models\test-alpha"
+VOLUME = "rigkit-weights-win-alpha"
+HELPER = "rigkit-weights-win-alpha-helper"
+SOURCE = r"C:\models\win-alpha"
 RUNS = "/var/lib/rigkit-winsim/runs.log"  # the simulated task runs, in order
 
 pytestmark = pytest.mark.simrig
 
 
 def _remove_volume(client) -> None:
-    remove_test_stacks()
+    remove_test_stacks(WINDOWS_TEST_MODELS)
     for volume in client.volumes.list(filters={"name": VOLUME}):
         volume.remove(force=True)
 
@@ -54,17 +54,17 @@ def client():
 
 @pytest.fixture(scope="module")
 def rig(fresh_rig, client, tmp_path_factory):
-    """The rig fresh, no test-alpha volume, and a catalog whose test-alpha comes from `C:\\models\\test-alpha`."""
+    """The rig fresh, no win-alpha volume, and a catalog whose win-alpha comes from `C:\\models\\win-alpha`."""
     _remove_volume(client)
     catalog = copy_catalog(tmp_path_factory.mktemp("win-weights"),
-                           test_alpha=[("source: /srv/rigkit-sim-models/test-alpha", f"source: '{SOURCE}'")])
+                           win_alpha=[("source: /srv/rigkit-sim-models/win-alpha", f"source: '{SOURCE}'")])
     fresh_rig.catalog = catalog
     yield fresh_rig
     _remove_volume(client)
 
 
 def source_folder(rig):
-    return rig.windows_drive / "models" / "test-alpha"  # the host folder behind C:\models\test-alpha
+    return rig.windows_drive / "models" / "win-alpha"  # the host folder behind C:\models\win-alpha
 
 
 def deploy(rig):
@@ -95,7 +95,7 @@ def test_first_deploy_fills_the_volume_from_the_windows_folder_marker_last(rig, 
     make_checkpoint(source_folder(rig), shards=3, shard_bytes=2 << 20)
     run = deploy(rig)
     assert run.returncode == 0, run.output
-    assert "test-alpha: copied" in run.output and f"into volume {VOLUME}" in run.output
+    assert "win-alpha: copied" in run.output and f"into volume {VOLUME}" in run.output
     rig.exec("nvidia-smi -pl 330")  # the fake task ran no policy script: set the limits it would have
 
     listing = volume_listing(client)
@@ -107,7 +107,7 @@ def test_first_deploy_fills_the_volume_from_the_windows_folder_marker_last(rig, 
     assert all(mtime <= marker for _, mtime in listing.values())  # the marker was written last
     assert state[".rigkit/manifest.json"][1] >= max(mtime for p, (_, mtime) in listing.items() if p in files)
     # The copy marked the model to be recreated by the bootstrap's compose up.
-    assert (rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "test-alpha.txt").is_file()
+    assert (rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "win-alpha.txt").is_file()
     # The copier the Windows fact runs from is on the rig's C: drive.
     assert (rig.windows_drive / "ProgramData" / "rigkit" / "weights" / "rigkit-copy.py").is_file()
 
@@ -134,10 +134,10 @@ def test_a_docker_that_does_not_answer_is_waited_for_at_most_its_deadline_and_na
     finally:
         rig.exec("rm -f /var/lib/rigkit-winsim/docker-exe-delay-s")
     assert run.returncode == 0, run.output
-    assert (f"weights check of test-alpha: docker.exe volume inspect {VOLUME} did not answer within "
+    assert (f"weights check of win-alpha: docker.exe volume inspect {VOLUME} did not answer within "
             f"{INSPECT_TIMEOUT_S} s (is Docker Desktop running?); the copy checks again itself") in run.output
     assert time.monotonic() - started >= INSPECT_TIMEOUT_S  # it did wait for the deadline, not less
-    assert "test-alpha: copied" not in run.output  # the helper found the volume complete
+    assert "win-alpha: copied" not in run.output  # the helper found the volume complete
     assert volume_listing(client) == before
     assert deploy(rig).changed_operations() == 0
 
@@ -169,7 +169,7 @@ def test_an_interrupted_copy_leaves_no_marker_and_the_next_deploy_resumes(rig, c
     failed = env_run["run"]
     assert failed.returncode != 0, failed.output
     assert ".rigkit/complete" not in volume_listing(client)
-    marker = rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "test-alpha.txt"
+    marker = rig.windows_drive / "ProgramData" / "rigkit" / "recreate" / "win-alpha.txt"
     marker.unlink(missing_ok=True)  # left by the first deploy's copy (the simulated task does not remove it)
     runs_before = rig.exec(f"cat {RUNS}")[1].split()
 
@@ -178,7 +178,7 @@ def test_an_interrupted_copy_leaves_no_marker_and_the_next_deploy_resumes(rig, c
     # The weights changed under the model: the bootstrap ran again (same files, no drift) to recreate it.
     assert rig.exec(f"cat {RUNS}")[1].split() == [*runs_before, TASK_BOOTSTRAP]
     assert marker.is_file()
-    line = next(line for line in resumed.output.splitlines() if "test-alpha: copied" in line)
+    line = next(line for line in resumed.output.splitlines() if "win-alpha: copied" in line)
     copied, total = line.split("copied ", 1)[1].split(", ")[0].split(" of ")
     assert copied != total, line  # finished files were kept, not copied again
     listing = volume_listing(client)
