@@ -98,6 +98,19 @@ class Fleet:
         return run
 
 
+def gateway_container() -> dict:
+    """The proxy's container as the engine saw it, for a failure's message: a restart (by Docker's policy
+    or by hand), an exit and its code, and its last log lines."""
+    try:
+        container = docker.from_env().containers.get("rigkit-gateway-litellm-1")
+    except docker.errors.NotFound:
+        return {"container": "not found"}
+    state = container.attrs["State"]
+    return {"restart_count": container.attrs["RestartCount"], "started_at": state["StartedAt"],
+            "finished_at": state["FinishedAt"], "exit_code": state["ExitCode"], "oom_killed": state["OOMKilled"],
+            "log": container.logs(tail=30).decode(errors="replace")}
+
+
 def remove_projects() -> None:
     client = docker.from_env()
     for project in PROJECTS:
@@ -253,7 +266,7 @@ def test_a_rolling_rollout_of_both_rigs_loses_no_request(fleet):
     for port in PORTS.values():
         assert httpx.get(f"http://127.0.0.1:{port}/standin/info", timeout=5).json()["decode_tok_s"] == 240.0
     assert len(load.results) > 100, len(load.results)
-    assert load.failures() == [], load.failures()[:5]
+    assert load.failures() == [], (load.failures()[:5], len(load.failures()), gateway_container(), output[-3000:])
     print(f"rollout under load: {len(load.results)} requests, 0 failed")
 
 
