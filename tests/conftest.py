@@ -63,7 +63,7 @@ SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/mod
 # the Windows modules share nothing on the engine with the Linux ones and run in another process.
 WINDOWS_TEST_MODELS = {"win-alpha": 18121}
 # test-alpha and test-beta under names and ports of their own, for modules that run beside the test
-# models' (RIG_ALONE_MODULES, all in the same process) and serve or read a two-model rig: alone_serving_rig.
+# models' (RIG_ALONE_MODULES) and serve or read a two-model rig: alone_serving_rig.
 ALONE_TEST_MODELS = {"alone-alpha": 18131, "alone-beta": 18132}
 
 
@@ -201,35 +201,31 @@ ENGINE_FIXTURES = {"simrig"}
 
 # Modules whose tests touch nothing on the host's engine but their own simulated rig(s) and things
 # named for themselves: no test model's stack, volume or port (test-alpha, test-beta), nothing
-# under RESULTS but their own. The gateway's module has its own models, ports and second rig; the
-# Windows modules serve win-alpha; test_hung_tools, test_monitoring and test_watchdog_rig
-# ALONE_TEST_MODELS, and test_monitoring alone uses Prometheus's ports. `./run test` runs them in two
-# engine processes of their own (the value: 1 or 2), each with a rig of its own, beside the others;
-# modules that serve the same models share one (2: the Windows modules; the three with
-# ALONE_TEST_MODELS). A module not listed runs with the test models' modules: the safe default for a
-# new module. The split balances the three processes' minutes (the durations table `./run test`
-# prints): test_gpu_policy could run beside too, and runs with the test models' modules for that.
+# under RESULTS but their own. The gateway's module has its own models, ports and second rig;
+# test_hung_tools, test_monitoring and test_watchdog_rig serve ALONE_TEST_MODELS, and test_monitoring
+# alone uses Prometheus's ports. `./run test` runs them in an engine process of their own, with a rig
+# of their own, beside the others. A module not listed runs with the test models' modules: the safe
+# default for a new module. The split balances the two processes' minutes (the durations tables
+# `./run test` prints): the Windows modules, which serve win-alpha, could run beside too, and run
+# with the test models' modules for that. Two engine processes, not three: on two cores a third
+# made the timing-based tests flaky (tune's and the benchmarks' measurements, the gate's bands).
 RIG_ALONE_MODULES = {
-    "test_base": 1, "test_deploy": 1, "test_gateway": 1, "test_gpu_keeper": 1, "test_gpu_offsets": 1,
-    "test_simrig": 1, "test_tune_rig": 1, "test_weights": 1, "test_weights_relay_rigs": 1, "test_winconnector": 1,
-    "test_hung_tools": 2, "test_monitoring": 2, "test_watchdog_rig": 2, "test_windows_deploy": 2,
-    "test_windows_install_dir": 2, "test_windows_key": 2, "test_windows_verify": 2, "test_windows_weights": 2,
+    "test_base", "test_deploy", "test_gateway", "test_gpu_keeper", "test_gpu_offsets", "test_hung_tools",
+    "test_monitoring", "test_simrig", "test_tune_rig", "test_watchdog_rig", "test_weights", "test_weights_relay_rigs",
+    "test_winconnector",
 }
 
 
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
-    runs those alone, `./run test` runs them beside the simrig tests, in a process of their own. The
-    engine's tests of RIG_ALONE_MODULES are also marked rig_alone and rig_alone_1 or rig_alone_2 (two
-    more processes)."""
+    runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
+    engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
-        process = RIG_ALONE_MODULES.get(item.module.__name__.rpartition(".")[2])
-        if process:
+        if item.module.__name__.rpartition(".")[2] in RIG_ALONE_MODULES:
             item.add_marker(pytest.mark.rig_alone)
-            item.add_marker(getattr(pytest.mark, f"rig_alone_{process}"))
 
 
 @contextmanager
