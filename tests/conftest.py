@@ -60,7 +60,7 @@ def fresh_rig(simrig):
 
 SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/models, their ports
 # The Windows rig's model (tests/data/rigs/windows.yml): test-alpha under a name and port of its own, so
-# the Windows modules share nothing on the engine with the Linux ones and run in another process.
+# the Windows modules share nothing on the engine with the Linux ones (RIG_ALONE_MODULES may list them).
 WINDOWS_TEST_MODELS = {"win-alpha": 18121}
 # test-alpha and test-beta under names and ports of their own, for modules that run beside the test
 # models' (RIG_ALONE_MODULES) and serve or read a two-model rig: alone_serving_rig.
