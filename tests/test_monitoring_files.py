@@ -7,6 +7,8 @@ downloads it once with the host's apt), so a rule Prometheus would refuse fails 
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -72,7 +74,15 @@ def promtool(tmp_path_factory) -> Path:
     deb = next(d for d in debian_debs(MONITORING_PACKAGES) if d.name.startswith("prometheus_"))
     root = DEB_CACHE / f"{deb.stem}-root"
     if not (root / "usr/bin/promtool").is_file():
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+        # Unpacked beside and renamed into place whole: `./run quick`'s processes may ask at once, and
+        # unpacking over a promtool another process is running fails it with "Text file busy" (seen).
+        part = root.with_name(f"{root.name}.{os.getpid()}.part")
+        shutil.rmtree(part, ignore_errors=True)
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(part)], check=True)
+        try:
+            part.rename(root)
+        except OSError:  # another process put it there first
+            shutil.rmtree(part, ignore_errors=True)
     return root / "usr/bin/promtool"
 
 
