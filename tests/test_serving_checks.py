@@ -140,3 +140,18 @@ def test_every_rendered_file_passes_docker_compose_config(tmp_path, rig_file, ca
         path.write_text(render_compose(model, with_api_key=False))
         result = subprocess.run(["docker", "compose", "-f", str(path), "config", "--quiet"], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
+
+
+def test_ngram_lookup_lengths_reach_the_speculative_config_and_a_min_above_max_is_refused(tmp_path):
+    """vLLM's ngram drafter takes prompt_lookup_max/min in --speculative-config (5 and 5 when neither is given)."""
+    import json
+
+    ngram = "  speculative: {method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3, prompt_lookup_min: 1}\n"
+    catalog = alpha_with(tmp_path, ("  speculative: {method: mtp, num_speculative_tokens: 2}\n", ngram))
+    model = next(m for m in load_rig(SERVING_RIG, catalog).models if m.name == "test-alpha")
+    args = vllm_args(model)
+    assert json.loads(args[args.index("--speculative-config") + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    (catalog / "test-alpha.yml").write_text((catalog / "test-alpha.yml").read_text().replace(
+        "prompt_lookup_min: 1", "prompt_lookup_min: 4"))
+    assert "prompt_lookup_min 4 is above prompt_lookup_max 3 (vLLM refuses that)" in errors_for(catalog)

@@ -368,6 +368,18 @@ class SpeculativeSpec(_Strict):
     method: Annotated[str, AfterValidator(_token)]
     model: Annotated[str | None, Field(max_length=4096), AfterValidator(_single_word)] = None
     num_speculative_tokens: int = Field(ge=1, le=16)
+    # ngram (prompt lookup): the longest and shortest n-gram matched against the context; vLLM's
+    # default is 5 for both when neither is given.
+    prompt_lookup_max: int | None = Field(default=None, ge=1, le=64)
+    prompt_lookup_min: int | None = Field(default=None, ge=1, le=64)
+
+    @field_validator("prompt_lookup_min")
+    @classmethod
+    def _min_not_above_max(cls, value: int | None, info: ValidationInfo) -> int | None:
+        top = info.data.get("prompt_lookup_max")
+        if value is not None and top is not None and value > top:
+            raise ValueError(f"prompt_lookup_min {value} is above prompt_lookup_max {top} (vLLM refuses that)")
+        return value
 
 
 class VllmOptions(_Strict):

@@ -58,6 +58,9 @@ def vllm_args(model: ModelConfig, host: str = "127.0.0.1", topology_args: tuple[
         config = {"method": v.speculative.method, "num_speculative_tokens": v.speculative.num_speculative_tokens}
         if v.speculative.model:
             config["model"] = v.speculative.model
+        for key in ("prompt_lookup_max", "prompt_lookup_min"):
+            if getattr(v.speculative, key) is not None:
+                config[key] = getattr(v.speculative, key)
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if v.reasoning_parser:
         args += ["--reasoning-parser", v.reasoning_parser]
