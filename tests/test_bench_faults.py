@@ -13,6 +13,7 @@ import pytest
 from rigkit.cli import main
 from rigkit.verify.client import PREFILL_FROM_SERVER, run_bench
 from rigkit.verify.table import bench_table
+from tests.conftest import DATA
 from tests.standin import standin
 
 SPEC = ["--speculative-config", '{"method":"mtp","num_speculative_tokens":2}']
@@ -295,3 +296,36 @@ def test_decode_noise_is_seeded_and_of_the_size_asked(tmp_path):
     assert first == pytest.approx(again, rel=0.1)  # the same draws: seeded (seed 7 draws x1.12, 1.05, 0.89, 0.86)
     assert max(first) / min(first) > 1.15  # spread of the size asked for
     assert max(exact) / min(exact) < 1.1  # and none unless asked for
+
+
+def test_a_prompt_whose_prefill_is_lost_in_the_per_request_cost_raises_no_prefix_cache_warning():
+    """Measured on vLLM's CPU build with a tiny model: a 488-token prompt reached its first token in 37 ms, the
+    warm-up's 32 tokens in about as long, and the repeat came slower on noise alone. No cache can show
+    there; a prompt whose TTFT is well above the warm-up's still gets the warning when its repeat is not faster."""
+    from rigkit.verify.client import _prefix_cache
+    from rigkit.verify.stream import StreamResult
+
+    def timed(ttft_s):
+        return StreamResult(requested_prompt_tokens=300, requested_output_tokens=4, t_send=10.0, t_first=10.0 + ttft_s)
+
+    warnings: list[str] = []
+    _prefix_cache(timed(0.037), timed(0.045), warnings, warm_ttft_s=0.030)
+    assert warnings == []
+    _prefix_cache(timed(0.300), timed(0.290), warnings, warm_ttft_s=0.030)
+    assert len(warnings) == 1 and warnings[0].startswith("prefix cache: the same 300-token prompt sent again")
+
+
+def test_several_tokens_per_chunk_from_vllm_without_spec_counters_is_not_drafting():
+    """Measured on vLLM 0.32's CPU build with no speculative config: 1.16-1.60 tokens per chunk (its detokenizer
+    holds back partial characters) and no vllm:spec_decode_* counter in /metrics, which vLLM registers only
+    with a drafter. That is not drafting; 2.4 tokens per chunk there still says drafting, acceptance unknown."""
+    from rigkit.verify.bench_checks import acceptance_status
+    from rigkit.verify.metrics import Acceptance, engine_without_drafting, parse
+
+    no_spec = parse((DATA / "vllm-0.32" / "metrics.txt").read_text().replace("vllm:spec_decode_", "x_"))
+    with_spec = parse((DATA / "vllm-0.32" / "metrics.txt").read_text())
+    assert engine_without_drafting(no_spec) and not engine_without_drafting(with_spec)
+    unknown = Acceptance(None, None, "no sufficient spec-decode counters (found: none)")
+    assert acceptance_status(unknown, 1.60, engine_without_drafting(no_spec)) == "not drafting"
+    assert acceptance_status(unknown, 1.60, engine_without_drafting(with_spec)) == "unknown"
+    assert acceptance_status(unknown, 2.4, engine_without_drafting(no_spec)) == "unknown"

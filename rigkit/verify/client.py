@@ -8,6 +8,10 @@ Honest counting, after the field notes:
   taken off before the context read-back;
 - prefill is measured on an uncached prompt (a random prefix busts the prefix
   cache), and the prompt length is read back from usage.prompt_tokens;
+- prompts are sized in the server's own tokens: words are not tokens (a real tokenizer
+  counted 300 of the prompt's words as 488-1231 tokens), so the warm-up and one
+  one-token calibration request measure the server's tokens per word and what it adds
+  to every prompt (a BOS token, a chat template) before the measured prompt is built;
 - prefill tok/s from the server's own prefill time when vLLM's per-request
   histograms are in /metrics (queueing reported apart); otherwise prompt / TTFT,
   labelled as including queueing;
@@ -27,7 +31,7 @@ import socket
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import httpx
 
@@ -47,6 +51,8 @@ WORDS = (
 ).split()
 NONCE_WORDS = 6
 WARM_PROMPT_TOKENS = 32
+CALIBRATION_PROBES = 3  # one-token requests that size the prompt in the server's tokens
+CALIBRATION_TOLERANCE = 0.01  # within 1% of the asked length: the read-back allows 5%
 REPEAT_OUTPUT_TOKENS = 4
 PREFIX_CACHE_EVIDENT = 2.0  # a repeated prompt's TTFT at least this many times shorter: served from the cache
 PREFIX_CACHE_MIN_PROMPT = 256  # on shorter prompts fixed per-request costs hide the prefill
@@ -109,6 +115,8 @@ class BenchResult:
     prefix_cache_speedup: float | None = None  # ttft_s / repeat_ttft_s
     endpoint: str = "completions"  # completions | chat (rigkit.verify.stream.ENDPOINTS)
     chat_template_tokens: int | None = None  # chat only: prompt tokens the template adds, from the warm-up
+    # How the server counted the prompt's words (PromptScale): tokens per word and its own tokens per prompt.
+    prompt_scale: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     wall_send_s: float | None = None  # time.time() at send, first and last token: lines up with telemetry
     wall_first_token_s: float | None = None
@@ -123,10 +131,41 @@ class BenchResult:
         return {**asdict(self), "passed": self.passed}
 
 
-def make_prompt(tokens: int, rng: random.Random) -> str:
+def make_prompt(words: int, rng: random.Random) -> str:
+    """`words` words: a random prefix (busts the prefix cache), then a fixed filler."""
     nonce = [rng.choice(WORDS) for _ in range(NONCE_WORDS)]
-    filler = [WORDS[i % len(WORDS)] for i in range(max(0, tokens - NONCE_WORDS))]
+    filler = [WORDS[i % len(WORDS)] for i in range(max(0, words - NONCE_WORDS))]
     return " ".join(nonce + filler)
+
+
+@dataclass(frozen=True)
+class PromptScale:
+    """How the server counts make_prompt's words: `overhead` tokens on every prompt (a BOS token, a chat
+    template's) plus `tokens_per_word` per word. The default (1 and 0) is the guess before any reading."""
+
+    tokens_per_word: float = 1.0
+    overhead: float = 0.0
+    words: int | None = None  # the word count a calibration request found right, where one did
+
+
+    @classmethod
+    def from_counts(cls, short_words: int, short_tokens: int, long_words: int, long_tokens: int) -> "PromptScale":
+        """From two prompts the server counted (usage.prompt_tokens), a short one and a long one."""
+        if long_words <= short_words:
+            return cls(max(long_tokens, 1) / max(long_words, 1), 0.0)
+        per_word = max((long_tokens - short_tokens) / (long_words - short_words), 0.05)
+        return cls(per_word, max(0.0, short_tokens - short_words * per_word))
+
+    def words_for(self, tokens: int, template: bool) -> int:
+        """Words for a prompt of `tokens` of the server's tokens: on chat, besides the template's (the
+        context read-back takes them off); on completions, with the BOS token counted as the server does."""
+        if self.words is not None:
+            return self.words
+        own = tokens if template else tokens - self.overhead
+        return max(NONCE_WORDS, round(own / self.tokens_per_word))
+
+    def template_tokens(self) -> int:
+        return round(self.overhead)
 
 
 def read_metrics(client: httpx.Client, url: str) -> metrics.Snapshot | None:
@@ -187,30 +226,54 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
         version = _server_version(client, url)
         warm = stream_completion(client, url, model, make_prompt(WARM_PROMPT_TOKENS, rng), WARM_PROMPT_TOKENS, 4,
                                  timeout_s, endpoint)
-        single = warm
+        single, scale = warm, PromptScale()
         if not warm.error:
+            scale = _calibrate(client, url, model, prompt_tokens, warm, timeout_s, endpoint, rng)
             before = read_metrics(client, url)
-            single_prompt = make_prompt(prompt_tokens, rng)
+            single_prompt = make_prompt(scale.words_for(prompt_tokens, endpoint == "chat"), rng)
             single = stream_completion(client, url, model, single_prompt, prompt_tokens,
                                        output_tokens, timeout_s, endpoint)
             after = _settled_metrics(client, url, before)
             if not single.error:
                 repeat = stream_completion(client, url, model, single_prompt, prompt_tokens, REPEAT_OUTPUT_TOKENS,
                                            timeout_s, endpoint)
-        runs = [(c, _concurrent(url, headers, model, c, prompt_tokens, output_tokens, timeout_s, rng, endpoint))
-                for c in concurrency]
-    template = None
-    if endpoint == "chat" and warm.prompt_tokens is not None:
-        template = max(0, warm.prompt_tokens - WARM_PROMPT_TOKENS)
+        runs = [(c, _concurrent(url, headers, model, c, prompt_tokens, output_tokens, timeout_s, rng, endpoint,
+                                scale)) for c in concurrency]
+    template = scale.template_tokens() if endpoint == "chat" and warm.prompt_tokens is not None else None
     provenance = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                   "concurrency": [1, *concurrency], "server_version": version, "endpoint": endpoint}
-    return _document(url, model, prompt_tokens, output_tokens, single, before, after, runs,
-                     expected_min_decode_tok_s, roofline_tok_s, draft_tokens_per_step, provenance, template, repeat)
+    result = _document(url, model, prompt_tokens, output_tokens, single, before, after, runs,
+                       expected_min_decode_tok_s, roofline_tok_s, draft_tokens_per_step, provenance, template, repeat,
+                       warm.ttft_s if warm is not single else None)
+    return replace(result, prompt_scale={"tokens_per_word": round(scale.tokens_per_word, 4),
+                                         "overhead_tokens": round(scale.overhead, 2)})
+
+
+def _calibrate(client, url, model, prompt_tokens, warm: StreamResult, timeout_s, endpoint, rng) -> PromptScale:
+    """The server's count of prompts of make_prompt's words (one output token each), against the warm-up's
+    count of its WARM_PROMPT_TOKENS words: first `prompt_tokens` words, then the word count that scale
+    predicts, until one is within CALIBRATION_TOLERANCE (at most CALIBRATION_PROBES requests; the words
+    of the filler differ in length, so the first scale is only close). A server that reports no usage
+    keeps the guess (the measured request then fails on its missing usage anyway)."""
+    scale = PromptScale()
+    if warm.prompt_tokens is None:
+        return scale
+    chat, words = endpoint == "chat", max(prompt_tokens, WARM_PROMPT_TOKENS + 1)
+    for _ in range(CALIBRATION_PROBES):
+        probe = stream_completion(client, url, model, make_prompt(words, rng), words, 1, timeout_s, endpoint)
+        if probe.error or probe.prompt_tokens is None:
+            return scale
+        scale = PromptScale.from_counts(WARM_PROMPT_TOKENS, warm.prompt_tokens, words, probe.prompt_tokens)
+        counted = probe.prompt_tokens - (scale.template_tokens() if chat else 0)
+        if abs(counted - prompt_tokens) <= CALIBRATION_TOLERANCE * prompt_tokens:
+            return replace(scale, words=words)
+        words = scale.words_for(prompt_tokens, chat)
+    return scale
 
 
 def _concurrent(url, headers, model, streams, prompt_tokens, output_tokens, timeout_s, rng,
-                endpoint="completions") -> list[StreamResult]:
-    prompts = [make_prompt(prompt_tokens, rng) for _ in range(streams)]
+                endpoint="completions", scale: PromptScale = PromptScale()) -> list[StreamResult]:
+    prompts = [make_prompt(scale.words_for(prompt_tokens, endpoint == "chat"), rng) for _ in range(streams)]
     results: list[StreamResult] = [StreamResult(prompt_tokens, output_tokens, error="never ran")] * streams
     with http_client(headers, timeout_s, streams) as client:
         def one(n):
@@ -237,15 +300,22 @@ def _level(streams: int, results: list[StreamResult]) -> ConcurrencyLevel:
     return ConcurrencyLevel(streams, errors, aggregate, per_stream, requests=len(results), succeeded=len(done))
 
 
-def _prefix_cache(single: StreamResult, repeat: StreamResult | None, warnings: list[str]):
-    """(repeat TTFT, speedup) of the measured prompt sent again; a warning when a long one was not faster."""
+def _prefix_cache(single: StreamResult, repeat: StreamResult | None, warnings: list[str],
+                  warm_ttft_s: float | None = None):
+    """(repeat TTFT, speedup) of the measured prompt sent again; a warning when a long one was not faster.
+    `warm_ttft_s`: the warm-up's TTFT (a 32-token prompt), a server's cost per request apart from prefill.
+    A prompt that took less than PREFIX_CACHE_EVIDENT times that to its first token had too little
+    prefill to show a cache: no warning (vLLM's CPU build prefilled 488 tokens of a tiny model in ms,
+    and the repeat came slower on noise alone)."""
     if repeat is None:
         return None, None
     if repeat.error or repeat.ttft_s is None:
         warnings.append(f"prefix cache not measured: the repeated prompt failed ({repeat.error or 'no token'})")
         return None, None
     speedup = single.ttft_s / repeat.ttft_s if single.ttft_s and repeat.ttft_s > 0 else None
-    if speedup is not None and speedup < PREFIX_CACHE_EVIDENT and single.requested_prompt_tokens >= PREFIX_CACHE_MIN_PROMPT:
+    prefill_shows = not warm_ttft_s or (single.ttft_s or 0) >= PREFIX_CACHE_EVIDENT * warm_ttft_s
+    if (speedup is not None and speedup < PREFIX_CACHE_EVIDENT and prefill_shows
+            and single.requested_prompt_tokens >= PREFIX_CACHE_MIN_PROMPT):
         warnings.append(f"prefix cache: the same {single.requested_prompt_tokens}-token prompt sent again took "
                         f"{repeat.ttft_s:.3f} s to its first token, {single.ttft_s:.3f} s the first time "
                         f"(x{speedup:.1f}); is prefix caching off (--no-enable-prefix-caching)?")
@@ -254,7 +324,7 @@ def _prefix_cache(single: StreamResult, repeat: StreamResult | None, warnings: l
 
 def _document(url, model, requested_prompt, requested_output, single: StreamResult, before, after, runs,
               expected_min, roofline_tok_s, draft_tokens_per_step, provenance, template_tokens=None,
-              repeat: StreamResult | None = None) -> BenchResult:
+              repeat: StreamResult | None = None, warm_ttft_s: float | None = None) -> BenchResult:
     ok = single.error is None
     checks = [judge.check_tokens_produced(single)]
     warnings = []
@@ -265,7 +335,7 @@ def _document(url, model, requested_prompt, requested_output, single: StreamResu
     times, why_not = metrics.request_times(before, after) if ok else (None, "the request failed")
     acc = metrics.acceptance(before, after, draft_tokens_per_step) if ok else metrics.Acceptance(None, None, "")
     tokens_per_chunk = single.completion_tokens / single.chunks if ok and single.chunks else None
-    status = judge.acceptance_status(acc, tokens_per_chunk)
+    status = judge.acceptance_status(acc, tokens_per_chunk, metrics.engine_without_drafting(after))
     if status == "unknown":
         warnings.append(f"acceptance unknown: {tokens_per_chunk:.2f} tokens per chunk say drafting is on, "
                         f"but {acc.source}")
@@ -283,7 +353,7 @@ def _document(url, model, requested_prompt, requested_output, single: StreamResu
                             f"no decode rate measured; expected >= {expected_min:g} tok/s"))
     if single.problems:
         warnings += single.problems
-    repeat_ttft, speedup = _prefix_cache(single, repeat, warnings) if ok else (None, None)
+    repeat_ttft, speedup = _prefix_cache(single, repeat, warnings, warm_ttft_s) if ok else (None, None)
     prefill_s = times.prefill_s if times else None
     if ok and single.prompt_tokens and prefill_s and prefill_s > 0:
         prefill, source = single.prompt_tokens / prefill_s, PREFILL_FROM_SERVER

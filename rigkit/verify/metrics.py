@@ -111,3 +111,11 @@ def acceptance(before: Snapshot | None, after: Snapshot | None, draft_tokens_per
     if k:  # every draft proposes k tokens: drafts = draft tokens / k
         return Acceptance(1 + accepted / (draft_tokens / k), rate, f"{source} / ({DRAFT_TOKENS} / {k} per draft)")
     return Acceptance(None, rate, f"{source} / {DRAFT_TOKENS} (no {DRAFTS}: rate only)")
+
+
+def engine_without_drafting(snapshot: Snapshot | None) -> bool:
+    """vLLM's /metrics (its request counters are there) with no spec-decode counter: not drafting.
+    vLLM registers the spec-decode counters only when a speculative config is given (seen on 0.32)."""
+    if snapshot is None or "vllm:generation_tokens_total" not in snapshot.totals:
+        return False
+    return not any(name.startswith("vllm:spec_decode_") for name in snapshot.totals)
