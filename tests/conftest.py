@@ -216,16 +216,27 @@ RIG_ALONE_MODULES = {
 }
 
 
+# Modules that serve models on the real vLLM (its CPU build, tests/vllm_engine): marked real_engine.
+# `./run test` runs them in a process of their own, with a rig of their own, after the other engine
+# processes: a real engine's start and benchmarks take both cores for a minute or more, which would
+# make the timing-based tests of the processes beside it flaky.
+REAL_ENGINE_MODULES = {"test_engine"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
     runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
-    engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process)."""
+    engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process), those of
+    REAL_ENGINE_MODULES real_engine (a fourth, after them)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
-        if item.module.__name__.rpartition(".")[2] in RIG_ALONE_MODULES:
+        module = item.module.__name__.rpartition(".")[2]
+        if module in RIG_ALONE_MODULES:
             item.add_marker(pytest.mark.rig_alone)
+        if module in REAL_ENGINE_MODULES:
+            item.add_marker(pytest.mark.real_engine)
 
 
 @contextmanager

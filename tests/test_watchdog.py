@@ -121,7 +121,7 @@ def test_a_long_prefill_is_not_wedged(wd, tmp_path):
         verdicts = passes(wd, m, tmp_path / "state", 6, lambda t: restarted.append(t) or "x")
         metrics = httpx.get(f"{url}/metrics", timeout=5).text
     assert restarted == [] and "restarted" not in verdicts and "suspect" not in verdicts, verdicts
-    assert "vllm:num_requests_running{model_name=\"m\"} 0.0" not in metrics  # it was busy all along
+    assert "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0" not in metrics  # it was busy all along
 
 
 def test_restarts_are_capped_per_hour(wd, tmp_path):
@@ -156,4 +156,4 @@ def test_the_stand_ins_wedge_after_n_requests_survives_nothing_but_a_restart(tmp
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1}, timeout=1)
         assert httpx.get(f"{url}/health", timeout=5).status_code == 200
-        assert "vllm:num_requests_running{model_name=\"m\"} 1.0" in httpx.get(f"{url}/metrics", timeout=5).text
+        assert "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 1.0" in httpx.get(f"{url}/metrics", timeout=5).text

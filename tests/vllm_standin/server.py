@@ -294,7 +294,7 @@ class Engine:
 
     def metrics_text(self) -> str:
         m = dict(self.metrics)
-        label = f'{{model_name="{self.names[0]}"}}'
+        label = f'{{engine="0",model_name="{self.names[0]}"}}'  # vLLM 0.32's labels (tests/data/vllm-0.32/metrics.txt)
         lines = [
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{label} {m['prompt']}.0",
@@ -319,14 +319,15 @@ class Engine:
         if "per_pos" in counters:
             name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
             lines.append(f"# TYPE {name} counter")
-            lines += [f'{name}{{model_name="{self.names[0]}",position="{i}"}} {v}.0' for i, v in enumerate(self.per_pos)]
+            lines += [f'{name}{{engine="0",model_name="{self.names[0]}",position="{i}"}} {v}.0'
+                      for i, v in enumerate(self.per_pos)]
         if self.histograms:
             for name, values in self.observed.items():
                 lines.append(f"# TYPE {name} histogram")
                 for le in BUCKETS:
                     inside = sum(1 for v in values if v <= le)
-                    lines.append(f'{name}_bucket{{model_name="{self.names[0]}",le="{le}"}} {inside}.0')
-                lines.append(f'{name}_bucket{{model_name="{self.names[0]}",le="+Inf"}} {len(values)}.0')
+                    lines.append(f'{name}_bucket{{engine="0",le="{le}",model_name="{self.names[0]}"}} {inside}.0')
+                lines.append(f'{name}_bucket{{engine="0",le="+Inf",model_name="{self.names[0]}"}} {len(values)}.0')
                 lines += [f"{name}_sum{label} {sum(values)!r}", f"{name}_count{label} {len(values)}.0"]
         return "\n".join(lines) + "\n"
 
@@ -404,7 +405,7 @@ class Handler(BaseHTTPRequestHandler):
                 "prefill_tok_s": ENGINE.prefill_tok_s,
             })
         else:
-            self.send_json(404, {"error": "not found"})
+            self.send_json(404, {"detail": "Not Found"})  # FastAPI's answer to an unknown route, as vLLM's
 
     def do_POST(self):
         if self.path.startswith("/standin/"):
@@ -418,11 +419,19 @@ class Handler(BaseHTTPRequestHandler):
         chat = self.path.endswith("chat/completions")
         needed = "messages" if chat else "prompt"
         if not (isinstance(body.get(needed), list) if chat else isinstance(body.get(needed), (str, list))):
-            return self.send_json(400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
-                                        "message": f"[{{'type': 'missing', 'loc': ('body', '{needed}'), "
-                                                   f"'msg': 'Field required'}}]"})
+            # vLLM 0.32's words and shapes (tests/data/vllm-0.32/error-400-no-prompt.json, -chat-no-messages.json)
+            if chat:
+                error = {"message": "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': "
+                                    "'Field required', 'input': '<dict of 2 items>'}", "type": "Bad Request",
+                         "param": "body.messages"}
+            else:
+                error = {"message": "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+                         "type": "BadRequestError", "param": "prompt"}
+            return self.send_json(400, {"error": {**error, "code": 400}})
         if body.get("model") not in ENGINE.names:
-            return self.send_json(404, {"error": f"The model `{body.get('model')}` does not exist."})
+            return self.send_json(404, {"error": {  # tests/data/vllm-0.32/error-404-model.json
+                "message": f"The model `{body.get('model')}` does not exist. Valid aliases: {', '.join(ENGINE.names)}.",
+                "type": "NotFoundError", "param": "model", "code": 404}})
         if ENGINE.hang:
             time.sleep(HANG_LIMIT_S)  # /health still says 200 meanwhile
             return self.send_json(500, {"error": "engine hung"})
