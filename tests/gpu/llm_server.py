@@ -4,7 +4,8 @@ A randomly initialised Llama from `transformers` (no download: random weights, a
 whitespace "tokenizer" that hashes words into the vocabulary) generates greedily with a KV
 cache, one token per forward pass, and streams each token as soon as it exists. The server
 records when it emitted every token (time.monotonic()), and GET /truth returns its own
-figures for the last request: that is the truth the benchmark client must find.
+figures for every request since it started, in order: that is the truth the benchmark client must find
+(a benchmark sends several: a warm-up, calibration requests, the measured one, its repeat).
 
     python3 tests/gpu/llm_server.py --port 18555 [--layers 16 --hidden 2048]
 
@@ -28,7 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 VOCAB = 32000
 GENERATE = threading.Lock()  # one request on the GPU at a time: the truth is per request
-TRUTH: dict = {}
+TRUTH: list[dict] = []
 
 
 def build_model(layers: int, hidden: int) -> LlamaForCausalLM:
@@ -108,8 +109,7 @@ class Handler(BaseHTTPRequestHandler):
                               "total_tokens": len(ids) + len(emits)}})
         self.wfile.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
         self.wfile.flush()
-        TRUTH.clear()
-        TRUTH.update({
+        TRUTH.append({
             "prompt_tokens": len(ids), "completion_tokens": len(emits),
             "server_ttft_s": emits[0] - received,
             "server_decode_tok_s": (len(emits) - 1) / (emits[-1] - emits[0]) if len(emits) > 1 else None,
