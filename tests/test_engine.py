@@ -15,16 +15,12 @@ container's command and log), not from rigkit's own report of it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import docker
 import httpx
 import pytest
 
-from tests.conftest import DATA, REPO, RESULTS, TEST_CATALOG, copy_catalog, remove_test_stacks, run_deploy
-from tests.simrig.rig import STATE_ROOT
+from tests.conftest import DATA, RESULTS, copy_catalog, remove_test_stacks, run_deploy, run_status
 from tests.vllm_engine.image import STABLE_TAG, VLLM_VERSION
 from tests.vllm_engine.models import ensure_engine_model
 
@@ -103,14 +99,9 @@ def test_a_second_deploy_changes_nothing_and_restarts_nothing(rig):
 
 
 def test_status_reads_the_real_engine_as_ready(rig, tmp_path):
-    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT),
-               RIGKIT_RIG_FILE=str(ENGINE_RIG), RIGKIT_CATALOG_DIR=str(TEST_CATALOG), RIGKIT_RESULTS_DIR=str(RESULTS))
-    out = tmp_path / "status.json"
-    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", "tests/data/status-fleet.py", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text
-    (doc,) = json.loads(out.read_text())["rigs"]
+    code, text, report = run_status(rig, ENGINE_RIG, tmp_path)
+    assert code == 0, text
+    (doc,) = report["rigs"]
     (stack,) = doc["stacks"]
     assert stack["running"] and stack["ready"] and stack["compose_as_rendered"], stack
     assert [v["passed"] for v in doc["verification"]] == [True]

@@ -13,16 +13,13 @@ state and the keeper's state file directly (past rigkit); `bench/keeper_repairs.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 
 import pytest
 
 from rigkit.rigside.names import TUNE_DEADMAN_UNIT
-from tests.conftest import POLICY_RIG, REPO, RESULTS, STATE_ROOT, TEST_CATALOG, run_deploy
+from tests.conftest import POLICY_RIG, run_deploy, run_status
 
 pytestmark = pytest.mark.simrig
 
@@ -122,13 +119,8 @@ def test_each_cause_is_repaired_within_10_s_and_logged_with_its_cause(rig, cause
 
 
 def test_status_shows_the_repairs_by_cause(rig, tmp_path):
-    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT),
-               RIGKIT_RIG_FILE=str(POLICY_RIG), RIGKIT_CATALOG_DIR=str(TEST_CATALOG), RIGKIT_RESULTS_DIR=str(RESULTS))
-    out = tmp_path / "status.json"
-    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", "tests/data/status-fleet.py", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    text = proc.stdout + proc.stderr
-    (doc,) = json.loads(out.read_text())["rigs"]
+    _, text, report = run_status(rig, POLICY_RIG, tmp_path, timeout=120)
+    (doc,) = report["rigs"]
     keeper = doc["gpu_keeper"]
     assert keeper["active"] == "active" and keeper["enabled"] == "enabled", keeper
     assert keeper["counts"] == {"resume": REPEATS, "driver": REPEATS, "reset": REPEATS, "changed-by-hand": REPEATS}, keeper
