@@ -9,9 +9,9 @@ Honest counting, after the field notes:
 - prefill is measured on an uncached prompt (a random prefix busts the prefix
   cache), and the prompt length is read back from usage.prompt_tokens;
 - prompts are sized in the server's own tokens: words are not tokens (a real tokenizer
-  counted 300 of the prompt's words as 488-1231 tokens), so the warm-up and one
-  one-token calibration request measure the server's tokens per word and what it adds
-  to every prompt (a BOS token, a chat template) before the measured prompt is built;
+  counted 300 of the prompt's words as 488-1231 tokens), so one-token calibration
+  requests measure the server's tokens per word and what it adds to every prompt (a BOS
+  token, a chat template) before the measured prompt is built (_calibrate);
 - prefill tok/s from the server's own prefill time when vLLM's per-request
   histograms are in /metrics (queueing reported apart); otherwise prompt / TTFT,
   labelled as including queueing;
@@ -43,15 +43,20 @@ from rigkit.verify.stream import StreamResult, stream_completion
 PREFILL_FROM_SERVER = "server prefill time (vllm:request_prefill_time_seconds)"
 PREFILL_FROM_TTFT = "prompt / TTFT (includes queueing)"
 METRICS_SETTLE_TRIES = 20  # /metrics is read again (50 ms apart) until the request shows in its histograms
-# Common words that are one token each in the usual tokenizers; a random 6-word prefix busts the prefix cache.
+# Common words, the prompt's filler, in this order and over again (NONCE_POOL's shuffle comes first).
 WORDS = (
     "the of and to in is it you that he was for on are as with his they at be this have from or one had by word "
     "but not what all were we when your can said there use an each which she do how their if will up other about "
     "out many then them these so some her would make like him into time has look two more write go see number no way"
 ).split()
-NONCE_WORDS = 6
+# The random prefix is a shuffle of the same 12 words, not a draw of any: the server's count of a prompt of
+# n words is then the same whatever its prefix (vLLM's 1,024-token tokenizer split the common words into
+# 1-4 tokens, and 6 words drawn at random moved a prompt's count by up to 20 tokens), and 12! orders keep
+# every prompt's first block its own.
+NONCE_POOL = ("ask", "bring", "carry", "draw", "earn", "fold", "grow", "hold", "join", "keep", "lend", "mend")
+NONCE_WORDS = len(NONCE_POOL)
 WARM_PROMPT_TOKENS = 32
-CALIBRATION_PROBES = 3  # one-token requests that size the prompt in the server's tokens
+CALIBRATION_PROBES = 3  # one-token requests that size a short prompt in the server's tokens
 CALIBRATION_TOLERANCE = 0.01  # within 1% of the asked length: the read-back allows 5%
 REPEAT_OUTPUT_TOKENS = 4
 PREFIX_CACHE_EVIDENT = 2.0  # a repeated prompt's TTFT at least this many times shorter: served from the cache
@@ -133,7 +138,7 @@ class BenchResult:
 
 def make_prompt(words: int, rng: random.Random) -> str:
     """`words` words: a random prefix (busts the prefix cache), then a fixed filler."""
-    nonce = [rng.choice(WORDS) for _ in range(NONCE_WORDS)]
+    nonce = rng.sample(NONCE_POOL, NONCE_WORDS)
     filler = [WORDS[i % len(WORDS)] for i in range(max(0, words - NONCE_WORDS))]
     return " ".join(nonce + filler)
 
@@ -250,24 +255,35 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
 
 
 def _calibrate(client, url, model, prompt_tokens, warm: StreamResult, timeout_s, endpoint, rng) -> PromptScale:
-    """The server's count of prompts of make_prompt's words (one output token each), against the warm-up's
-    count of its WARM_PROMPT_TOKENS words: first `prompt_tokens` words, then the word count that scale
-    predicts, until one is within CALIBRATION_TOLERANCE (at most CALIBRATION_PROBES requests; the words
-    of the filler differ in length, so the first scale is only close). A server that reports no usage
-    keeps the guess (the measured request then fails on its missing usage anyway)."""
-    scale = PromptScale()
-    if warm.prompt_tokens is None:
-        return scale
-    chat, words = endpoint == "chat", max(prompt_tokens, WARM_PROMPT_TOKENS + 1)
-    for _ in range(CALIBRATION_PROBES):
+    """How the server counts make_prompt's words, from one-token requests. A long prompt repeats the filler's
+    WORDS cycle, so the tokens per word come from two prompts one whole cycle apart (one and two cycles;
+    a 2048-token probe would cost a whole prefill per benchmark) and hold for any number of cycles. A prompt
+    of two cycles or less is then tried at the word count the scale predicts, up to CALIBRATION_PROBES
+    times, until one is within CALIBRATION_TOLERANCE (the filler's words differ in length). A server that
+    reports no usage keeps the guess (the measured request then fails on its missing usage anyway)."""
+    chat, cycle = endpoint == "chat", len(WORDS)
+
+    def counted(words: int) -> int | None:
         probe = stream_completion(client, url, model, make_prompt(words, rng), words, 1, timeout_s, endpoint)
-        if probe.error or probe.prompt_tokens is None:
+        return None if probe.error else probe.prompt_tokens
+
+    one = NONCE_WORDS + cycle
+    if warm.prompt_tokens is None or (at_one := counted(one)) is None:
+        return PromptScale()
+    scale = PromptScale.from_counts(WARM_PROMPT_TOKENS, warm.prompt_tokens, one, at_one)
+    if scale.words_for(prompt_tokens, chat) > one:
+        if (at_two := counted(one + cycle)) is None:
             return scale
-        scale = PromptScale.from_counts(WARM_PROMPT_TOKENS, warm.prompt_tokens, words, probe.prompt_tokens)
-        counted = probe.prompt_tokens - (scale.template_tokens() if chat else 0)
-        if abs(counted - prompt_tokens) <= CALIBRATION_TOLERANCE * prompt_tokens:
-            return replace(scale, words=words)
+        scale = PromptScale.from_counts(one, at_one, one + cycle, at_two)
+        if scale.words_for(prompt_tokens, chat) > one + cycle:
+            return scale
+    for _ in range(CALIBRATION_PROBES):
         words = scale.words_for(prompt_tokens, chat)
+        if (tokens := counted(words)) is None:
+            return scale
+        if abs(tokens - (scale.template_tokens() if chat else 0) - prompt_tokens) <= CALIBRATION_TOLERANCE * prompt_tokens:
+            return replace(scale, words=words)
+        scale = PromptScale.from_counts(WARM_PROMPT_TOKENS, warm.prompt_tokens, words, tokens)
     return scale
 
 
