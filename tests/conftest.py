@@ -61,7 +61,7 @@ def fresh_rig(simrig):
 
 SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/models, their ports
 # The Windows rig's model (tests/data/rigs/windows.yml): test-alpha under a name and port of its own, so
-# the Windows modules share nothing on the engine with the Linux ones (RIG_ALONE_MODULES may list them).
+# the Windows modules share nothing on the engine with the Linux ones (they run last: RUN_LAST_MODULES).
 WINDOWS_TEST_MODELS = {"win-alpha": 18121}
 # test-alpha and test-beta under names and ports of their own, for modules that run beside the test
 # models' (RIG_ALONE_MODULES) and serve or read a two-model rig: alone_serving_rig.
@@ -230,11 +230,17 @@ RIG_ALONE_MODULES = {
 }
 
 
-# Modules that serve models on the real vLLM (its CPU build, tests/vllm_engine): marked real_engine.
-# `./run test` runs them in a process of their own, with a rig of their own, after the other engine
-# processes: a real engine's start and benchmarks take both cores for a minute or more, which would
-# make the timing-based tests of the processes beside it flaky.
-REAL_ENGINE_MODULES = {"test_engine"}
+# Modules `./run test` runs in a fourth process, after the other three, with a rig of their own: those
+# that serve models on the real vLLM (its CPU build, tests/vllm_engine), whose start and benchmarks take
+# both cores for a minute or more and would make the timing-based tests beside them flaky; and the
+# Windows modules (all of them together: they share one simulated Windows rig's engine objects), moved
+# out of the test models' process, which had reached 12:32 of its 12 minutes. Run last, alone, they
+# share nothing with another process.
+RUN_LAST_MODULES = {
+    "test_engine",
+    "test_windows_deploy", "test_windows_docker_standin", "test_windows_install_dir", "test_windows_key",
+    "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -242,15 +248,15 @@ def pytest_collection_modifyitems(config, items):
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
     runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
     engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process), those of
-    REAL_ENGINE_MODULES real_engine (a fourth, after them)."""
+    RUN_LAST_MODULES run_last (a fourth, after them)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
         module = item.module.__name__.rpartition(".")[2]
         if module in RIG_ALONE_MODULES:
             item.add_marker(pytest.mark.rig_alone)
-        if module in REAL_ENGINE_MODULES:
-            item.add_marker(pytest.mark.real_engine)
+        if module in RUN_LAST_MODULES:
+            item.add_marker(pytest.mark.run_last)
 
 
 @contextmanager
