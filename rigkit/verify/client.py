@@ -152,7 +152,6 @@ class PromptScale:
     overhead: float = 0.0
     words: int | None = None  # the word count a calibration request found right, where one did
 
-
     @classmethod
     def from_counts(cls, short_words: int, short_tokens: int, long_words: int, long_tokens: int) -> "PromptScale":
         """From two prompts the server counted (usage.prompt_tokens), a short one and a long one."""
