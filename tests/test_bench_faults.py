@@ -95,13 +95,15 @@ def test_the_first_token_is_found_in_whatever_field_carries_it(tmp_path, field):
 # 4. Prefill is not prompt / TTFT when the request waited in a queue.
 
 def test_queueing_is_reported_apart_from_prefill_from_the_servers_histograms(tmp_path):
-    """Simulated: each request waits 1 s in the scheduler's queue before a 512-token prefill at 2000 tok/s."""
-    result = bench(tmp_path, standin_queue_s="1.0", prompt_tokens=512)
+    """Simulated: each request waits 1 s in the scheduler's queue before a 2048-token prefill at 2000 tok/s.
+    2048, not 512: the stand-in times its own prefill by the wall clock, and on a loaded machine it woke
+    ~40 ms late on a 256 ms prefill (1731 tok/s read, seen once in a fresh-clone run); on 1 s that is 4%."""
+    result = bench(tmp_path, standin_queue_s="1.0", prompt_tokens=2048)
     assert result.passed, failed(result)
     assert result.prefill_source == PREFILL_FROM_SERVER
     assert result.prefill_tok_s == pytest.approx(2000, rel=0.1)
     assert result.queue_s == pytest.approx(1.0, abs=0.2)
-    assert result.ttft_s >= 1.25  # the client did wait: queue + prefill
+    assert result.ttft_s >= 2.0  # the client did wait: queue + prefill
 
 
 def test_without_histograms_the_prefill_figure_is_labelled_as_including_queueing(tmp_path):
