@@ -220,7 +220,11 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     from rigkit.verify.result import results_folder
 
     stack_dir = f"{STACKS_DIR}/{model.name}"
-    held = _run(f"cat {shlex.quote(f'{stack_dir}/{GATE_PENDING_FILE}')} 2>/dev/null || true").strip()
+    # The held candidate's sha, then whether the rig holds a proven config of the model (rigkit-stack's files).
+    said = _run(f"cat {shlex.quote(f'{stack_dir}/{GATE_PENDING_FILE}')} 2>/dev/null; echo; "
+                f"test -f {shlex.quote(f'{stack_dir}/compose.yml')} && test -f {shlex.quote(f'{stack_dir}/stack.json')} "
+                "&& echo proven-on-rig || true").split()
+    held = said[0] if said else ""
     if not re.fullmatch(r"[0-9a-f]{64}", held):
         logger.info(f"{host.print_prefix}{model.name}: no new config held for the gate (the proven one was "
                     "restarted); verification follows")
@@ -229,6 +233,13 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     folder = results_folder(results_dir, rig.name, model.name)
     baseline = proven_baseline(folder)
     workload = workload_of(baseline)
+    if baseline and "proven-on-rig" not in said:
+        # A refusal here would have nothing to roll back to and stop the model: a rebuilt rig's first rollout
+        # of a config proven before must serve. It establishes the proven result again, on this rig as it is now.
+        logger.info(f"{host.print_prefix}{model.name}: the rig holds no proven config of it (a new or rebuilt rig, "
+                    f"or the stack was taken down), so this rollout establishes the proven result again; the last "
+                    f"one on record ({baseline.get('time')}) is not compared")
+        baseline = None
     caps = {g.index: g.power_limit_w for g in rig.spec.gpus if g.index in model.spec.gpus and g.power_limit_w}
     runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
     verdict = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in runs], caps,

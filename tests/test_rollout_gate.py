@@ -6,7 +6,8 @@ bench/gate_rollouts.py.)
 
 The tests share one deploy history, in order: the first rollout establishes the proven result; each
 seed fault class is refused against it and rolled back (the old config serving and verified); a 2%
-slower config passes; a second deploy changes nothing.
+slower config passes; a second deploy changes nothing; with the stack taken down (a rebuilt rig), a
+10% slower config establishes the proven result again rather than being refused with nothing to roll back to.
 
 Simulated: vLLM (tests/vllm_standin, its rates exact: no noise) and its fault modes for the seeds'
 classes: `--enforce-eager` (decode 7x slower), the fault `half_dtype_draft` (the drafter accepts nothing
@@ -143,3 +144,17 @@ def test_a_two_percent_slower_config_passes_and_a_second_deploy_changes_nothing(
     assert served()["decode_tok_s"] == pytest.approx(980.0)
     again = run(history, healthy)
     assert again.returncode == 0 and again.changed_operations() == 0, again.output
+
+
+def test_a_rebuilt_rig_establishes_again_rather_than_refusing_with_nothing_to_roll_back_to(history, tmp_path):
+    """A proven result is on record, but the rig holds no proven config (taken down here; a rebuilt rig is the
+    same): a 10% slower config, which the gate refuses against that result above, is judged as a first rollout
+    and serves, since a refusal would have nothing to roll back to and would stop the model."""
+    rig = history[0]
+    rig.exec("rigkit-stack down test-alpha")
+    slower = run(history, copy_catalog(tmp_path, test_alpha=[FAST, TEN_PERCENT_SLOWER]))
+    assert slower.returncode == 0, slower.output
+    assert "the rig holds no proven config of it" in slower.output, slower.output
+    assert "PROMOTE: no proven result yet; this rollout establishes it" in slower.output, slower.output
+    assert served()["decode_tok_s"] == pytest.approx(900.0)
+    assert documents(history, "gate")[-1]["establishes"]
