@@ -230,18 +230,18 @@ RIG_ALONE_MODULES = {
 }
 
 
-# Modules `./run test` runs in a fourth process, after the other three, with a rig of their own: those
-# that serve models on the real vLLM (its CPU build, tests/vllm_engine), whose start and benchmarks take
-# both cores for a minute or more and would make the timing-based tests beside them flaky; and the
-# Windows modules (all of them together: they share one simulated Windows rig's engine objects), moved
-# out of the test models' process, which had reached 12:32 of its 12 minutes; and test_tune_rig, moved out
-# of the rig-alone process (11:10 of 12 once the benchmark calibrates its prompts). Run last, alone, they
-# share nothing with another process.
-RUN_LAST_MODULES = {
-    "test_engine", "test_tune_rig",
+# Modules `./run test` runs after the other three processes, in two processes side by side, each with a
+# rig of its own. One is the tier on the real vLLM (its CPU build, tests/vllm_engine), whose starts and
+# benchmarks take both cores for a minute or more and would make the timing-based tests of the first three
+# flaky, followed by test_tune_rig (moved out of the rig-alone process: 11:10 of 12 once the benchmark
+# calibrated its prompts). The other is the Windows modules (WINDOWS_RIG_MODULES, all of them together: they
+# share one simulated Windows rig's engine objects), moved out of the test models' process (12:32 of its 12
+# minutes); they wait on bounds and measure nothing, so a real engine beside them cannot make them flaky.
+WINDOWS_RIG_MODULES = {
     "test_windows_deploy", "test_windows_docker_standin", "test_windows_install_dir", "test_windows_key",
     "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
 }
+RUN_LAST_MODULES = {"test_engine", "test_tune_rig", *WINDOWS_RIG_MODULES}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -249,7 +249,8 @@ def pytest_collection_modifyitems(config, items):
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
     runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
     engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process), those of
-    RUN_LAST_MODULES run_last (a fourth, after them)."""
+    RUN_LAST_MODULES run_last (after them: the Windows modules, also marked windows_rig, in a fourth
+    process, the others in a fifth beside it)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
@@ -258,6 +259,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.rig_alone)
         if module in RUN_LAST_MODULES:
             item.add_marker(pytest.mark.run_last)
+        if module in WINDOWS_RIG_MODULES:
+            item.add_marker(pytest.mark.windows_rig)
 
 
 @contextmanager

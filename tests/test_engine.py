@@ -29,6 +29,7 @@ pytestmark = pytest.mark.simrig
 ENGINE_RIG = DATA / "rigs" / "engine.yml"
 SERVED_MODELS = {"engine-alpha": 18141}
 URL = "http://127.0.0.1:18141"
+SPECULATIVE = "  speculative: {method: ngram, num_speculative_tokens: 6, prompt_lookup_max: 3, prompt_lookup_min: 1}\n"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,14 @@ def engine_metric(name: str) -> float:
                if line.startswith(name + "{") or line.startswith(name + " "))
 
 
+def completion(tokens: int) -> dict:
+    """A real completion from the engine, `tokens` long by its own usage."""
+    answer = httpx.post(f"{URL}/v1/completions", json={"model": "engine-alpha", "prompt": "the of and",
+                                                         "max_tokens": tokens, "ignore_eos": True}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == tokens, answer.text
+    return answer.json()
+
+
 def results():
     return sorted(p for p in (RESULTS / "engine" / "engine-alpha").glob("*.json") if not p.name.startswith("gate-"))
 
@@ -67,10 +76,11 @@ def test_a_first_deploy_serves_vllm_itself_ready_by_a_real_completion_and_verifi
     # What rigkit rendered is what vLLM received, untranslated: the ngram config, the KV space.
     command = engine.attrs["Config"]["Cmd"]
     spec = json.loads(command[command.index("--speculative-config") + 1])
-    assert spec == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    assert spec == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     assert "VLLM_CPU_KVCACHE_SPACE=1" in engine.attrs["Config"]["Env"]
+    assert engine.attrs["HostConfig"]["Memory"] == 4 * 2**30  # the catalog's memory_limit_gb, as Docker holds it
     log = engine.logs().decode(errors="replace")
-    assert "SpeculativeConfig(method='ngram'" in log and "num_spec_tokens=3" in log, log[-3000:]
+    assert "SpeculativeConfig(method='ngram'" in log and "num_spec_tokens=6" in log, log[-3000:]
     # The verification: tokens from usage, the prompt in the server's own tokens, acceptance from vLLM's counters.
     [path] = results()
     result = json.loads(path.read_text())
@@ -107,6 +117,29 @@ def test_status_reads_the_real_engine_as_ready(rig, tmp_path):
     assert [v["passed"] for v in doc["verification"]] == [True]
 
 
+def gates():
+    return sorted((json.loads(p.read_text()) for p in (RESULTS / "engine" / "engine-alpha").glob("gate-*.json")),
+                  key=lambda d: d["time"])
+
+
+def test_a_config_without_the_drafter_is_refused_by_the_gate_and_the_drafter_serves_again(rig, tmp_path):
+    """Speculative decoding turned off really decodes slower on vLLM (~400 tok/s against ~1100 here): the gate
+    refuses it on decode, with both figures, rolls back, and the restored config, measured again, passes."""
+    catalog = copy_catalog(tmp_path, engine_alpha=[(SPECULATIVE, "")])
+    run = run_deploy(rig, ENGINE_RIG, catalog=catalog)
+    assert run.returncode != 0, run.output[-6000:]
+    assert "rollout gate REFUSED engine-alpha: " in run.output and "FAIL  decode: proven" in run.output, run.output[-6000:]
+    assert "ROLLED BACK to the last proven config; its verification passed" in run.output, run.output[-6000:]
+    refused = gates()[-1]
+    assert not refused["promoted"] and refused["rollback"]["rolled_back"] and refused["rollback"]["verified"]
+    assert refused["figures"]["decode_tok_s"] < 0.8 * refused["baseline"]["decode_tok_s"], refused["figures"]
+    # The engine serving now is the drafter's, by its own word: its command, and its drafting counters moving.
+    assert "--speculative-config" in container().attrs["Config"]["Cmd"]
+    drafts = engine_metric("vllm:spec_decode_num_drafts_total")
+    completion(16)
+    assert engine_metric("vllm:spec_decode_num_drafts_total") > drafts
+
+
 def test_a_value_vllm_refuses_is_rolled_back_with_vllms_own_words(rig, tmp_path):
     """vLLM's own argument parser refuses the new config; the deploy fails with its error, and the last
     config proven ready serves again (judged by a real completion on its port)."""
@@ -115,7 +148,128 @@ def test_a_value_vllm_refuses_is_rolled_back_with_vllms_own_words(rig, tmp_path)
     run = run_deploy(rig, ENGINE_RIG, catalog=catalog, verify=False)
     assert run.returncode != 0, run.output[-6000:]
     assert "invalid int value: 'zero'" in run.output, run.output[-6000:]
+    # Seen as the crash loop it is (vLLM exits, Docker starts it again), not waited out to the ready timeout.
+    assert "engine-alpha crashed at start" in run.output, run.output[-6000:]
     assert "zero" not in container().attrs["Config"]["Cmd"]
-    answer = httpx.post(f"{URL}/v1/completions", json={"model": "engine-alpha", "prompt": "the of and", "max_tokens": 4},
-                        timeout=30)
-    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4, answer.text
+    completion(4)
+
+
+def engine_core_pids() -> list[int]:
+    """The host PIDs of the engine's core process (vLLM names it VLLM::EngineCore), from the Docker Engine."""
+    top = container().top(ps_args="-o pid,args")
+    return [int(row[0]) for row in top["Processes"] if "VLLM::EngineCore" in row[-1]]
+
+
+def journal_after(rig, cursor: str) -> str:
+    return rig.exec(f"journalctl -u rigkit-watchdog.service --after-cursor '{cursor}' --no-pager -o cat")[1]
+
+
+def test_the_watchdog_restarts_an_engine_whose_core_stopped_while_idle(rig):
+    """vLLM's engine core stopped (SIGSTOP) while idle: /health stays 200, the API server takes requests and
+    never answers, and its gauges stay at 0 running, 0 waiting (the core reports them). The watchdog's probe
+    waits out its deadline, the counters stand still: wedged, restarted within its bound, and serving again."""
+    import os
+    import signal
+    import time
+
+    cursor = next(line.split("cursor: ", 1)[1].strip() for line in
+                  rig.exec("journalctl -n 1 --show-cursor --no-pager -o cat")[1].splitlines() if "cursor: " in line)
+    before = container().attrs["State"]["StartedAt"]
+    [core] = engine_core_pids()
+    os.kill(core, signal.SIGSTOP)
+    try:
+        assert httpx.get(f"{URL}/health", timeout=5).status_code == 200  # what a health check would believe
+        # The bound (docs/serving.md): wedged_after_s 6 + 2 intervals of 2 + a 3 s probe, plus `docker restart`
+        # (10 s of grace: the stopped core never exits on SIGTERM) on a 2-core machine.
+        deadline = time.monotonic() + 6 + 2 * 2 + 3 + 10 + 30
+        while container().attrs["State"]["StartedAt"] == before:
+            assert time.monotonic() < deadline, journal_after(rig, cursor)
+            time.sleep(0.5)
+    finally:
+        try:
+            os.kill(core, signal.SIGCONT)  # a process the restart did not end is let go on
+        except ProcessLookupError:
+            pass
+    said = journal_after(rig, cursor)
+    assert "engine-alpha: WEDGED: no completion within 3 s" in said, said
+    assert "0 running, 0 waiting as the engine last reported" in said, said
+    deadline = time.monotonic() + 240  # the restarted engine loads again (~40 s eager on two cores)
+    while True:
+        try:
+            completion(4)
+            break
+        except (httpx.HTTPError, AssertionError):
+            assert time.monotonic() < deadline, "the restarted engine did not answer a completion within 240 s"
+            time.sleep(1)
+    assert engine_core_pids() and engine_core_pids() != [core]
+
+
+def test_an_equal_config_is_promoted_by_the_gate(rig, tmp_path):
+    """A changed config that decodes as fast (vLLM's logging level set to its own default) passes the gate
+    against the proven result of real runs, noise and all, and becomes the proven config."""
+    catalog = copy_catalog(tmp_path, engine_alpha=[('  VLLM_CPU_KVCACHE_SPACE: "1"\n',
+                                                    '  VLLM_CPU_KVCACHE_SPACE: "1"\n  VLLM_LOGGING_LEVEL: INFO\n')])
+    run = run_deploy(rig, ENGINE_RIG, catalog=catalog)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "PROMOTE: the candidate is as good as the proven config" in run.output, run.output[-6000:]
+    assert "VLLM_LOGGING_LEVEL=INFO" in container().attrs["Config"]["Env"]
+    assert gates()[-1]["promoted"] and not gates()[-1]["establishes"]
+    assert "VLLM_LOGGING_LEVEL" in rig.exec("cat /etc/rigkit/stacks/engine-alpha/compose.yml")[1]  # now the proven one
+
+
+EXPORTER_PORT, PROMETHEUS_PORT = 19836, 19091  # not test_monitoring's: the rig shares the host's network
+
+
+def prometheus(promql: str) -> list[dict]:
+    url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query"
+    answer = httpx.get(url, params={"query": promql}, timeout=10).json()
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def dashboard_metric_names() -> set[str]:
+    """Every vLLM series rigkit's dashboards and recording rules query (templates/monitoring, rigkit/monitoring)."""
+    import re
+
+    from tests.conftest import REPO
+
+    text = "".join(p.read_text() for p in [*(REPO / "templates" / "monitoring").glob("*.json"),
+                                           REPO / "rigkit" / "monitoring" / "files.py"])
+    return set(re.findall(r"vllm:[a-z_]+", text))
+
+
+def test_prometheus_scrapes_the_real_engine_and_every_series_the_dashboards_read_is_there(rig, tmp_path):
+    """The monitoring role on the engine's rig: Debian's Prometheus scraping vLLM's own /metrics and rigkit's
+    exporter; each vLLM series the dashboards and recording rules query exists on the real engine (one of
+    `kv_cache_usage_perc or gpu_cache_usage_perc`: vLLM renamed it), and tokens per second is recorded
+    from real traffic."""
+    import shlex
+    import time
+
+    from tests.simrig.aptrepo import MONITORING_PACKAGES, AptRepos
+
+    monitoring = (f"monitoring: {{enabled: true, exporter_port: {EXPORTER_PORT}, prometheus_port: {PROMETHEUS_PORT}, "
+                  "scrape_interval_s: 1}\n")
+    rig_file = tmp_path / "engine.yml"  # the rig's name is the file's stem, as ENGINE_RIG's
+    rig_file.write_text(ENGINE_RIG.read_text() + monitoring)
+    with AptRepos(debian=MONITORING_PACKAGES) as repos:
+        code, out = rig.exec(f"printf '%s' {shlex.quote(repos.distro_sources())} > /etc/apt/sources.list && "
+                             "rm -f /etc/apt/sources.list.d/* && apt-get update -q >/dev/null")
+        assert code == 0, out
+        run = run_deploy(rig, rig_file, catalog=copy_catalog(tmp_path, engine_alpha=[(
+            '  VLLM_CPU_KVCACHE_SPACE: "1"\n', '  VLLM_CPU_KVCACHE_SPACE: "1"\n  VLLM_LOGGING_LEVEL: INFO\n')]),
+            verify=False)
+    assert run.returncode == 0, run.output[-6000:]
+    # Real traffic until Prometheus records tokens per second for the model (bounded).
+    deadline = time.monotonic() + 90
+    while not prometheus('rigkit:model_generation_tokens_per_second{model="engine-alpha"} > 0'):
+        assert time.monotonic() < deadline, prometheus('up')
+        completion(64)
+    assert prometheus('up{model="engine-alpha"}')[0]["value"][1] == "1"
+    scraped = float(prometheus('vllm:generation_tokens_total{model="engine-alpha"}')[0]["value"][1])
+    assert 0 < scraped <= engine_metric("vllm:generation_tokens_total")  # the engine's own counter, scraped
+    missing = []
+    for name in sorted(dashboard_metric_names()):
+        if not prometheus(f'{{__name__="{name}", model="engine-alpha"}}'):
+            missing.append(name)
+    assert missing in ([], ["vllm:gpu_cache_usage_perc"]), f"queried by rigkit, absent from vLLM {VLLM_VERSION}: {missing}"

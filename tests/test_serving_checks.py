@@ -123,6 +123,16 @@ def test_compose_quotes_values_and_doubles_dollars(tmp_path):
     assert "VLLM_API_KEY" not in render_compose(model, with_api_key=True)
     assert service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
     assert service["ipc"] == "host" and service["restart"] == "unless-stopped"
+    assert "limits" not in service["deploy"]["resources"]  # no memory_limit_gb: no limit
+
+
+def test_memory_limit_gb_becomes_the_containers_limit_and_zero_is_refused(tmp_path):
+    folder = alpha_with(tmp_path, append="memory_limit_gb: 6\n")
+    model = next(m for m in load_rig(SERVING_RIG, folder).models if m.name == "test-alpha")
+    service = yaml.safe_load(render_compose(model, with_api_key=False))["services"]["vllm"]
+    assert service["deploy"]["resources"]["limits"] == {"memory": "6g"}
+    (folder / "test-alpha.yml").write_text((folder / "test-alpha.yml").read_text().replace("memory_limit_gb: 6", "memory_limit_gb: 0"))
+    assert "memory_limit_gb" in errors_for(folder)
 
 
 def _catalogs():

@@ -119,6 +119,19 @@ def test_errors_have_vllms_codes_and_body_shapes(url, request_, capture, status)
         assert answer.json()["error"]["message"].split("`")[0] == real["error"]["message"].split("`")[0]
 
 
+def test_a_wedged_request_ends_with_vllms_engine_dead_500_and_health_stays_200(tmp_path):
+    """A request the stand-in's stuck engine never serves ends (after STANDIN_HANG_LIMIT_S, here 1 s) the way
+    vLLM ends a request whose engine died: HTTP 500 and its body; /health said 200 meanwhile, as vLLM's does
+    with its engine core stopped."""
+    with standin(tmp_path, name="tiny", standin_hang_limit_s="1") as base:
+        httpx.post(f"{base}/standin/wedge", timeout=5)
+        assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+        answer = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": "ping", "max_tokens": 1},
+                            timeout=30)
+    real = json.loads((REAL / "error-500-engine-dead.json").read_text())
+    assert answer.status_code == 500 and answer.json() == real
+
+
 def test_health_and_models_answer_as_vllm_does(url):
     health = httpx.get(f"{url}/health", timeout=10)
     assert health.status_code == 200 and health.content == b""

@@ -88,9 +88,37 @@ def test_judge_needs_both_signals_for_the_whole_time(wd):
     moved = {**busy, "vllm:prompt_tokens_total": 10.0}
     assert wd.judge(state, False, "timed out", moved, settings, now=20)[1] == "recovered"  # progress
     idle = {**busy, "vllm:num_requests_running": 0.0}
-    assert wd.judge(state, False, "timed out", idle, settings, now=20)[1] == "recovered"  # nothing to do
+    assert wd.judge(state, False, "HTTP 401", idle, settings, now=20)[1] == "recovered"  # refused: nothing to do
     assert wd.judge(state, False, "refused", None, settings, now=20)[1] == "recovered"  # loading: no /metrics
     assert wd.judge(state, False, "timed out", busy, settings, now=15)[1] == "wedged"
+
+
+def test_judge_counts_the_probe_that_waited_as_work_the_gauges_do_not_show(wd):
+    """vLLM 0.32 with its engine core stopped while idle: the gauges stay 0 running, 0 waiting (the engine
+    core reports them), the counters stand still, and the probe is taken and never answered."""
+    settings = {"wedged_after_s": 10}
+    idle = {"vllm:generation_tokens_total": 64.0, "vllm:prompt_tokens_total": 7.0,
+            "vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+    state, verdict, _ = wd.judge({}, False, "timed out", idle, settings, now=0, probe_waited=True)
+    state, verdict, reason = wd.judge(state, False, "timed out", idle, settings, now=5, probe_waited=True)
+    assert verdict == "suspect" and "0 running, 0 waiting as the engine last reported" in reason, reason
+    assert wd.judge(state, False, "timed out", idle, settings, now=15, probe_waited=True)[1] == "wedged"
+    assert wd.judge(state, False, "HTTP 500", idle, settings, now=15)[1] == "recovered"  # refused, not waited
+
+
+def test_the_probe_says_it_waited_only_when_its_deadline_passed_unanswered(wd, tmp_path):
+    """A server that takes the probe and never answers (a socket that accepts and stays silent, here) is
+    `waited`; nothing listening is not."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        answered, detail, waited = wd.probe({"port": port, "served_model_name": "m", "probe_timeout_s": 1}, None)
+        assert not answered and waited, detail
+    answered, detail, waited = wd.probe({"port": port, "served_model_name": "m", "probe_timeout_s": 1}, None)
+    assert not answered and not waited, detail
 
 
 def test_a_wedged_model_is_restarted_within_its_bound(wd, tmp_path):

@@ -435,6 +435,9 @@ class ModelSpec(_Strict):
     weight_bytes: int | None = Field(default=None, gt=0)  # checkpoint size, for "fits on one card"
     active_weight_bytes: int | None = Field(default=None, gt=0)  # bytes read per decoded token
     ready_timeout_s: int = Field(default=900, ge=30, le=7200)
+    # The container's memory limit in GiB (Compose `deploy.resources.limits.memory`): host RAM a model may take
+    # (vLLM's CPU-side buffers, a CPU build's KV cache) before the kernel stops it, not the rig. None: no limit.
+    memory_limit_gb: int | None = Field(default=None, ge=1, le=4096)
     watchdog: WatchdogSpec = WatchdogSpec()
     # Served model names the gateway tries, in order, when every replica of this one failed (docs/gateway.md).
     gateway_fallbacks: list[Annotated[str, AfterValidator(_follows_name_rule)]] = Field(default_factory=list)

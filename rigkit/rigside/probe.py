@@ -4,6 +4,7 @@ completion answered, never /health (which stays 200 while a stuck engine answers
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -12,13 +13,16 @@ import urllib.request
 class NoAnswer(Exception):
     """No completion: str() is the cause's own words, `reason` its short form (URLError's reason),
     `http_status` the HTTP status when the server refused, `no_choices` when it answered without
-    choices, `seconds` how long the attempt took."""
+    choices, `seconds` how long the attempt took, `timed_out` when the deadline passed with no answer
+    (the request was in flight: a server that took it and said nothing, not one that refused it)."""
 
     def __init__(self, cause: BaseException, seconds: float, http_status: int | None = None,
                  no_choices: bool = False):
         super().__init__(str(cause))
-        self.reason = str(getattr(cause, "reason", cause))
+        underlying = getattr(cause, "reason", cause)  # urllib wraps a connect or header timeout in URLError
+        self.reason = str(underlying)
         self.seconds, self.http_status, self.no_choices = seconds, http_status, no_choices
+        self.timed_out = isinstance(underlying, (socket.timeout, TimeoutError))
 
 
 def complete_at(base_url: str, model: str, key: str | None, prompt: str, max_tokens: int, timeout_s: float,

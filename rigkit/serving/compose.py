@@ -109,6 +109,7 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         mounts=[mount],
         volumes=volumes,
         device_ids=[str(i) for i in spec.gpus],
+        memory_limit=f"{spec.memory_limit_gb}g" if spec.memory_limit_gb else None,
         windows_mount=spec.weights.storage == "bind" and is_windows_path(spec.weights.source),
     )
 

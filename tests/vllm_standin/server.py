@@ -70,10 +70,12 @@ What it fakes, and the traps it reproduces:
 - Rejections: STANDIN_REJECT_SHARE (e.g. 0.5) of the requests that arrive while
   another is generating are refused with HTTP STANDIN_REJECT_STATUS (default 429)
   and an OpenAI error body; a lone request is never refused.
-- Wedge (a stuck engine: /health stays 200, requests stay "running" in /metrics, no token
-  comes out): STANDIN_FAULT=wedge wedges after STANDIN_WEDGE_AFTER requests (default 0),
-  counted since start, so a restart serves that many again; or at runtime with the
-  test-only POST /standin/wedge. POST /standin/long_prefill?seconds=S makes every request's
+- Wedge (a stuck engine: /health stays 200, no token comes out, the gauges frozen as the
+  engine last reported them): STANDIN_FAULT=wedge wedges after STANDIN_WEDGE_AFTER requests
+  (default 0), counted since start, so a restart serves that many again: the request that wedged
+  it stays "running" in /metrics, and one arriving later is never counted (vLLM's gauges come from
+  its engine core: with the core stopped, vLLM 0.32 took requests and showed 0 running, 0 waiting);
+  or at runtime with the test-only POST /standin/wedge (the engine stops idle). POST /standin/long_prefill?seconds=S makes every request's
   prefill take S seconds (default 60), processed in chunks: `vllm:iteration_tokens_total`
   advances per chunk while no token comes out, and `vllm:prompt_tokens_total` only when a
   prefill completes (as vLLM V1 counts it); STANDIN_LONG_PREFILL_S sets it at start.
@@ -109,7 +111,11 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-HANG_LIMIT_S = 3600  # a hung request still ends, after an hour
+HANG_LIMIT_S = float(os.environ.get("STANDIN_HANG_LIMIT_S", "3600"))  # a hung request still ends, after an hour
+# What vLLM 0.32 answers a request whose engine died (tests/data/vllm-0.32/error-500-engine-dead.json): how a
+# hung or wedged request ends here, when it ends.
+ENGINE_DEAD = {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                         "type": "InternalServerError", "param": None, "code": 500}}
 HISTOGRAMS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
               "vllm:request_decode_time_seconds", "vllm:time_to_first_token_seconds",
               "vllm:e2e_request_latency_seconds")
@@ -246,13 +252,17 @@ class Engine:
         a = self.accepted_per_draft
         return 1 + int((step + 1) * a) - int(step * a)
 
-    def arrive(self) -> bool:
-        """Count a request; True when the engine is (now) wedged and it will never be answered."""
+    def arrive(self) -> str:
+        """Count a request: "serve"; or, when it will never be answered, "wedging" (this request wedged the
+        engine: the engine took it) or "wedged" (it arrives at a stopped engine, which never sees it)."""
         with self.lock:
             self.arrivals += 1
+            if self.wedged:
+                return "wedged"
             if self.wedge_after is not None and self.arrivals > self.wedge_after:
                 self.wedged = True
-            return self.wedged
+                return "wedging"
+            return "serve"
 
     def step(self, tokens: int) -> None:
         """One engine step of `tokens` (a prefill chunk or decoded tokens), as vllm:iteration_tokens_total."""
@@ -434,9 +444,10 @@ class Handler(BaseHTTPRequestHandler):
                 "type": "NotFoundError", "param": "model", "code": 404}})
         if ENGINE.hang:
             time.sleep(HANG_LIMIT_S)  # /health still says 200 meanwhile
-            return self.send_json(500, {"error": "engine hung"})
-        if ENGINE.arrive():
-            return self.stay_wedged()
+            return self.send_json(500, ENGINE_DEAD)
+        arrived = ENGINE.arrive()
+        if arrived != "serve":
+            return self.stay_wedged(counted=arrived == "wedging")
         ENGINE.set_running(1)
         try:
             self.generate(body, chat=chat)
@@ -459,16 +470,17 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send_json(404, {"error": "not found"})
         self.send_json(200, {"wedged": ENGINE.wedged, "long_prefill_s": ENGINE.long_prefill_s})
 
-    def stay_wedged(self):
-        """A request the stuck engine took and will never answer: it counts as running."""
-        ENGINE.set_running(1)
+    def stay_wedged(self, counted: bool):
+        """A request the stuck engine will never answer; `counted`: the engine had taken it, so it shows as
+        running (the gauges frozen at the engine's last report), else it shows nowhere."""
+        ENGINE.set_running(1 if counted else 0)
         try:
             deadline = time.monotonic() + HANG_LIMIT_S
             while ENGINE.wedged and time.monotonic() < deadline:
                 time.sleep(0.2)
         finally:
-            ENGINE.set_running(-1)
-        self.send_json(500, {"error": "engine was wedged"})
+            ENGINE.set_running(-1 if counted else 0)
+        self.send_json(500, ENGINE_DEAD)
 
     def generate(self, body: dict, chat: bool) -> None:
         arrived = time.monotonic()
