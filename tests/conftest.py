@@ -224,8 +224,7 @@ ENGINE_FIXTURES = {"simrig"}
 # with the test models' modules for that. Two engine processes, not three: on two cores a third
 # made the timing-based tests flaky (tune's and the benchmarks' measurements, the gate's bands).
 RIG_ALONE_MODULES = {
-    "test_base", "test_deploy", "test_gateway", "test_gpu_keeper", "test_gpu_offsets", "test_hung_tools",
-    "test_monitoring", "test_simrig", "test_watchdog_rig", "test_weights", "test_weights_relay_rigs",
+    "test_base", "test_deploy", "test_gateway", "test_gpu_offsets", "test_monitoring", "test_simrig", "test_watchdog_rig", "test_weights", "test_weights_relay_rigs",
     "test_winconnector",
 }
 
@@ -234,14 +233,17 @@ RIG_ALONE_MODULES = {
 # rig of its own. One is the tier on the real vLLM (its CPU build, tests/vllm_engine), whose starts and
 # benchmarks take both cores for a minute or more and would make the timing-based tests of the first three
 # flaky, followed by test_tune_rig (moved out of the rig-alone process: 11:10 of 12 once the benchmark
-# calibrated its prompts). The other is the Windows modules (WINDOWS_RIG_MODULES, all of them together: they
+# calibrated its prompts). The other is the Windows modules (BESIDE_ENGINE_MODULES, all of them together: they
 # share one simulated Windows rig's engine objects), moved out of the test models' process (12:32 of its 12
 # minutes); they wait on bounds and measure nothing, so a real engine beside them cannot make them flaky.
-WINDOWS_RIG_MODULES = {
+# test_gpu_keeper and test_hung_tools (bounds too) joined them from the rig-alone process, which reached
+# 11:49 of its 12 minutes in a fresh-clone run.
+BESIDE_ENGINE_MODULES = {
     "test_windows_deploy", "test_windows_docker_standin", "test_windows_install_dir", "test_windows_key",
     "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
+    "test_gpu_keeper", "test_hung_tools",
 }
-RUN_LAST_MODULES = {"test_engine", "test_tune_rig", *WINDOWS_RIG_MODULES}
+RUN_LAST_MODULES = {"test_engine", "test_tune_rig", *BESIDE_ENGINE_MODULES}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -249,8 +251,8 @@ def pytest_collection_modifyitems(config, items):
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
     runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
     engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process), those of
-    RUN_LAST_MODULES run_last (after them: the Windows modules, also marked windows_rig, in a fourth
-    process, the others in a fifth beside it)."""
+    RUN_LAST_MODULES run_last (after them: those of BESIDE_ENGINE_MODULES, also marked beside_engine, in a
+    fourth process, the others in a fifth beside it)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
@@ -259,8 +261,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.rig_alone)
         if module in RUN_LAST_MODULES:
             item.add_marker(pytest.mark.run_last)
-        if module in WINDOWS_RIG_MODULES:
-            item.add_marker(pytest.mark.windows_rig)
+        if module in BESIDE_ENGINE_MODULES:
+            item.add_marker(pytest.mark.beside_engine)
 
 
 @contextmanager

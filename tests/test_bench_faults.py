@@ -128,6 +128,19 @@ def test_a_buffered_stream_fails_instead_of_reporting_an_absurd_decode_rate(tmp_
     if histograms == "1":
         assert "while the server spent" in message
         assert result.server_decode_tok_s == pytest.approx(200, rel=0.1)
+    # A burst every time: measured again twice (what a starved client would not do), then failed.
+    assert sum("measured again" in w for w in result.warnings) == 2, result.warnings
+
+
+def test_a_stream_read_in_one_burst_once_is_measured_again_and_passes_with_a_warning(tmp_path):
+    """Simulated: the first long stream held to its end and delivered at once, as a client starved for a moment
+    reads it (vLLM 0.32's CPU build beside the client: 256 tokens of a 0.18 s decode read within 1 ms, once in
+    ten runs); the next streams arrive token by token. The benchmark measures again and keeps that figure."""
+    result = bench(tmp_path, standin_fault="buffered", standin_buffered_streams="1", output_tokens=120)
+    assert result.passed, failed(result)
+    assert result.decode_tok_s == pytest.approx(200, rel=0.2)
+    [again] = [w for w in result.warnings if "measured again" in w]
+    assert "while" not in again and "120 tokens within" in again and "of server decode" in again, again
 
 
 def test_decode_far_above_the_roofline_bound_is_not_believed(tmp_path):
@@ -290,10 +303,12 @@ def test_a_config_slower_by_a_share_shows_as_that_share(tmp_path):
 def test_decode_noise_is_seeded_and_of_the_size_asked(tmp_path):
     """Simulated: STANDIN_NOISE_SHARE=0.15 multiplies each request's decode rate by a draw from N(1, 0.15),
     from STANDIN_SEED's generator: a later gate can be tried against run-to-run noise. (Large on purpose:
-    a loaded 2-core machine adds a few % of timing jitter of its own.)"""
+    a loaded 2-core machine adds a few % of timing jitter of its own.) One second of decode per run, not 0.6:
+    a client that reads the first token late measures a shorter span, and a fresh-clone run once read a
+    0.89 draw as 143 tok/s over 60 tokens."""
     def runs(**env):
-        with standin(tmp_path, standin_decode_tok_s="100", standin_prefill_tok_s="4000", **env) as url:
-            return [run_bench(url, "m", prompt_tokens=64, output_tokens=60, seed=n).decode_tok_s for n in range(4)]
+        with standin(tmp_path, standin_decode_tok_s="150", standin_prefill_tok_s="4000", **env) as url:
+            return [run_bench(url, "m", prompt_tokens=64, output_tokens=150, seed=n).decode_tok_s for n in range(4)]
 
     first, again = runs(standin_noise_share="0.15", standin_seed="7"), runs(standin_noise_share="0.15", standin_seed="7")
     exact = runs()

@@ -27,8 +27,10 @@ from tests.vllm_engine.models import ensure_engine_model
 pytestmark = pytest.mark.simrig
 
 ENGINE_RIG = DATA / "rigs" / "engine.yml"
-SERVED_MODELS = {"engine-alpha": 18141}
+SERVED_MODELS = {"engine-alpha": 18141, "engine-alpha-b": 18142}  # the second: the gateway's replica
 URL = "http://127.0.0.1:18141"
+# An equal config: vLLM's logging level set to its own default.
+EQUAL = ('  VLLM_CPU_KVCACHE_SPACE: "1"\n', '  VLLM_CPU_KVCACHE_SPACE: "1"\n  VLLM_LOGGING_LEVEL: INFO\n')
 SPECULATIVE = "  speculative: {method: ngram, num_speculative_tokens: 6, prompt_lookup_max: 3, prompt_lookup_min: 1}\n"
 
 
@@ -48,9 +50,9 @@ def container():
     return docker.from_env().containers.get("rigkit-engine-alpha-vllm-1")
 
 
-def engine_metric(name: str) -> float:
+def engine_metric(name: str, url: str = URL) -> float:
     """One of vLLM's own counters, summed over its labels, read straight from the engine."""
-    text = httpx.get(f"{URL}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name + "{") or line.startswith(name + " "))
 
@@ -207,14 +209,92 @@ def test_the_watchdog_restarts_an_engine_whose_core_stopped_while_idle(rig):
 def test_an_equal_config_is_promoted_by_the_gate(rig, tmp_path):
     """A changed config that decodes as fast (vLLM's logging level set to its own default) passes the gate
     against the proven result of real runs, noise and all, and becomes the proven config."""
-    catalog = copy_catalog(tmp_path, engine_alpha=[('  VLLM_CPU_KVCACHE_SPACE: "1"\n',
-                                                    '  VLLM_CPU_KVCACHE_SPACE: "1"\n  VLLM_LOGGING_LEVEL: INFO\n')])
+    catalog = copy_catalog(tmp_path, engine_alpha=[EQUAL])
     run = run_deploy(rig, ENGINE_RIG, catalog=catalog)
     assert run.returncode == 0, run.output[-6000:]
     assert "PROMOTE: the candidate is as good as the proven config" in run.output, run.output[-6000:]
     assert "VLLM_LOGGING_LEVEL=INFO" in container().attrs["Config"]["Env"]
     assert gates()[-1]["promoted"] and not gates()[-1]["establishes"]
     assert "VLLM_LOGGING_LEVEL" in rig.exec("cat /etc/rigkit/stacks/engine-alpha/compose.yml")[1]  # now the proven one
+
+
+GATEWAY_PORT = 14010  # not test_gateway's 14000
+REPLICA_B = {"name": "engine-alpha-b", "port": 18142}
+
+
+def test_the_gateway_routes_over_two_real_replicas_and_usage_is_what_the_engines_counted(rig, tmp_path):
+    """LiteLLM (the gateway role's own deployment, litellm[proxy] from PyPI in a local image) in front of two
+    real vLLM replicas of engine-alpha on the rig's two GPUs: streamed chats through it land on both (LiteLLM's
+    x-litellm-model-id), each with usage, and the completion tokens the gateway passed on are the ones the two
+    engines counted on their own /metrics."""
+    from tests.gateway.image import ensure_litellm_image
+
+    catalog = copy_catalog(tmp_path, engine_alpha=[EQUAL])
+    replica = (catalog / "engine-alpha.yml").read_text().replace("gpus: [0]", "gpus: [1]").replace(
+        "port: 18141", f"port: {REPLICA_B['port']}").replace("vllm:\n", "vllm:\n  served_model_name: engine-alpha\n")
+    (catalog / f"{REPLICA_B['name']}.yml").write_text(replica)
+    rig_file = tmp_path / "engine.yml"
+    rig_file.write_text(ENGINE_RIG.read_text().replace("models: [engine-alpha]", f"models: [engine-alpha, {REPLICA_B['name']}]"))
+    master = tmp_path / "master.key"
+    master.write_text("sk-engine-gateway\n")
+    master.chmod(0o600)
+    # LiteLLM's background health checks off (0): each is a completion, which the engines would count too.
+    gateway = {"port": GATEWAY_PORT, "master_key_file": str(master), "image": ensure_litellm_image(),
+               "ready_timeout_s": 180, "cooldown_s": 5, "health_check_interval_s": 0}
+    data = {**sim_ssh_data_for(rig), "rig_file": str(rig_file), "catalog_dir": str(catalog),
+            "rigkit_verify": "never", "gateway": gateway}
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"rigs = {[('engine', data)]!r}\n")
+    try:
+        run = run_deploy(rig, rig_file, inventory=str(inventory), verify=False)
+        assert run.returncode == 0, run.output[-6000:]
+        urls = {"engine.engine-alpha": URL, f"engine.{REPLICA_B['name']}": f"http://127.0.0.1:{REPLICA_B['port']}"}
+        # The watchdog's probes are completions the engines count too: its timer stopped, and a pass already
+        # running waited out (bounded), so that no probe lands between the two readings.
+        code, out = rig.exec("systemctl stop rigkit-watchdog.timer; for _ in $(seq 1 60); do "
+                             "systemctl is-active --quiet rigkit-watchdog.service || exit 0; sleep 0.5; done; exit 1")
+        assert code == 0, f"a watchdog pass still running after 30 s: {out}"
+        before = {replica: engine_metric("vllm:generation_tokens_total", url) for replica, url in urls.items()}
+        served = dict.fromkeys(urls, 0)
+        with httpx.Client() as client:
+            for sent in range(1, 41):  # bounded: LiteLLM's simple-shuffle lands on both long before
+                replica, tokens = gateway_chat(client, master.read_text().strip())
+                assert replica in served, replica
+                served[replica] += tokens
+                if all(served.values()) and sent >= 6:
+                    break
+        assert all(served.values()), served
+        after = {replica: engine_metric("vllm:generation_tokens_total", url) for replica, url in urls.items()}
+        assert {r: after[r] - before[r] for r in urls} == {r: float(served[r]) for r in urls}
+    finally:
+        rig.exec("systemctl start rigkit-watchdog.timer; docker compose -p rigkit-gateway down --remove-orphans >/dev/null 2>&1; "
+                 f"test -d /etc/rigkit/stacks/{REPLICA_B['name']} && rigkit-stack down {REPLICA_B['name']}")
+
+
+def sim_ssh_data_for(rig) -> dict:
+    import os
+
+    os.environ["RIGKIT_SIM_PORT"] = str(rig.ssh_port)  # what tests/data/sim_ssh.py reads, as run_deploy sets it
+    from tests.conftest import STATE_ROOT
+    os.environ.setdefault("RIGKIT_STATE", str(STATE_ROOT))
+    from tests.data.sim_ssh import sim_ssh_data
+    return sim_ssh_data()
+
+
+def gateway_chat(client: httpx.Client, master_key: str) -> tuple[str, int]:
+    """One streamed chat through the gateway: (the replica LiteLLM says served it, completion tokens by usage)."""
+    body = {"model": "engine-alpha", "messages": [{"role": "user", "content": "one two three four"}],
+            "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
+    usage = None
+    with client.stream("POST", f"http://127.0.0.1:{GATEWAY_PORT}/v1/chat/completions", json=body,
+                       headers={"Authorization": f"Bearer {master_key}"}, timeout=60) as answer:
+        assert answer.status_code == 200, answer.read()
+        replica = answer.headers.get("x-litellm-model-id")
+        for line in answer.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                usage = json.loads(line[6:]).get("usage") or usage
+    assert usage and usage["completion_tokens"] > 0, usage
+    return replica, usage["completion_tokens"]
 
 
 EXPORTER_PORT, PROMETHEUS_PORT = 19836, 19091  # not test_monitoring's: the rig shares the host's network
@@ -256,15 +336,18 @@ def test_prometheus_scrapes_the_real_engine_and_every_series_the_dashboards_read
         code, out = rig.exec(f"printf '%s' {shlex.quote(repos.distro_sources())} > /etc/apt/sources.list && "
                              "rm -f /etc/apt/sources.list.d/* && apt-get update -q >/dev/null")
         assert code == 0, out
-        run = run_deploy(rig, rig_file, catalog=copy_catalog(tmp_path, engine_alpha=[(
-            '  VLLM_CPU_KVCACHE_SPACE: "1"\n', '  VLLM_CPU_KVCACHE_SPACE: "1"\n  VLLM_LOGGING_LEVEL: INFO\n')]),
-            verify=False)
+        run = run_deploy(rig, rig_file, catalog=copy_catalog(tmp_path, engine_alpha=[EQUAL]), verify=False)
     assert run.returncode == 0, run.output[-6000:]
-    # Real traffic until Prometheus records tokens per second for the model (bounded).
-    deadline = time.monotonic() + 90
-    while not prometheus('rigkit:model_generation_tokens_per_second{model="engine-alpha"} > 0'):
-        assert time.monotonic() < deadline, prometheus('up')
+    # Real traffic until Prometheus (just started by the deploy: it may not listen yet) records tokens per
+    # second for the model; bounded.
+    deadline, recorded, last = time.monotonic() + 120, [], None
+    while not recorded:
+        assert time.monotonic() < deadline, f"no tokens per second recorded within 120 s; last: {last}"
         completion(64)
+        try:
+            recorded = prometheus('rigkit:model_generation_tokens_per_second{model="engine-alpha"} > 0')
+        except httpx.HTTPError as exc:
+            last = repr(exc)
     assert prometheus('up{model="engine-alpha"}')[0]["value"][1] == "1"
     scraped = float(prometheus('vllm:generation_tokens_total{model="engine-alpha"}')[0]["value"][1])
     assert 0 < scraped <= engine_metric("vllm:generation_tokens_total")  # the engine's own counter, scraped

@@ -234,18 +234,21 @@ def test_energy_per_token_from_prometheus_agrees_with_the_verification(monitored
     assert first.returncode == 0, first.output[-3000:]
     verified = json.loads(last_verification(RESULTS / path.stem / "alone-alpha").read_text())
     expected = verified["figures"]["joules_per_output_token"]
+    start = time.time()
     requests = _verification_workload(SERVED_MODELS["alone-alpha"], LOAD_S, KEY)
     end = time.time()
-    full_windows_s = LOAD_S - 15  # leave out the windows that reach back before the load began
-    wait_for(f'count_over_time(rigkit:model_joules_per_output_token{{model="alone-alpha"}}[{full_windows_s}s]) > 0',
-             "the energy-per-token rule's values over the load")
-    url = f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?" + urllib.parse.urlencode({
-        "query": f'avg_over_time(rigkit:model_joules_per_output_token{{model="alone-alpha"}}[{full_windows_s}s])',
-        "time": f"{end - 1:.3f}"})
-    with urllib.request.urlopen(url, timeout=10) as response:
-        result = json.load(response)["data"]["result"]
-    assert result, f"no energy-per-token values in Prometheus for the {full_windows_s} s before {end}"
-    measured = float(result[0]["value"][1])
+    # The rule's own samples, each stamped with its evaluation time: those of full windows inside the load
+    # (15 s after it began: the windows reaching back before it are left out). Read as they are stamped, not
+    # as of an instant, so a rule evaluated late on a loaded machine is still counted (a query at `end - 1`
+    # once found none within 13 s before it).
+    rule = 'rigkit:model_joules_per_output_token{model="alone-alpha"}'
+    wait_for(f"count_over_time({rule}[{int(time.time() - start - 15) + 1}s]) > 0", "the energy-per-token rule's values")
+    [series] = query(f"{rule}[{int(time.time() - start) + 2}s]")
+    stamped = [(float(t) - start, float(v)) for t, v in series["values"]]
+    loaded = [v for t, v in stamped if 15 <= t <= end - start]
+    assert loaded, (f"no energy-per-token value stamped within the load's full windows (15 s to {end - start:.1f} s "
+                    f"after it began); stamped at {[round(t, 1) for t, _ in stamped]} s")
+    measured = sum(loaded) / len(loaded)
     print(f"energy per output token: Prometheus {measured:.4f} J, rigkit verify {expected:.4f} J "
           f"({measured / expected - 1:+.2%}); {requests} requests in {LOAD_S} s", file=sys.stderr)
     assert measured == pytest.approx(expected, rel=0.02)

@@ -31,7 +31,8 @@ What it fakes, and the traps it reproduces:
   `error_mid_stream` sends an OpenAI error object as an SSE event after
   STANDIN_ERROR_AFTER_TOKENS (default 2) tokens, then [DONE], and no usage;
   `buffered` plays a buffering proxy: the server generates at its rates but every
-  event of a stream arrives at once at the end; `empty_first` sends an empty text
+  event of a stream arrives at once at the end (with STANDIN_BUFFERED_STREAMS=N, only
+  the first N streams of 8 tokens or more: a client starved for a moment reads them so); `empty_first` sends an empty text
   chunk and a role-only delta as soon as the request arrives, before prefill; `no_usage`
   ignores stream_options.include_usage (a server that never reports usage in a stream);
   `empty_stream` answers 200 with a stream of nothing but `data: [DONE]` (no token, no usage);
@@ -161,6 +162,7 @@ class Engine:
         self.prefill_tok_s = float(env.get("STANDIN_PREFILL_TOK_S", "4000"))
         decode = float(env.get("STANDIN_DECODE_TOK_S", "60"))
         self.faults = set(filter(None, env.get("STANDIN_FAULT", "").split(",")))
+        self.buffered_left = int(env.get("STANDIN_BUFFERED_STREAMS", "-1"))  # -1: every stream
         self.spec = json.loads(args.speculative_config) if args.speculative_config else None
         if "half_dtype_draft" in self.faults and not self.spec:
             self.spec = {"model": "draft", "num_speculative_tokens": 3}  # a drafter the fault's config carries
@@ -251,6 +253,16 @@ class Engine:
             return 1
         a = self.accepted_per_draft
         return 1 + int((step + 1) * a) - int(step * a)
+
+    def buffer_this(self, tokens: int) -> bool:
+        """Whether a stream of `tokens` is held to its end (the `buffered` fault, STANDIN_BUFFERED_STREAMS)."""
+        with self.lock:
+            if self.buffered_left < 0:
+                return True
+            if tokens < 8 or self.buffered_left == 0:
+                return False
+            self.buffered_left -= 1
+            return True
 
     def arrive(self) -> str:
         """Count a request: "serve"; or, when it will never be answered, "wedging" (this request wedged the
@@ -538,7 +550,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        self.held = [] if "buffered" in ENGINE.faults else None
+        self.held = [] if "buffered" in ENGINE.faults and ENGINE.buffer_this(produced) else None
         if "empty_stream" in ENGINE.faults:
             return self.finish_stream()
         if "empty_first" in ENGINE.faults:
