@@ -229,13 +229,14 @@ RIG_ALONE_MODULES = {
 }
 
 
-# Modules `./run test` runs after the other three processes, in two processes side by side, each with a
-# rig of its own. One is the tier on the real vLLM (its CPU build, tests/vllm_engine), whose starts and
-# benchmarks take both cores for a minute or more and would make the timing-based tests of the first three
-# flaky, followed by test_tune_rig (moved out of the rig-alone process: 11:10 of 12 once the benchmark
+# Modules `./run test` runs after the other three processes, in two processes one after the other, each
+# alone with a rig of its own. One is the tier on the real vLLM (its CPU build, tests/vllm_engine), whose
+# starts and benchmarks take both cores for half a minute or more and would make the timing-based tests
+# beside them flaky, and whose gate measures (beside the other, it once passed the config without the
+# drafter 78% slower at a CV of 26.8%), followed by test_tune_rig (moved out of the rig-alone process: 11:10 of 12 once the benchmark
 # calibrated its prompts). The other is the Windows modules (BESIDE_ENGINE_MODULES, all of them together: they
 # share one simulated Windows rig's engine objects), moved out of the test models' process (12:32 of its 12
-# minutes); they wait on bounds and measure nothing, so a real engine beside them cannot make them flaky.
+# minutes).
 # test_gpu_keeper and test_hung_tools (bounds too) joined them from the rig-alone process, which reached
 # 11:49 of its 12 minutes in a fresh-clone run.
 BESIDE_ENGINE_MODULES = {
@@ -252,7 +253,7 @@ def pytest_collection_modifyitems(config, items):
     runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
     engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process), those of
     RUN_LAST_MODULES run_last (after them: those of BESIDE_ENGINE_MODULES, also marked beside_engine, in a
-    fourth process, the others in a fifth beside it)."""
+    fourth process, then the others in a fifth)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)

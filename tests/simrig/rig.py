@@ -208,11 +208,18 @@ class SimRig:
         return self.exec("systemctl is-system-running")[1].strip()
 
     def gpu_state(self) -> list[dict]:
-        """The simulated GPUs' settings as stored, read past rigkit and nvidia-smi."""
-        code, out = self.exec("cat /run/nvidia-sim/state.json")
-        if code != 0:
-            return [{"power_limit_w": g.default_w, "clock_lock": None, "persistence": False} for g in self.gpus]
-        return json.loads(out)
+        """The simulated GPUs' settings as stored, read past rigkit and nvidia-smi. Every writer replaces the
+        file whole (os.replace), yet a `docker exec` of `cat` twice came back with exit 0 and no output on a
+        loaded machine: the output lost on its way, not an empty file. A line after the file tells the two
+        apart; a read that lost it is made again (5 at most), an empty file is not."""
+        for _ in range(5):
+            code, out = self.exec("cat /run/nvidia-sim/state.json && printf '\\n%s\\n' rigkit-read-whole")
+            if code != 0:
+                return [{"power_limit_w": g.default_w, "clock_lock": None, "persistence": False} for g in self.gpus]
+            text, _, rest = out.rpartition("\nrigkit-read-whole")
+            if rest.strip() == "" and out.rstrip().endswith("rigkit-read-whole"):
+                return json.loads(text)
+        raise RuntimeError(f"five reads of /run/nvidia-sim/state.json by docker exec lost their output; last: {out!r}")
 
     def gpu_calls(self) -> list[str]:
         """Every setting change the simulated nvidia-smi and NVML were asked for since boot."""
