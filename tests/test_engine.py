@@ -254,7 +254,7 @@ def test_the_gateway_routes_over_two_real_replicas_and_usage_is_what_the_engines
         code, out = rig.exec("systemctl stop rigkit-watchdog.timer; for _ in $(seq 1 60); do "
                              "systemctl is-active --quiet rigkit-watchdog.service || exit 0; sleep 0.5; done; exit 1")
         assert code == 0, f"a watchdog pass still running after 30 s: {out}"
-        before = {replica: engine_metric("vllm:generation_tokens_total", url) for replica, url in urls.items()}
+        before = {replica: settled_tokens(url) for replica, url in urls.items()}
         served = dict.fromkeys(urls, 0)
         with httpx.Client() as client:
             for sent in range(1, 41):  # bounded: LiteLLM's simple-shuffle lands on both long before
@@ -264,11 +264,27 @@ def test_the_gateway_routes_over_two_real_replicas_and_usage_is_what_the_engines
                 if all(served.values()) and sent >= 6:
                     break
         assert all(served.values()), served
-        after = {replica: engine_metric("vllm:generation_tokens_total", url) for replica, url in urls.items()}
+        after = {replica: settled_tokens(url) for replica, url in urls.items()}
         assert {r: after[r] - before[r] for r in urls} == {r: float(served[r]) for r in urls}
     finally:
         rig.exec("systemctl start rigkit-watchdog.timer; docker compose -p rigkit-gateway down --remove-orphans >/dev/null 2>&1; "
                  f"test -d /etc/rigkit/stacks/{REPLICA_B['name']} && rigkit-stack down {REPLICA_B['name']}")
+
+
+def settled_tokens(url: str) -> float:
+    """An engine's vllm:generation_tokens_total once it has held still for 2 s (bounded: 30 s). Twice a fresh-
+    clone run counted exactly one token more per engine than the gateway's usage summed, as if the last
+    watchdog probe before the first reading were counted after it: the readings wait for the counter instead."""
+    import time
+
+    last, since, deadline = engine_metric("vllm:generation_tokens_total", url), time.monotonic(), time.monotonic() + 30
+    while time.monotonic() - since < 2:
+        assert time.monotonic() < deadline, f"{url}: vllm:generation_tokens_total still moving after 30 s"
+        time.sleep(0.25)
+        now = engine_metric("vllm:generation_tokens_total", url)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
 
 
 def sim_ssh_data_for(rig) -> dict:
