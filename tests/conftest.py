@@ -229,22 +229,22 @@ RIG_ALONE_MODULES = {
 }
 
 
-# Modules `./run test` runs after the other three processes, in two processes one after the other, each
-# alone with a rig of its own. One is the tier on the real vLLM (its CPU build, tests/vllm_engine), whose
-# starts and benchmarks take both cores for half a minute or more and would make the timing-based tests
-# beside them flaky, and whose gate measures (beside the other, it once passed the config without the
-# drafter 78% slower at a CV of 26.8%), followed by test_tune_rig (moved out of the rig-alone process: 11:10 of 12 once the benchmark
-# calibrated its prompts). The other is the Windows modules (BESIDE_ENGINE_MODULES, all of them together: they
-# share one simulated Windows rig's engine objects), moved out of the test models' process (12:32 of its 12
-# minutes).
-# test_gpu_keeper and test_hung_tools (bounds too) joined them from the rig-alone process, which reached
-# 11:49 of its 12 minutes in a fresh-clone run.
-BESIDE_ENGINE_MODULES = {
+# Modules `./run test` runs in a process after another one in the same slot (SECOND_IN_SLOT_MODULES), each
+# process with a rig of its own, so that no process passes its 12 minutes: the Windows modules (WINDOWS_MODULES,
+# all of them together: they share one simulated Windows rig's engine objects; 12:32 of 12 minutes in the test
+# models' process once) after the tests without an engine, and test_gpu_keeper and test_hung_tools (bounds too)
+# after the rig-alone process (11:49 of 12 minutes with them in it once). Then the modules of RUN_LAST_MODULES,
+# alone, after every slot: the tier on the real vLLM (its CPU build, tests/vllm_engine), whose starts and
+# benchmarks take both cores for half a minute or more and would make the timing-based tests beside them
+# flaky, and whose gate measures (beside the Windows modules, it once passed the config without the drafter
+# 78% slower at a CV of 26.8%), followed by test_tune_rig (11:10 of 12 minutes in the rig-alone process once
+# the benchmark calibrated its prompts).
+WINDOWS_MODULES = {
     "test_windows_deploy", "test_windows_docker_standin", "test_windows_install_dir", "test_windows_key",
     "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
-    "test_gpu_keeper", "test_hung_tools",
 }
-RUN_LAST_MODULES = {"test_engine", "test_tune_rig", *BESIDE_ENGINE_MODULES}
+SECOND_IN_SLOT_MODULES = {*WINDOWS_MODULES, "test_gpu_keeper", "test_hung_tools"}
+RUN_LAST_MODULES = {"test_engine", "test_tune_rig"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -252,8 +252,8 @@ def pytest_collection_modifyitems(config, items):
     marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
     runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
     engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process), those of
-    RUN_LAST_MODULES run_last (after them: those of BESIDE_ENGINE_MODULES, also marked beside_engine, in a
-    fourth process, then the others in a fifth)."""
+    SECOND_IN_SLOT_MODULES second_in_slot (and windows, of WINDOWS_MODULES: each after one of the other
+    processes), those of RUN_LAST_MODULES run_last (alone, after all of them)."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
@@ -262,8 +262,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.rig_alone)
         if module in RUN_LAST_MODULES:
             item.add_marker(pytest.mark.run_last)
-        if module in BESIDE_ENGINE_MODULES:
-            item.add_marker(pytest.mark.beside_engine)
+        if module in SECOND_IN_SLOT_MODULES:
+            item.add_marker(pytest.mark.second_in_slot)
+        if module in WINDOWS_MODULES:
+            item.add_marker(pytest.mark.windows)
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from rigkit.cli import main
-from rigkit.verify.client import PREFILL_FROM_SERVER, run_bench
+from rigkit.verify.client import PREFILL_FROM_SERVER, PREFILL_FROM_TTFT, run_bench
 from rigkit.verify.table import bench_table
 from tests.conftest import DATA
 from tests.standin import standin
@@ -169,14 +169,15 @@ def test_acceptance_from_any_sufficient_counter_set(tmp_path, counters, draft_to
 
 
 def test_drafting_without_counters_says_acceptance_unknown(tmp_path):
-    """Simulated: a server drafting (about 2.4 tokens per chunk) whose /metrics has no spec-decode counters."""
+    """Simulated: a server drafting (about 2.4 tokens per chunk) with no /metrics (404): acceptance is unknown,
+    and the tokens per chunk are reported as chunking, not as drafting."""
     out = tmp_path / "b.json"
-    with standin(tmp_path, *SPEC, standin_spec_counters="none", **FAST) as url:
+    with standin(tmp_path, *SPEC, standin_fault="no_metrics", **FAST) as url:
         main(["bench", "--url", url, "--model", "m", "--prompt-tokens", "64", "--output-tokens", "60",
               "--json", str(out)])
     document = json.loads(out.read_text())
     assert document["acceptance_status"] == "unknown" and document["acceptance_length"] is None
-    assert any(w.startswith("acceptance unknown") for w in document["warnings"])
+    assert any(w.startswith("acceptance unknown") and "is chunking" in w for w in document["warnings"])
 
 
 # 7. Errors under concurrency fail the run.
@@ -338,10 +339,10 @@ def test_the_prefix_cache_is_judged_on_the_prefill_share_of_the_first_ttft():
     assert len(warnings) == 1 and warnings[0].startswith("prefix cache: the same 300-token prompt sent again")
 
 
-def test_several_tokens_per_chunk_from_vllm_without_spec_counters_is_not_drafting():
+def test_drafting_is_told_from_counters_never_from_chunk_sizes():
     """Measured on vLLM 0.32's CPU build with no speculative config: 1.16-1.60 tokens per chunk (its detokenizer
     holds back partial characters) and no vllm:spec_decode_* counter in /metrics, which vLLM registers only
-    with a drafter. That is not drafting; 2.4 tokens per chunk there still says drafting, acceptance unknown."""
+    with a drafter. The status comes from the counters alone; chunk sizes are not an argument."""
     from rigkit.verify.bench_checks import acceptance_status
     from rigkit.verify.metrics import Acceptance, engine_without_drafting, parse
 
@@ -349,6 +350,101 @@ def test_several_tokens_per_chunk_from_vllm_without_spec_counters_is_not_draftin
     with_spec = parse((DATA / "vllm-0.32" / "metrics.txt").read_text())
     assert engine_without_drafting(no_spec) and not engine_without_drafting(with_spec)
     unknown = Acceptance(None, None, "no sufficient spec-decode counters (found: none)")
-    assert acceptance_status(unknown, 1.60, engine_without_drafting(no_spec)) == "not drafting"
-    assert acceptance_status(unknown, 1.60, engine_without_drafting(with_spec)) == "unknown"
-    assert acceptance_status(unknown, 2.4, engine_without_drafting(no_spec)) == "unknown"
+    idle = Acceptance(None, None, "spec-decode counters did not move: no drafting during the request", idle=True)
+    assert acceptance_status(unknown, engine_without_drafting(no_spec)) == "not drafting"
+    assert acceptance_status(unknown, engine_without_drafting(with_spec)) == "unknown"
+    assert acceptance_status(idle, engine_without_drafting(with_spec)) == "not drafting"
+
+
+# 9. Round three: what real servers and relays do that fooled the figures.
+
+def test_a_cached_system_prompt_is_not_counted_as_prefilled(tmp_path):
+    """Simulated: a chat template that prepends a 256-token system message (a model's own, a front-end's),
+    prefilled on the first chat request and served from the prefix cache after it, as vLLM counts it in
+    vllm:prefix_cache_hits_total; the stand-in prefills at 2000 tok/s. Counting the cached 256 as prefilled
+    would report about 3900 tok/s."""
+    with standin(tmp_path, standin_system_prompt_tokens="256", **FAST) as url:
+        result = run_bench(url, "m", prompt_tokens=256, output_tokens=20, seed=3, endpoint="chat")
+    assert result.passed, failed(result)
+    assert result.chat_template_tokens == 264  # ChatML's 8 and the system message's 256
+    assert (result.cached_prompt_tokens, result.cached_source) == (256, "vllm:prefix_cache_hits_total")
+    assert result.prefill_source == PREFILL_FROM_SERVER
+    assert result.prefill_tok_s == pytest.approx(2000, rel=0.2)
+    assert any(w.startswith("prefix cache: 256 of the 520 prompt tokens") for w in result.warnings), result.warnings
+    assert "520, 256 from the prefix cache" in bench_table(result)
+
+
+def test_cached_tokens_from_usage_and_a_prompt_mostly_cached_leaves_prefill_unmeasured(tmp_path):
+    """Simulated: vLLM with --enable-prompt-tokens-details (usage.prompt_tokens_details.cached_tokens) and a
+    1024-token system message: of the measured prompt's 1288 tokens only 264 are prefilled, under half."""
+    with standin(tmp_path, "--enable-prompt-tokens-details", standin_system_prompt_tokens="1024", **FAST) as url:
+        result = run_bench(url, "m", prompt_tokens=256, output_tokens=20, seed=3, endpoint="chat")
+    assert result.passed, failed(result)
+    assert (result.cached_prompt_tokens, result.cached_source) == (1024, "usage.prompt_tokens_details.cached_tokens")
+    assert result.prefill_tok_s is None
+    assert result.prefill_source.startswith("not measured: 1024 of the 1288 prompt tokens came from the prefix cache")
+
+
+def test_reasoning_a_relay_hid_fails_and_decode_is_the_visible_tokens(tmp_path):
+    """Simulated: a relay drops the reasoning (the first 30 of 40 tokens, delta.reasoning_content) while usage
+    counts it (completion_tokens_details.reasoning_tokens); decode at 50 tok/s. Dividing all 40 tokens by
+    the 10 visible ones' span would read about 4x fast and several tokens per chunk would look like drafting."""
+    with standin(tmp_path, "--reasoning-parser", "qwen3", standin_fault="hide_reasoning",
+                 standin_reasoning_tokens="30", standin_decode_tok_s="50", standin_prefill_tok_s="2000") as url:
+        result = run_bench(url, "m", prompt_tokens=256, output_tokens=40, seed=3, endpoint="chat")
+    assert set(failed(result)) == {"tokens_streamed"}, failed(result)
+    assert "usage counts 30 reasoning tokens" in failed(result)["tokens_streamed"]
+    assert (result.completion_tokens, result.hidden_tokens, result.token_fields) == (40, 30, ["content"])
+    assert result.decode_tok_s == pytest.approx(50, rel=0.25)
+    assert result.tokens_per_chunk == pytest.approx(1.0)
+    assert result.acceptance_status == "not drafting"
+    assert result.prefix_cache_speedup is None
+    assert any(w.startswith("prefix cache not measured: the first visible token came after hidden") for w in
+               result.warnings), result.warnings
+    assert "40, finish_reason length, 30 of them never streamed" in bench_table(result)
+
+
+def measured_acceptance_length(tokens: int, k: int = 2, accepted_per_draft: float = 1.4) -> float:
+    """The mean acceptance length of one stand-in request of `tokens` alone (its steps, as server.py drafts)."""
+    drafts = accepted = produced = 0
+    while produced < tokens:
+        n = min(1 + int((drafts + 1) * accepted_per_draft) - int(drafts * accepted_per_draft), tokens - produced)
+        drafts, accepted, produced = drafts + 1, accepted + n - 1, produced + n
+    return 1 + accepted / drafts
+
+
+def test_counters_that_land_late_are_read_once_settled(tmp_path):
+    """Simulated: every counter and histogram of /metrics lands 1 s after the engine counted it (a metrics
+    thread, a scrape behind a proxy). Read at once, the snapshots around the measured request hold the
+    warm-up's and calibration's drafts (a 4-token request drafts at 2.0) instead of the measurement's."""
+    with standin(tmp_path, *SPEC, standin_metrics_lag_s="1.0", **FAST) as url:
+        result = run_bench(url, "m", prompt_tokens=64, output_tokens=41, seed=3)
+    assert result.passed, failed(result)
+    assert result.acceptance_status == "measured"
+    assert result.acceptance_length == pytest.approx(measured_acceptance_length(41), abs=1e-9)
+    assert result.server_decode_s is not None  # the histograms, read settled too
+
+
+def test_counters_that_never_settle_leave_acceptance_unknown(tmp_path, monkeypatch):
+    """Simulated: counters 3 s late against a 0.5 s bound on waiting for them."""
+    import rigkit.verify.client as client
+
+    monkeypatch.setattr(client, "METRICS_SETTLE_S", 0.5)
+    with standin(tmp_path, *SPEC, standin_metrics_lag_s="3.0", **FAST) as url:
+        result = run_bench(url, "m", prompt_tokens=64, output_tokens=41, seed=3)
+    assert result.acceptance_status == "unknown" and result.acceptance_length is None
+    assert result.acceptance_source.startswith("/metrics had not settled after 0.5 s"), result.acceptance_source
+    assert "vllm:generation_tokens_total had counted" in result.acceptance_source
+    assert result.server_decode_s is None and result.prefill_source.startswith(PREFILL_FROM_TTFT)
+
+
+@pytest.mark.parametrize("label", ["application/json", "text/event-stream"])
+def test_a_stream_answered_with_one_json_body_fails_as_not_streamed(tmp_path, label):
+    """Simulated: `stream: true` answered with one JSON body holding the tokens and usage, once the whole
+    answer was generated (a buffering gateway, a response cache), labelled as JSON or, wrongly, as SSE."""
+    result = bench(tmp_path, standin_fault="not_streamed", standin_body_content_type=label)
+    message = failed(result)["tokens_produced"]
+    assert message.startswith("not streamed: asked for stream: true, the server answered with one "
+                              f"{label} body"), message
+    assert "4 completion tokens in its usage" in message  # the warm-up's answer, the first request
+    assert "[DONE]" not in message

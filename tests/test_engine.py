@@ -232,16 +232,29 @@ GATEWAY_PORT = 14010  # not test_gateway's 14000
 REPLICA_B = {"name": "engine-alpha-b", "port": 18142}
 
 
+# A chat template that prepends a system message of its own (some models ship one; front-ends inject one), in
+# vLLM's single-line form of --chat-template: ~400 of the tokenizer's tokens, so whole KV blocks of it cache.
+SYSTEM_MESSAGE = " ".join(["You are a careful assistant for the engineers who run this rig. Answer in plain words, "
+                           "say what you measured and how, and never guess a number you could read."] * 8)
+SYSTEM_TEMPLATE = ("<|system|> " + SYSTEM_MESSAGE + "</s>{% for message in messages %}<|{{ message['role'] }}|> "
+                   "{{ message['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
 def test_the_gateway_routes_over_two_real_replicas_and_usage_is_what_the_engines_counted(rig, tmp_path):
     """LiteLLM (the gateway role's own deployment, litellm[proxy] from PyPI in a local image) in front of two
     real vLLM replicas of engine-alpha on the rig's two GPUs: streamed chats through it land on both (LiteLLM's
     x-litellm-model-id), each with usage, and the completion tokens the gateway passed on are the ones the two
-    engines counted on their own /metrics."""
+    engines counted on their own /metrics. Then, straight to the second replica, whose chat template prepends a
+    system message of its own (SYSTEM_TEMPLATE): `rigkit bench --endpoint chat` takes the system message the
+    warm-up put in vLLM's prefix cache off the prefill (vllm:prefix_cache_hits_total), reads the prompt in
+    vLLM's own tokens, and takes acceptance from the drafter's counters once settled, with no untrue warning."""
+    from rigkit.verify.client import PREFILL_FROM_SERVER, run_bench
     from tests.gateway.image import ensure_litellm_image
 
     catalog = copy_catalog(tmp_path, engine_alpha=[EQUAL])
     replica = (catalog / "engine-alpha.yml").read_text().replace("gpus: [0]", "gpus: [1]").replace(
-        "port: 18141", f"port: {REPLICA_B['port']}").replace("vllm:\n", "vllm:\n  served_model_name: engine-alpha\n")
+        "port: 18141", f"port: {REPLICA_B['port']}").replace(
+        "vllm:\n", f"vllm:\n  served_model_name: engine-alpha\n  extra_args: [--chat-template, {json.dumps(SYSTEM_TEMPLATE)}]\n")
     (catalog / f"{REPLICA_B['name']}.yml").write_text(replica)
     rig_file = tmp_path / "engine.yml"
     rig_file.write_text(ENGINE_RIG.read_text().replace("models: [engine-alpha]", f"models: [engine-alpha, {REPLICA_B['name']}]"))
@@ -276,9 +289,22 @@ def test_the_gateway_routes_over_two_real_replicas_and_usage_is_what_the_engines
         assert all(served.values()), served
         after = {replica: settled_tokens(url) for replica, url in urls.items()}
         assert {r: after[r] - before[r] for r in urls} == {r: float(served[r]) for r in urls}
+        bench = run_bench(urls[f"engine.{REPLICA_B['name']}"], "engine-alpha", prompt_tokens=512, output_tokens=64,
+                          endpoint="chat", seed=7)
     finally:
         rig.exec("systemctl start rigkit-watchdog.timer; docker compose -p rigkit-gateway down --remove-orphans >/dev/null 2>&1; "
                  f"test -d /etc/rigkit/stacks/{REPLICA_B['name']} && rigkit-stack down {REPLICA_B['name']}")
+    (RESULTS / "engine").mkdir(parents=True, exist_ok=True)
+    (RESULTS / "engine" / "bench-chat-system-prompt.json").write_text(json.dumps(bench.to_json(), indent=1))  # to read
+    assert bench.passed, [c for c in bench.checks if not c.passed]
+    assert bench.chat_template_tokens > 300  # the system message, in vLLM's tokens, told apart by the calibration
+    assert bench.cached_source == "vllm:prefix_cache_hits_total"
+    assert 0 < bench.cached_prompt_tokens <= bench.chat_template_tokens, bench.cached_prompt_tokens
+    assert bench.prefill_source == PREFILL_FROM_SERVER
+    assert bench.prefill_tok_s == pytest.approx((bench.prompt_tokens - bench.cached_prompt_tokens) / bench.server_prefill_s)
+    assert bench.acceptance_status == "measured" and bench.acceptance_length > 1.05
+    untrue = [w for w in bench.warnings if w.startswith(("acceptance unknown", "prefix cache: the same"))]
+    assert not untrue, bench.warnings
 
 
 def settled_tokens(url: str) -> float:

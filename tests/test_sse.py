@@ -58,3 +58,21 @@ def test_the_event_arrives_with_the_piece_that_holds_its_blank_line():
     decoder = Decoder()
     assert decoder.feed("data: a\n") == []
     assert decoder.feed("\n") == [Event("a")]
+
+
+def test_an_event_that_never_ends_is_bounded():
+    """A server that sends data without ever ending the line or the event: the decoder stops at
+    MAX_EVENT_CHARS instead of holding it all; an event of that size that ends is not what it refuses."""
+    import pytest
+
+    from rigkit.verify.sse import MAX_EVENT_CHARS, EventTooLong
+
+    endless = Decoder()
+    with pytest.raises(EventTooLong):
+        for _ in range(MAX_EVENT_CHARS // 4096 + 2):
+            endless.feed(b"data: " + b"x" * 4096)
+    many_lines = Decoder()
+    with pytest.raises(EventTooLong):
+        for _ in range(MAX_EVENT_CHARS // 4096 + 2):
+            many_lines.feed(b"data: " + b"x" * 4096 + b"\n")
+    assert parse(b"data: " + b"y" * (MAX_EVENT_CHARS // 2) + b"\n\n")[0].data == "y" * (MAX_EVENT_CHARS // 2)

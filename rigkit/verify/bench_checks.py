@@ -23,10 +23,10 @@ BURST_MIN_TOKENS = 8  # fewer tokens say nothing about bursts
 MAX_STREAM_TOK_S = 20_000.0  # no single stream decodes this fast: a client-side rate above it is a burst
 ROOFLINE_MARGIN = 1.5  # decode above 1.5x the bandwidth bound (per step) is not physical
 MAX_TOKENS_PER_STEP = 8  # the most tokens one decode step can carry, when acceptance is unknown
-DRAFTING_EVIDENT = 1.3  # tokens per chunk at or above this: several tokens per step, drafting is on
-# ...unless vLLM's /metrics has no spec-decode counter: its detokenizer alone packed 1.16-1.60 tokens per chunk
-# (a byte-level BPE's partial characters held back) on vLLM 0.32 with no drafter; ngram drafting gave 2.3.
-DRAFTING_CERTAIN = 2.0
+# Tokens per chunk at or above this look like drafting, and are reported as chunking: vLLM 0.32's detokenizer
+# alone packed 1.16-1.60 tokens per chunk (a byte-level BPE's partial characters held back) with no drafter,
+# ngram drafting gave 2.3, and a relay hiding reasoning shows any number. Drafting is told from counters only.
+SEVERAL_PER_CHUNK = 1.3
 
 
 def check_tokens_produced(single: StreamResult) -> Check:
@@ -55,9 +55,11 @@ def check_context_readback(single: StreamResult, template_tokens: int = 0) -> Ch
 def check_decode_plausible(single: StreamResult, server_decode_s: float | None, roofline_tok_s: float | None,
                            tokens_per_step: float | None) -> Check | None:
     """None when too few tokens arrived to tell."""
-    tokens = single.completion_tokens or 0
+    tokens = single.visible_tokens or 0  # hidden reasoning arrived in no chunk: it has no arrival time
     if tokens < BURST_MIN_TOKENS or single.t_first is None:
         return None
+    if server_decode_s and single.hidden_tokens:  # the server's decode time holds the hidden tokens too
+        server_decode_s *= tokens / single.completion_tokens
     span_s = single.arrival_span_s or 0.0
     rate = (tokens - 1) / span_s if span_s > 0 else float("inf")
     why = None
@@ -81,21 +83,29 @@ def check_decode_plausible(single: StreamResult, server_decode_s: float | None, 
     return Check("decode_plausible", True, f"{tokens} tokens arrived over {span_s:.2f} s")
 
 
-def acceptance_status(acc: Acceptance, tokens_per_chunk: float | None, engine_without_drafting: bool = False) -> str:
-    """`engine_without_drafting`: the server's /metrics is vLLM's and has no spec-decode counter at all
-    (vLLM registers them only with a speculative config): several tokens per chunk then come from its
-    detokenizer holding back partial characters (measured: 1.16-1.60 tokens per chunk with no drafter),
-    not from drafts. Only at DRAFTING_CERTAIN tokens per chunk or more is drafting still taken as evident there
-    (a server drafting without these counters: acceptance unknown)."""
+def acceptance_status(acc: Acceptance, engine_without_drafting: bool = False) -> str:
+    """From counters alone, never from chunk sizes: "measured" or "rate only" where they give a figure;
+    "not drafting" where they say so (the spec-decode counters did not move, or `engine_without_drafting`:
+    the server's /metrics is vLLM's with no spec-decode counter at all, which vLLM registers only with a
+    speculative config); "unknown" where they cannot tell (none readable, or not settled in time)."""
     if acc.length is not None:
         return "measured"
     if acc.rate is not None:
         return "rate only"
-    if engine_without_drafting and (tokens_per_chunk or 0) < DRAFTING_CERTAIN:
+    if acc.idle or engine_without_drafting:
         return "not drafting"
-    if tokens_per_chunk and tokens_per_chunk >= DRAFTING_EVIDENT:
-        return "unknown"
-    return "not drafting"
+    return "unknown"
+
+
+def check_tokens_streamed(single: StreamResult) -> Check | None:
+    """None unless usage counts reasoning tokens that no chunk carried."""
+    if not single.hidden_tokens:
+        return None
+    return Check("tokens_streamed", False,
+                 f"usage counts {single.reasoning_tokens} reasoning tokens (completion_tokens_details) and no "
+                 f"reasoning came down the stream: {single.hidden_tokens} of {single.completion_tokens} tokens were "
+                 "hidden (a relay dropping reasoning?); decode is measured over the "
+                 f"{single.visible_tokens} that arrived, and the first token's time holds the hidden ones")
 
 
 def check_acceptance(acc: Acceptance) -> Check | None:

@@ -17,7 +17,18 @@ Honest counting, after the field notes:
   labelled as including queueing;
 - decode tok/s = (completion_tokens - 1) / (last token time - first token time),
   unless the tokens arrived in a burst (then no client-side rate at all);
-- speculative acceptance from whichever /metrics counters exist (rigkit.verify.metrics);
+- prefill excludes the prompt tokens the server took from its prefix cache (usage's
+  `prompt_tokens_details.cached_tokens`, else vLLM's `vllm:prefix_cache_hits_total`): a chat
+  template's long system message is cached after the warm-up; with under half the prompt
+  prefilled, prefill is not measured and the run says why;
+- speculative acceptance from whichever /metrics counters exist (rigkit.verify.metrics), read
+  only once they have settled: vLLM's generation counter has counted every token this
+  benchmark's requests generated (their usage), waited for METRICS_SETTLE_S at most, before
+  the measured request and after it; else acceptance is "unknown". Drafting is told from
+  counters only: several tokens per chunk is chunking (a detokenizer makes it too);
+- reasoning that usage counts and the stream never carried (a relay dropping it) fails
+  `tokens_streamed`; decode is then the visible tokens' rate, and neither TTFT nor the
+  prefix-cache repeat is judged;
 - the prefix cache: the measured prompt is sent once more, after the figures are taken;
   its TTFT against the first (`repeat_ttft_s`, `prefix_cache_speedup`) shows whether the
   server caches prefixes (a warning when a long repeated prompt was not faster);
@@ -42,7 +53,9 @@ from rigkit.verify.stream import StreamResult, stream_completion
 
 PREFILL_FROM_SERVER = "server prefill time (vllm:request_prefill_time_seconds)"
 PREFILL_FROM_TTFT = "prompt / TTFT (includes queueing)"
-METRICS_SETTLE_TRIES = 20  # /metrics is read again (50 ms apart) until the request shows in its histograms
+METRICS_SETTLE_S = 5.0  # /metrics read again, METRICS_POLL_S apart, until it has counted the requests sent
+METRICS_POLL_S = 0.05
+MIN_PREFILLED_SHARE = 0.5  # prefill measured only where at least this share of the prompt was not cached
 # Common words, the prompt's filler, in this order and over again (NONCE_POOL's shuffle comes first).
 WORDS = (
     "the of and to in is it you that he was for on are as with his they at be this have from or one had by word "
@@ -113,6 +126,9 @@ class BenchResult:
     server_ttft_s: float | None = None
     server_decode_tok_s: float | None = None
     arrival_span_s: float | None = None
+    cached_prompt_tokens: int | None = None  # prompt tokens served from the prefix cache, where the server says
+    cached_source: str = ""  # where that count came from
+    hidden_tokens: int = 0  # reasoning tokens usage counted that the stream never carried
     acceptance_rate: float | None = None
     acceptance_status: str = "not drafting"  # measured | rate only | unknown | not drafting
     acceptance_source: str = ""
@@ -180,16 +196,41 @@ def read_metrics(client: httpx.Client, url: str) -> metrics.Snapshot | None:
     return metrics.parse(response.text) if response.status_code == 200 else None
 
 
-def _settled_metrics(client: httpx.Client, url: str, before: metrics.Snapshot | None) -> metrics.Snapshot | None:
-    """/metrics after a request, once its histograms count it (servers record a finished request a moment later)."""
-    name = f"{metrics.HISTOGRAMS['prefill_s']}_count"
-    after = read_metrics(client, url)
-    for _ in range(METRICS_SETTLE_TRIES):
-        if before is None or after is None or name not in after.totals or after.totals[name] > before.totals.get(name, 0):
-            break
-        time.sleep(0.05)
-        after = read_metrics(client, url)
-    return after
+class ServerCounters:
+    """vLLM's /metrics, read so that it has counted what this benchmark sent. vLLM's counters can land a
+    moment after the last token (a metrics thread, a scrape interval behind a proxy): read too early, the
+    snapshot before the measured request still lacks the warm-up's drafts, which then count as the
+    measurement's. So every request's completion tokens (its usage) are added up, and a snapshot is taken
+    once vllm:generation_tokens_total has grown by that many since the first (METRICS_SETTLE_S at most)."""
+
+    def __init__(self, client: httpx.Client, url: str):
+        self.client, self.url = client, url
+        self.baseline = read_metrics(client, url)
+        self.generated = 0
+
+    def spent(self, result: StreamResult) -> StreamResult:
+        self.generated += result.completion_tokens or 0
+        return result
+
+    def read(self, before: metrics.Snapshot | None = None) -> tuple[metrics.Snapshot | None, str]:
+        """(snapshot, why it is not settled: "" when it is). With `before`: also until the prefill histogram
+        has counted one more request than `before` (servers record a finished request a moment later)."""
+        histogram = f"{metrics.HISTOGRAMS['prefill_s']}_count"
+        deadline = time.monotonic() + METRICS_SETTLE_S
+        while True:
+            now = read_metrics(self.client, self.url)
+            counted = metrics.generated_since(self.baseline, now)
+            late = []
+            if counted is not None and counted < self.generated:
+                late.append(f"{metrics.GENERATED} had counted {counted:.0f} of the {self.generated} tokens sent")
+            if before is not None and now is not None and histogram in now.totals and \
+                    now.totals[histogram] <= before.totals.get(histogram, 0):
+                late.append(f"{metrics.HISTOGRAMS['prefill_s']} had not counted the request")
+            if not late or now is None:
+                return now, ""
+            if time.monotonic() >= deadline:
+                return now, f"/metrics had not settled after {METRICS_SETTLE_S:g} s ({'; '.join(late)})"
+            time.sleep(METRICS_POLL_S)
 
 
 def _server_version(client: httpx.Client, url: str) -> str | None:
@@ -209,9 +250,9 @@ def _percentile(values: list[float], share: float) -> float | None:
 
 def _itl_ms(result: StreamResult) -> list[float]:
     """Gaps between chunks divided by the mean tokens per chunk: per-token latency."""
-    if not result.completion_tokens or result.chunks < 2:
+    if not result.visible_tokens or result.chunks < 2:
         return []
-    per_chunk = result.completion_tokens / result.chunks
+    per_chunk = result.visible_tokens / result.chunks
     times = result.chunk_times
     return [(b - a) * 1000 / per_chunk for a, b in zip(times, times[1:])]
 
@@ -226,16 +267,18 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     before = after = repeat = None
+    unsettled = ""
     with http_client(headers, timeout_s) as client:
         version = _server_version(client, url)
-        warm = stream_completion(client, url, model, make_prompt(WARM_PROMPT_TOKENS, rng), WARM_PROMPT_TOKENS, 4,
-                                 timeout_s, endpoint)
+        counters = ServerCounters(client, url)
+        warm = counters.spent(stream_completion(client, url, model, make_prompt(WARM_PROMPT_TOKENS, rng),
+                                                WARM_PROMPT_TOKENS, 4, timeout_s, endpoint))
         single, scale = warm, PromptScale()
         if not warm.error:
-            scale = _calibrate(client, url, model, prompt_tokens, warm, timeout_s, endpoint, rng)
-            single, single_prompt, before, after, bursts = _single_stream(
+            scale = _calibrate(client, url, model, prompt_tokens, warm, timeout_s, endpoint, rng, counters)
+            single, single_prompt, before, after, unsettled, bursts = _single_stream(
                 client, url, model, scale.words_for(prompt_tokens, endpoint == "chat"), prompt_tokens,
-                output_tokens, timeout_s, endpoint, rng)
+                output_tokens, timeout_s, endpoint, rng, counters)
             if not single.error:
                 repeat = stream_completion(client, url, model, single_prompt, prompt_tokens, REPEAT_OUTPUT_TOKENS,
                                            timeout_s, endpoint)
@@ -246,7 +289,7 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
                   "concurrency": [1, *concurrency], "server_version": version, "endpoint": endpoint}
     result = _document(url, model, prompt_tokens, output_tokens, single, before, after, runs,
                        expected_min_decode_tok_s, roofline_tok_s, draft_tokens_per_step, provenance, template, repeat,
-                       warm.ttft_s if warm is not single else None)
+                       warm.ttft_s if warm is not single else None, unsettled)
     measured_again = [f"the measured request's tokens arrived in a burst ({b}) and it was measured again: "
                       "a client not scheduled in time (a loaded controller) bursts once, a buffering proxy every time"
                       for b in (bursts if not warm.error else [])]
@@ -258,29 +301,34 @@ def run_bench(url: str, model: str, prompt_tokens: int = 512, output_tokens: int
 BURST_RETRIES = 2  # a burst measured again, twice at most: a starved client bursts once, a buffering proxy always
 
 
-def _single_stream(client, url, model, prompt_words, prompt_tokens, output_tokens, timeout_s, endpoint, rng):
-    """The measured request with /metrics read around it: (result, its prompt, before, after, bursts). A
+def _single_stream(client, url, model, prompt_words, prompt_tokens, output_tokens, timeout_s, endpoint, rng,
+                   counters: ServerCounters):
+    """The measured request with /metrics read around it, each read once settled (ServerCounters):
+    (result, its prompt, before, after, why not settled, bursts). A
     result whose tokens arrived in a burst (bench_checks.check_decode_plausible, without the roofline) is
     measured again with a new prompt, up to BURST_RETRIES times: on vLLM 0.32's CPU build, a 2-core machine
     once read all 256 tokens of a 0.18 s decode within 1 ms, the client starved by the engine beside it,
     while a proxy that buffers does it every time. `bursts`: what each burst measured again looked like."""
     bursts: list[str] = []
     while True:
-        before = read_metrics(client, url)
+        before, unsettled = counters.read()
         prompt = make_prompt(prompt_words, rng)
-        single = stream_completion(client, url, model, prompt, prompt_tokens, output_tokens, timeout_s, endpoint)
-        after = _settled_metrics(client, url, before)
+        single = counters.spent(stream_completion(client, url, model, prompt, prompt_tokens, output_tokens,
+                                                  timeout_s, endpoint))
+        after, unsettled_after = counters.read(before)
+        unsettled = unsettled or unsettled_after
         if single.error or len(bursts) == BURST_RETRIES:
-            return single, prompt, before, after, bursts
+            return single, prompt, before, after, unsettled, bursts
         times, _ = metrics.request_times(before, after)
         plausible = judge.check_decode_plausible(single, times.decode_s if times else None, None, None)
         if plausible is None or plausible.passed:
-            return single, prompt, before, after, bursts
+            return single, prompt, before, after, unsettled, bursts
         decode = f" for {times.decode_s:.2f} s of server decode" if times and times.decode_s else ""
         bursts.append(f"{single.completion_tokens} tokens within {(single.arrival_span_s or 0) * 1000:.1f} ms{decode}")
 
 
-def _calibrate(client, url, model, prompt_tokens, warm: StreamResult, timeout_s, endpoint, rng) -> PromptScale:
+def _calibrate(client, url, model, prompt_tokens, warm: StreamResult, timeout_s, endpoint, rng,
+               counters: ServerCounters) -> PromptScale:
     """How the server counts make_prompt's words, from one-token requests. A long prompt repeats the filler's
     WORDS cycle, so the tokens per word come from two prompts one whole cycle apart (one and two cycles;
     a 2048-token probe would cost a whole prefill per benchmark) and hold for any number of cycles. A prompt
@@ -290,7 +338,8 @@ def _calibrate(client, url, model, prompt_tokens, warm: StreamResult, timeout_s,
     chat, cycle = endpoint == "chat", len(WORDS)
 
     def counted(words: int) -> int | None:
-        probe = stream_completion(client, url, model, make_prompt(words, rng), words, 1, timeout_s, endpoint)
+        probe = counters.spent(stream_completion(client, url, model, make_prompt(words, rng), words, 1, timeout_s,
+                                                 endpoint))
         return None if probe.error else probe.prompt_tokens
 
     one = NONCE_WORDS + cycle
@@ -353,6 +402,10 @@ def _prefix_cache(single: StreamResult, repeat: StreamResult | None, warnings: l
     cache working), a 488-token one slower on repeat on noise alone. Where it is not known: x2 or more."""
     if repeat is None:
         return None, None
+    if single.hidden_tokens or repeat.hidden_tokens:
+        warnings.append("prefix cache not measured: the first visible token came after hidden reasoning tokens, "
+                        "so TTFT holds their decode too")
+        return None, None
     if repeat.error or repeat.ttft_s is None:
         warnings.append(f"prefix cache not measured: the repeated prompt failed ({repeat.error or 'no token'})")
         return None, None
@@ -371,21 +424,31 @@ def _prefix_cache(single: StreamResult, repeat: StreamResult | None, warnings: l
 
 def _document(url, model, requested_prompt, requested_output, single: StreamResult, before, after, runs,
               expected_min, roofline_tok_s, draft_tokens_per_step, provenance, template_tokens=None,
-              repeat: StreamResult | None = None, warm_ttft_s: float | None = None) -> BenchResult:
+              repeat: StreamResult | None = None, warm_ttft_s: float | None = None,
+              unsettled: str = "") -> BenchResult:
     ok = single.error is None
     checks = [judge.check_tokens_produced(single)]
     warnings = []
     if ok:
         checks.append(judge.check_stream_finished(single))
+        checks += [c for c in [judge.check_tokens_streamed(single)] if c]
         if single.prompt_tokens is not None:
             checks.append(judge.check_context_readback(single, template_tokens or 0))
-    times, why_not = metrics.request_times(before, after) if ok else (None, "the request failed")
-    acc = metrics.acceptance(before, after, draft_tokens_per_step) if ok else metrics.Acceptance(None, None, "")
-    tokens_per_chunk = single.completion_tokens / single.chunks if ok and single.chunks else None
-    status = judge.acceptance_status(acc, tokens_per_chunk, metrics.engine_without_drafting(after))
-    if status == "unknown":
-        warnings.append(f"acceptance unknown: {tokens_per_chunk:.2f} tokens per chunk say drafting is on, "
-                        f"but {acc.source}")
+    if not ok:
+        times, why_not = None, "the request failed"
+        acc = metrics.Acceptance(None, None, "")
+    elif unsettled:
+        times, why_not = None, unsettled
+        acc = metrics.Acceptance(None, None, unsettled)
+    else:
+        times, why_not = metrics.request_times(before, after)
+        acc = metrics.acceptance(before, after, draft_tokens_per_step)
+    tokens_per_chunk = single.visible_tokens / single.chunks if ok and single.chunks else None
+    status = judge.acceptance_status(acc, metrics.engine_without_drafting(after))
+    if status == "unknown" and tokens_per_chunk and tokens_per_chunk >= judge.SEVERAL_PER_CHUNK:
+        warnings.append(f"acceptance unknown: {acc.source}. {tokens_per_chunk:.2f} tokens per chunk is chunking "
+                        "(drafting makes it, and so does a detokenizer holding back partial characters), not "
+                        "evidence of drafting")
     checks += [c for c in [judge.check_acceptance(acc)] if c]
     server_decode_s = times.decode_s if times else None
     plausible = judge.check_decode_plausible(single, server_decode_s, roofline_tok_s,
@@ -402,13 +465,25 @@ def _document(url, model, requested_prompt, requested_output, single: StreamResu
         warnings += single.problems
     repeat_ttft, speedup = _prefix_cache(single, repeat, warnings, warm_ttft_s) if ok else (None, None)
     prefill_s = times.prefill_s if times else None
+    cached, cached_source = _cached(single, before, after, times) if ok else (None, "")
+    prefilled = single.prompt_tokens - (cached or 0) if ok and single.prompt_tokens else None
     if ok and single.prompt_tokens and prefill_s and prefill_s > 0:
-        prefill, source = single.prompt_tokens / prefill_s, PREFILL_FROM_SERVER
+        prefill, source = prefilled / prefill_s, PREFILL_FROM_SERVER
     else:
-        prefill = single.prompt_tokens / single.ttft_s if ok and single.prompt_tokens and single.ttft_s else None
+        prefill = prefilled / single.ttft_s if prefilled and single.ttft_s else None
         source = PREFILL_FROM_TTFT + (f" ({why_not})" if why_not else "")
         if ok and not believable:  # the first token arrived with the burst: TTFT holds the decode too
             prefill, source = None, "not measured: tokens arrived in a burst and the server has no prefill histogram"
+        elif ok and single.hidden_tokens:
+            prefill, source = None, (f"not measured: the first visible token came after {single.hidden_tokens} "
+                                     "hidden reasoning tokens and the server has no prefill histogram")
+    if cached and prefilled is not None:
+        if prefilled < MIN_PREFILLED_SHARE * single.prompt_tokens:
+            prefill, source = None, (f"not measured: {cached} of the {single.prompt_tokens} prompt tokens came from "
+                                     f"the prefix cache ({cached_source}); only {prefilled} were prefilled")
+        warnings.append(f"prefix cache: {cached} of the {single.prompt_tokens} prompt tokens were served from the "
+                        f"cache ({cached_source}; a chat template's system message, say): prefill is counted over "
+                        f"the {prefilled} prefilled")
     levels = []
     for streams, results in runs:
         levels.append(_level(streams, results))
@@ -436,4 +511,16 @@ def _document(url, model, requested_prompt, requested_output, single: StreamResu
         wall_last_token_s=single.wall_last_s if ok else None, provenance=provenance,
         endpoint=provenance.get("endpoint", "completions"), chat_template_tokens=template_tokens,
         repeat_ttft_s=repeat_ttft, prefix_cache_speedup=speedup,
+        cached_prompt_tokens=cached, cached_source=cached_source, hidden_tokens=single.hidden_tokens if ok else 0,
     )
+
+
+def _cached(single: StreamResult, before, after, times) -> tuple[int | None, str]:
+    """(prompt tokens the measured request took from the prefix cache, where that count came from): usage's
+    own count first, else vLLM's hit counter over the request (only where one request ran: `times`)."""
+    if single.cached_prompt_tokens is not None:
+        return min(single.cached_prompt_tokens, single.prompt_tokens or 0), "usage.prompt_tokens_details.cached_tokens"
+    hits = metrics.cached_prompt_tokens(before, after) if times else None
+    if hits is not None and single.prompt_tokens:
+        return max(0, min(hits, single.prompt_tokens)), metrics.PREFIX_CACHE_HITS
+    return None, ""

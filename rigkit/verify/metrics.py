@@ -20,6 +20,8 @@ HISTOGRAMS = {
     "decode_s": "vllm:request_decode_time_seconds",
     "ttft_s": "vllm:time_to_first_token_seconds",
 }
+GENERATED = "vllm:generation_tokens_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # in tokens: the prompt tokens served from the prefix cache
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -79,11 +81,26 @@ def request_times(before: Snapshot | None, after: Snapshot | None) -> tuple[Serv
     return ServerTimes(**{k: found.get(k) for k in HISTOGRAMS}), ""
 
 
+def generated_since(earlier: Snapshot | None, later: Snapshot | None) -> float | None:
+    """Tokens vLLM counted as generated between two snapshots; None where it has no such counter."""
+    if earlier is None or later is None or GENERATED not in later.totals:
+        return None
+    return later.totals[GENERATED] - earlier.totals.get(GENERATED, 0.0)
+
+
+def cached_prompt_tokens(before: Snapshot | None, after: Snapshot | None) -> int | None:
+    """Prompt tokens the one request between the snapshots took from the prefix cache (vLLM counts hits in tokens)."""
+    if before is None or after is None or PREFIX_CACHE_HITS not in after.totals:
+        return None
+    return round(after.totals[PREFIX_CACHE_HITS] - before.totals.get(PREFIX_CACHE_HITS, 0.0))
+
+
 @dataclass(frozen=True)
 class Acceptance:
     length: float | None  # mean acceptance length: 1 + accepted / drafts
     rate: float | None  # accepted / draft tokens
     source: str  # the counters it came from, or why there is no figure
+    idle: bool = False  # the spec-decode counters are there and did not move: no drafting during the request
 
 
 def acceptance(before: Snapshot | None, after: Snapshot | None, draft_tokens_per_step: int | None = None) -> Acceptance:
@@ -101,7 +118,7 @@ def acceptance(before: Snapshot | None, after: Snapshot | None, draft_tokens_per
     drafts, draft_tokens = delta(DRAFTS), delta(DRAFT_TOKENS)
     k = len(after.accepted_per_pos) or draft_tokens_per_step
     if accepted is not None and (drafts is not None or draft_tokens is not None) and not (drafts or draft_tokens):
-        return Acceptance(None, None, "spec-decode counters did not move: no drafting during the request")
+        return Acceptance(None, None, "spec-decode counters did not move: no drafting during the request", idle=True)
     if accepted is None or not (drafts or draft_tokens):
         names = ", ".join(n for n in (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS) if n in after.totals)
         return Acceptance(None, None, f"no sufficient spec-decode counters (found: {names or 'none'})")

@@ -8,7 +8,9 @@ Owns only the wire format, nothing about OpenAI payloads:
 - `event:` names the event's type (default "message"), `id:` sets the last event id,
   `retry:` and unknown fields are ignored;
 - a blank line dispatches the event; an event with no data is dropped, as is an
-  event cut off by the end of the stream before its blank line.
+  event cut off by the end of the stream before its blank line;
+- an event (or a line) that grows past MAX_EVENT_CHARS without ending raises EventTooLong: what a
+  server sends is bounded before it is decoded further.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ import re
 from dataclasses import dataclass
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
+MAX_EVENT_CHARS = 1 << 20  # an OpenAI chunk is a few hundred bytes; a megabyte unended is not a stream
+
+
+class EventTooLong(ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class Decoder:
         self._started = False
         self._after_cr = False
         self._data: list[str] = []
+        self._data_chars = 0
         self._type = ""
         self._last_id: str | None = None
 
@@ -55,12 +63,14 @@ class Decoder:
             event = self.line(line)
             if event is not None:
                 events.append(event)
+        if len(self._pending) + self._data_chars > MAX_EVENT_CHARS:
+            raise EventTooLong(f"an event of over {MAX_EVENT_CHARS:,} characters that did not end")
         return events
 
     def finish(self) -> list[Event]:
         """End of stream: an unterminated last line and an undispatched event are dropped."""
         events = self.feed(self._utf8.decode(b"", final=True))
-        self._pending, self._data, self._type = "", [], ""
+        self._pending, self._data, self._type, self._data_chars = "", [], "", 0
         return events
 
     def line(self, line: str) -> Event | None:
@@ -74,6 +84,7 @@ class Decoder:
             value = value[1:]
         if name == "data":
             self._data.append(value)
+            self._data_chars += len(value) + 1
         elif name == "event":
             self._type = value
         elif name == "id" and "\0" not in value:
@@ -82,7 +93,7 @@ class Decoder:
 
     def _dispatch(self) -> Event | None:
         data, kind = self._data, self._type
-        self._data, self._type = [], ""
+        self._data, self._type, self._data_chars = [], "", 0
         if not data:
             return None
         return Event(data="\n".join(data), event=kind or "message", id=self._last_id)

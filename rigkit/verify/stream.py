@@ -11,6 +11,14 @@
   text there on completions). An empty chunk (empty string, role-only delta) is not a token.
 - Tokens are counted from `usage`, never from chunks. A stream that carried neither a
   token nor usage (only `data: [DONE]`) is named as such: no tokens came back.
+- Usage's details are kept: `prompt_tokens_details.cached_tokens` (prompt tokens the server
+  took from its prefix cache, not prefilled) and `completion_tokens_details.reasoning_tokens`.
+  Reasoning that usage counts while no reasoning field ever came down the stream was hidden
+  (a relay dropping it): those tokens are `hidden_tokens`, and the decode rate is the visible
+  ones' over the span in which they arrived.
+- `stream: true` answered without SSE (one `application/json` body: a buffering gateway, a
+  response cache) fails as not streamed, with what the body held; the body is read only up
+  to MAX_BODY_BYTES.
 - A stream that ends without finish_reason, with an abnormal one, or with fewer
   tokens than asked (ignore_eos is set) is a problem: its figures are kept, the
   check fails.
@@ -28,6 +36,8 @@ import httpx
 from rigkit.verify import sse
 
 NORMAL_FINISH = ("length", "stop")
+REASONING_FIELDS = ("reasoning_content", "reasoning", "choice.reasoning_content", "choice.reasoning")
+MAX_BODY_BYTES = 1 << 20  # a body that is not a stream: read this much at most to say what it held
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -40,6 +50,8 @@ class StreamResult:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_prompt_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server says
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, where the server says
     chunks: int = 0  # events that carried generated text
     token_fields: list[str] = field(default_factory=list)  # which fields carried it, in order seen
     t_send: float = 0.0  # time.monotonic()
@@ -63,11 +75,24 @@ class StreamResult:
         return None if self.t_first is None or self.t_last is None else self.t_last - self.t_first
 
     @property
+    def hidden_tokens(self) -> int:
+        """Reasoning tokens usage counts that never came down the stream (no reasoning field was seen)."""
+        if not self.reasoning_tokens or any(f in REASONING_FIELDS for f in self.token_fields):
+            return 0
+        return min(self.reasoning_tokens, self.completion_tokens or 0)
+
+    @property
+    def visible_tokens(self) -> int | None:
+        """The tokens that arrived in the stream's chunks: usage's count less the hidden ones."""
+        return None if self.completion_tokens is None else self.completion_tokens - self.hidden_tokens
+
+    @property
     def decode_tok_s(self) -> float | None:
-        span = self.arrival_span_s
-        if not self.completion_tokens or self.completion_tokens < 2 or not span or span <= 0:
+        """The visible tokens over the span in which they arrived (hidden ones were generated before it)."""
+        span, tokens = self.arrival_span_s, self.visible_tokens
+        if not tokens or tokens < 2 or not span or span <= 0:
             return None
-        return (self.completion_tokens - 1) / span
+        return (tokens - 1) / span
 
     @property
     def chunk_counted_decode_tok_s(self) -> float | None:
@@ -129,21 +154,66 @@ def stream_completion(client: httpx.Client, url: str, model: str, prompt: str, r
                 if response.status_code == 404 and endpoint == "completions" and "does not exist" not in result.error:
                     result.error += " (no /v1/completions here: a chat-only server or gateway? try --endpoint chat)"
                 return result
+            content_type = response.headers.get("content-type", "")
+            if "json" in content_type.lower():
+                result.error = _not_streamed(_read_bounded(response), content_type)
+                return result
+            head, events = bytearray(), 0  # what came before any event: a whole body under an SSE label?
             for piece in response.iter_bytes():
                 now, wall = time.monotonic(), time.time()
+                if not events and len(head) < MAX_BODY_BYTES:
+                    head += piece[:MAX_BODY_BYTES - len(head)]
                 for event in decoder.feed(piece):
+                    events += 1
                     _take(result, event, now, wall)
                 if now > deadline:
                     result.error = f"stream still running after the {timeout_s:.0f} s timeout"
                     return result
             for event in decoder.finish():
+                events += 1
                 _take(result, event, time.monotonic(), time.time())
+            if not events and _json_object(bytes(head)) is not None:
+                result.error = _not_streamed(bytes(head), content_type or "unlabelled")
+    except sse.EventTooLong as exc:
+        result.error = f"the server sent {exc}: not a stream of events"
     except httpx.TimeoutException:
         result.error = f"no token within the {timeout_s:.0f} s timeout (a server can answer /health and still be stuck)"
     except httpx.HTTPError as exc:
         result.error = f"request failed: {exc}"
     _judge(result)
     return result
+
+
+def _read_bounded(response: httpx.Response) -> bytes:
+    body = bytearray()
+    for piece in response.iter_bytes():
+        body += piece[:MAX_BODY_BYTES - len(body)]
+        if len(body) >= MAX_BODY_BYTES:
+            break
+    return bytes(body)
+
+
+def _json_object(body: bytes) -> dict | None:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _not_streamed(body: bytes, content_type: str) -> str:
+    """What one body sent for `stream: true` held (read up to MAX_BODY_BYTES): it says the answer came whole."""
+    payload = _json_object(body)
+    held = f"{len(body)} bytes"
+    if payload is not None:
+        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        if error_text(payload):
+            held += f", an error: {error_text(payload)[:200]}"
+        elif usage.get("completion_tokens") is not None:
+            held += f", {usage['completion_tokens']} completion tokens in its usage"
+    return (f"not streamed: asked for stream: true, the server answered with one {content_type.split(';')[0]} body "
+            f"({held}) instead of server-sent events; a buffering gateway or a response cache in between? "
+            "Nothing in it can be timed")
 
 
 def _http_error(response: httpx.Response) -> str:
@@ -163,16 +233,20 @@ def _take(result: StreamResult, event: sse.Event, now: float, wall: float) -> No
     except ValueError:
         payload = None
     text = error_text(payload) or (event.data.strip() if event.event == "error" else None)
-    if text or payload is None:
+    if text or not isinstance(payload, dict):
         message = f"the server sent an error mid-stream: {text}" if text else \
-            f"the server sent data that is not JSON: {event.data[:200]!r}"
+            f"the server sent data that is not a JSON object: {event.data[:200]!r}"
         result.error = result.error or message  # the first error is the cause; later events still read
         return
-    if payload.get("usage"):
-        result.prompt_tokens = payload["usage"].get("prompt_tokens")
-        result.completion_tokens = payload["usage"].get("completion_tokens")
+    if isinstance(payload.get("usage"), dict) and payload["usage"]:
+        usage = payload["usage"]
+        result.prompt_tokens = usage.get("prompt_tokens")
+        result.completion_tokens = usage.get("completion_tokens")
+        result.cached_prompt_tokens = _detail(usage, "prompt_tokens_details", "cached_tokens")
+        result.reasoning_tokens = _detail(usage, "completion_tokens_details", "reasoning_tokens")
     fields = {}
-    for choice in payload.get("choices") or []:
+    choices = payload.get("choices") if isinstance(payload.get("choices"), list) else []
+    for choice in (c for c in choices if isinstance(c, dict)):
         fields.update(generated(choice))
         if choice.get("finish_reason"):
             result.finish_reason = choice["finish_reason"]
@@ -183,6 +257,12 @@ def _take(result: StreamResult, event: sse.Event, now: float, wall: float) -> No
         if result.t_first is None:
             result.t_first, result.wall_first_s = now, wall
         result.t_last, result.wall_last_s = now, wall
+
+
+def _detail(usage: dict, section: str, name: str) -> int | None:
+    details = usage.get(section)
+    value = details.get(name) if isinstance(details, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _judge(result: StreamResult) -> None:

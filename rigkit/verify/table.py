@@ -17,7 +17,7 @@ def _acceptance(result: BenchResult) -> str:
     if status == "rate only":
         return f"acceptance rate {result.acceptance_rate:.2f} (mean length unknown: {result.acceptance_source})"
     if status == "unknown":
-        return "acceptance unknown (drafting evident, no spec-decode counters)"
+        return f"unknown ({result.acceptance_source or 'no spec-decode counters'})"
     return "- (not drafting)"
 
 
@@ -32,10 +32,12 @@ def bench_table(result: BenchResult) -> str:
     rows = [
         ("model", result.model),
         ("endpoint", "/v1/chat/completions" if result.endpoint == "chat" else "/v1/completions"),
-        ("prompt tokens (asked / counted)", f"{result.requested_prompt_tokens} / {_fmt(result.prompt_tokens, 'd')}"),
+        ("prompt tokens (asked / counted)", f"{result.requested_prompt_tokens} / {_fmt(result.prompt_tokens, 'd')}"
+         + (f", {result.cached_prompt_tokens} from the prefix cache" if result.cached_prompt_tokens else "")),
         ("completion tokens (asked / from usage)",
          f"{result.requested_output_tokens} / {_fmt(result.completion_tokens, 'd')}, "
-         f"finish_reason {result.finish_reason or '-'}"),
+         f"finish_reason {result.finish_reason or '-'}"
+         + (f", {result.hidden_tokens} of them never streamed" if result.hidden_tokens else "")),
         ("first token in", ", ".join(result.token_fields) or "-"),
         ("TTFT (client)", _fmt(result.ttft_s, ".3f", " s")),
         ("TTFT, same prompt again (prefix cache)",

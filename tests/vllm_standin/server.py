@@ -37,7 +37,13 @@ What it fakes, and the traps it reproduces:
   ignores stream_options.include_usage (a server that never reports usage in a stream);
   `empty_stream` answers 200 with a stream of nothing but `data: [DONE]` (no token, no usage);
   `chat_only` has no /v1/completions (404 `{"detail": "Not Found"}`, as FastAPI answers an
-  unknown route): a chat-only server or gateway.
+  unknown route): a chat-only server or gateway; `not_streamed` answers `stream: true` with one
+  `application/json` body, usage and all, once the whole answer is generated (a buffering gateway, a
+  response cache; STANDIN_BODY_CONTENT_TYPE labels that body otherwise, e.g. `text/event-stream`);
+  `hide_reasoning` plays a relay that drops the reasoning from the stream (with
+  `--reasoning-parser`, chat) while usage still counts it in `completion_tokens_details.reasoning_tokens`.
+- Late counters: STANDIN_METRICS_LAG_S (e.g. 1.5) makes every counter and histogram of /metrics land
+  that many seconds after the engine counted it (a metrics thread, a scrape interval behind a proxy).
 - Stream endings: STANDIN_FINISH_REASON replaces the last chunk's finish_reason
   (`abort`, `error`, ...; `none` sends none at all); STANDIN_STOP_AFTER_TOKENS stops
   every generation after that many tokens with finish_reason "stop" (ignore_eos not honoured).
@@ -54,6 +60,10 @@ What it fakes, and the traps it reproduces:
   completion without `prompt` is refused), the chat template adds STANDIN_CHAT_TEMPLATE_TOKENS
   (default 8, ChatML's) prompt tokens, a `chatcmpl-` id, a role chunk
   (`delta: {"role": "assistant", "content": ""}`) just before the first token, then deltas.
+  STANDIN_SYSTEM_PROMPT_TOKENS (default 0) more come from a system message the template prepends (a
+  model's own, a front-end's): prefilled on the first chat request, from the prefix cache after it.
+  Prefix-cache hits count in vLLM's `vllm:prefix_cache_hits_total` / `_queries_total` (in tokens), and,
+  with `--enable-prompt-tokens-details` as in vLLM, in usage's `prompt_tokens_details.cached_tokens`.
   With `--reasoning-parser`, the first STANDIN_REASONING_TOKENS (default 16) generated tokens
   stream as `delta.reasoning_content` (STANDIN_REASONING_FIELD=`reasoning` for newer vLLM's
   name), the rest as `delta.content`.
@@ -66,8 +76,10 @@ What it fakes, and the traps it reproduces:
   TTFT, measured per request) unless STANDIN_HISTOGRAMS=0.
 - Spec-decode counters (STANDIN_SPEC_COUNTERS): `full` (default: drafts, draft tokens,
   accepted, accepted per position), `old` (draft tokens and accepted only: no
-  num_drafts), `per_pos` (draft tokens and per-position accepted only), `none`
-  (drafting, but no spec-decode counters at all).
+  num_drafts), `per_pos` (draft tokens and per-position accepted only). The fault `no_metrics`
+  answers /metrics with 404 (a server without Prometheus metrics, a gateway that does not pass
+  them on): no counter of any kind, drafting or not. (vLLM registers its spec-decode counters
+  whenever it drafts, so "drafting, /metrics without them" is not a vLLM mode.)
 - Rejections: STANDIN_REJECT_SHARE (e.g. 0.5) of the requests that arrive while
   another is generating are refused with HTTP STANDIN_REJECT_STATUS (default 429)
   and an OpenAI error body; a lone request is never refused.
@@ -140,6 +152,7 @@ def parse_args(argv):
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--speculative-config")
     p.add_argument("--reasoning-parser")
@@ -177,6 +190,9 @@ class Engine:
         self.prefill_tok_s *= 1 - self.slower_by
         self.prefix_caching = args.enable_prefix_caching and "no_prefix_cache" not in self.faults
         self.chat_template_tokens = int(env.get("STANDIN_CHAT_TEMPLATE_TOKENS", "8"))
+        self.system_prompt_tokens = int(env.get("STANDIN_SYSTEM_PROMPT_TOKENS", "0"))
+        self.system_cached = False
+        self.metrics_lag_s = float(env.get("STANDIN_METRICS_LAG_S", "0"))
         self.reasoning_tokens = int(env.get("STANDIN_REASONING_TOKENS", "16")) if args.reasoning_parser else 0
         self.reasoning_field = env.get("STANDIN_REASONING_FIELD", "reasoning_content")
         self.accepted_per_draft = accepted
@@ -203,7 +219,8 @@ class Engine:
         self.reject_status = int(env.get("STANDIN_REJECT_STATUS", "429"))
         self.lock = threading.Lock()
         self.cache: set[str] = set()
-        self.metrics = {"drafts": 0, "accepted": 0, "draft_tokens": 0, "prompt": 0, "generation": 0, "requests": 0}
+        self.metrics = {"drafts": 0, "accepted": 0, "draft_tokens": 0, "prompt": 0, "generation": 0, "requests": 0,
+                        "cache_queries": 0, "cache_hits": 0}
         self.per_pos = [0] * self.k
         self.observed = {name: [] for name in HISTOGRAMS}
         self.active = 0
@@ -301,7 +318,17 @@ class Engine:
         with self.lock:
             self.active -= 1
 
+    def later(self, record, *args, **kwargs) -> None:
+        """Record into /metrics now, or STANDIN_METRICS_LAG_S from now."""
+        if self.metrics_lag_s:
+            threading.Timer(self.metrics_lag_s, record, args=args, kwargs=kwargs).start()
+        else:
+            record(*args, **kwargs)
+
     def observe(self, steps: list[int], **seconds: float) -> None:
+        self.later(self._observe, steps, **seconds)
+
+    def _observe(self, steps: list[int], **seconds: float) -> None:
         with self.lock:
             for name, value in seconds.items():
                 self.observed[name].append(value)
@@ -310,6 +337,9 @@ class Engine:
                     self.per_pos[position] += 1
 
     def count(self, **deltas):
+        self.later(self._count, **deltas)
+
+    def _count(self, **deltas):
         with self.lock:
             for key, value in deltas.items():
                 self.metrics[key] += value
@@ -322,6 +352,10 @@ class Engine:
             f"vllm:prompt_tokens_total{label} {m['prompt']}.0",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{label} {m['generation']}.0",
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total{label} {m['cache_queries']}.0",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f"vllm:prefix_cache_hits_total{label} {m['cache_hits']}.0",
             "# TYPE vllm:request_success_total counter",
             f"vllm:request_success_total{label} {m['requests']}.0",
             "# TYPE vllm:num_requests_running gauge",
@@ -333,7 +367,7 @@ class Engine:
             f"vllm:iteration_tokens_total_count{label} {self.iteration_steps}.0",
         ]
         counters = {"full": ("drafts", "draft_tokens", "accepted", "per_pos"), "old": ("draft_tokens", "accepted"),
-                    "per_pos": ("draft_tokens", "per_pos"), "none": ()}[self.spec_counters] if self.spec else ()
+                    "per_pos": ("draft_tokens", "per_pos")}[self.spec_counters] if self.spec else ()
         for key in ("drafts", "draft_tokens", "accepted"):
             if key in counters:
                 name = f"vllm:spec_decode_num_{'accepted_tokens' if key == 'accepted' else key}_total"
@@ -385,10 +419,10 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):  # keep container logs to what matters
         pass
 
-    def send_json(self, code: int, payload: dict) -> None:
+    def send_json(self, code: int, payload: dict, content_type: str = "application/json") -> None:
         data = json.dumps(payload).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -404,6 +438,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
+        elif self.path == "/metrics" and "no_metrics" in ENGINE.faults:
+            self.send_json(404, {"detail": "Not Found"})
         elif self.path == "/metrics":
             data = ENGINE.metrics_text().encode()
             self.send_response(200)
@@ -509,16 +545,23 @@ class Handler(BaseHTTPRequestHandler):
     def generate_admitted(self, body: dict, chat: bool, arrived: float) -> None:
         text = prompt_text(body)
         real_prompt = len(text.split())
+        system = ENGINE.system_prompt_tokens if chat else 0
         if chat:
-            real_prompt += ENGINE.chat_template_tokens  # the template's own tokens are prefilled too
+            real_prompt += ENGINE.chat_template_tokens + system  # the template's own tokens are prefilled too
         prompt_tokens = round(real_prompt * ENGINE.inflation)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         wanted = min(max_tokens, ENGINE.stop_after) if ENGINE.stop_after else max_tokens
         key = hashlib.sha256(text.encode()).hexdigest()
-        cached = ENGINE.prefix_caching and key in ENGINE.cache
-        ENGINE.cache.add(key)
+        with ENGINE.lock:
+            if ENGINE.prefix_caching and key in ENGINE.cache:  # the whole prompt seen before
+                cached_tokens = real_prompt - round(real_prompt * CACHED_PREFILL_SHARE)
+            else:
+                cached_tokens = system if ENGINE.prefix_caching and ENGINE.system_cached else 0
+            ENGINE.cache.add(key)
+            ENGINE.system_cached = ENGINE.system_cached or bool(system)
+        ENGINE.count(cache_queries=real_prompt, cache_hits=cached_tokens)
         prefill_tok_s, decode_tok_s = ENGINE.rates()
-        prefill_s = real_prompt / prefill_tok_s * (CACHED_PREFILL_SHARE if cached else 1.0)
+        prefill_s = (real_prompt - cached_tokens) / prefill_tok_s
         if ENGINE.long_prefill_s:
             self.long_prefill(real_prompt, ENGINE.long_prefill_s)
 
@@ -531,12 +574,15 @@ class Handler(BaseHTTPRequestHandler):
                 drafts += 1
                 accepted += n - 1
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
+        if ENGINE.args.enable_prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+        hidden = min(produced, ENGINE.reasoning_tokens) if chat and "hide_reasoning" in ENGINE.faults else 0
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         model = body["model"]
         kind = "chat.completion.chunk" if chat else "text_completion"
         finish = "stop" if wanted < max_tokens else "length"
 
-        if not body.get("stream"):
+        if not body.get("stream") or "not_streamed" in ENGINE.faults:
             time.sleep(ENGINE.queue_s + prefill_s + max(0, produced - 1) / decode_tok_s)
             ENGINE.count(drafts=drafts, accepted=accepted, draft_tokens=drafts * ENGINE.k,
                          prompt=prompt_tokens, generation=produced, requests=1)
@@ -544,7 +590,8 @@ class Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "finish_reason": finish}
             choice.update({"message": {"role": "assistant", "content": words}} if chat else {"text": words})
             return self.send_json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                        "model": model, "choices": [choice], "usage": usage})
+                                        "model": model, "choices": [choice], "usage": usage},
+                                  os.environ.get("STANDIN_BODY_CONTENT_TYPE", "application/json"))
 
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -576,11 +623,14 @@ class Handler(BaseHTTPRequestHandler):
             emitted += n
             last = emitted >= produced
             reason = (None if ENGINE.finish_reason == "none" else ENGINE.finish_reason or finish) if last else None
-            carrier = ENGINE.reasoning_field if chat and emitted - n < ENGINE.reasoning_tokens else field
+            reasoning = chat and emitted - n < ENGINE.reasoning_tokens
+            carrier = ENGINE.reasoning_field if reasoning else field
             choice = {"index": 0, "finish_reason": reason, **token_payload(carrier, " ".join("tok" for _ in range(n)) + " ", i)}
             # vLLM counts generated tokens at each engine step, not at the request's end: a rate of
             # vllm:generation_tokens_total over a window then follows the tokens as they come.
             ENGINE.count(generation=n)
+            if reasoning and hidden and not last:
+                continue  # the relay drops it (the last chunk carries the finish_reason through)
             if not self.write_event({"id": rid, "object": kind, "model": model, "choices": [choice]}):
                 return
         done = time.monotonic()
@@ -592,6 +642,8 @@ class Handler(BaseHTTPRequestHandler):
             "vllm:request_decode_time_seconds": done - (first or done),
             "vllm:time_to_first_token_seconds": (first or done) - arrived,
             "vllm:e2e_request_latency_seconds": done - arrived})
+        if hidden:
+            usage["completion_tokens_details"] = {"reasoning_tokens": hidden}
         if (body.get("stream_options") or {}).get("include_usage") and "no_usage" not in ENGINE.faults:
             self.write_event({"id": rid, "object": kind, "model": model, "choices": [], "usage": usage})
         self.finish_stream()
