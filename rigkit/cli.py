@@ -74,18 +74,34 @@ def check(args: argparse.Namespace) -> int:
     return CONFIG_ERROR if failed else 0
 
 
+TOPOLOGY_FILE_BYTES = 1024 * 1024  # the topology fact's output for 8 GPUs is a few KiB
+
+
 def _check_topology(rig, facts_file: str) -> bool:
     """Print the topology table and verdict of each multi-GPU model from a saved topology fact
     output (docs/topology.md); True when a verdict has errors."""
+    from rigkit.config.errors import one_line, shown
+    from rigkit.config.yamlfile import read_small_file
     from rigkit.topology.report import read_report
     from rigkit.topology.rig import render_verdict, rig_verdicts
 
-    topo, notes = read_report(Path(facts_file).read_text().splitlines(), windows=rig.spec.os == "windows")
+    try:  # the rig files' reader: a regular file, bounded; a FIFO or a device is never read
+        text = read_small_file(Path(facts_file), TOPOLOGY_FILE_BYTES).decode("utf-8")
+    except OSError as exc:
+        print(f"rigkit check: --topology {shown(facts_file)}: cannot read the file: {exc.strerror or exc}",
+              file=sys.stderr)
+        return True
+    except UnicodeDecodeError as exc:
+        print(f"rigkit check: --topology {shown(facts_file)}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+              f"offset {exc.start}); give the topology fact's output as it was saved", file=sys.stderr)
+        return True
+    topo, notes = read_report(text.splitlines(), windows=rig.spec.os == "windows")
+    if topo is None:  # one line: why the matrix could not be read
+        print(f"{rig.file}: topology: no nvidia-smi topo -m read from {shown(facts_file)}: "
+              f"{'; '.join(one_line(n) for n in notes) or 'not in the file'}", file=sys.stderr)
+        return True
     for note in notes:
         print(f"{rig.file}: topology: not read: {note}", file=sys.stderr)
-    if topo is None:
-        print(f"{rig.file}: topology: no nvidia-smi topo -m in {facts_file}", file=sys.stderr)
-        return True
     verdicts = rig_verdicts(rig, topo)
     for verdict in verdicts:
         print(render_verdict(verdict))
@@ -321,7 +337,7 @@ def _url_problem(url: str) -> str | None:
 
     if re.search(r"[\s\x00-\x1f\x7f]", url):
         return "has a space, a line break or another control character"
-    if not url.startswith(("http://", "https://")):
+    if not url.lower().startswith(("http://", "https://")):
         return "give the scheme too, e.g. http://127.0.0.1:8000"
     try:
         parts = urlsplit(url)
@@ -333,6 +349,9 @@ def _url_problem(url: str) -> str | None:
         return f"not a URL ({exc}); e.g. http://127.0.0.1:8000 or http://[::1]:8000"
     if not parts.hostname:
         return "has no host; e.g. http://127.0.0.1:8000"
+    if re.search(r"/v1/*$", parts.path):
+        return ("ends in /v1: give the server's base URL (rigkit adds /v1/completions or /v1/chat/completions), "
+                "e.g. http://127.0.0.1:8000")
     return None
 
 
@@ -382,6 +401,8 @@ def bench(args: argparse.Namespace) -> int:
     try:
         if problem := _url_problem(args.url):
             raise BadInput(f"--url {shown(args.url)}: {problem}")
+        scheme, _, rest = args.url.partition("://")
+        args.url = f"{scheme.lower()}://{rest}"  # schemes are case-insensitive (RFC 3986); httpx wants lower case
         levels = tuple(c for c in _positive_ints("--concurrency", args.concurrency) if c > 1)
         json_path = output_file("--json", args.json)
         api_key = _api_key(args.api_key_file)

@@ -448,3 +448,11 @@ def test_a_stream_answered_with_one_json_body_fails_as_not_streamed(tmp_path, la
                               f"{label} body"), message
     assert "4 completion tokens in its usage" in message  # the warm-up's answer, the first request
     assert "[DONE]" not in message
+
+
+def test_an_upper_case_scheme_is_a_url_like_any_other(tmp_path, capsys):
+    """URL schemes are case-insensitive (RFC 3986): `HTTP://` is benchmarked, not refused with a wrong hint."""
+    with standin(tmp_path, **FAST) as url:
+        code = main(["bench", "--url", url.replace("http://", "HTTP://"), "--model", "m", "--prompt-tokens", "64",
+                     "--output-tokens", "16"])
+    assert code == 0, capsys.readouterr()

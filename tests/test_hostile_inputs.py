@@ -220,6 +220,9 @@ RAW_ROWS = [
     ("not-a-mapping", b"- os\n- linux\n", ["not a YAML mapping (it is a list)"]),
     ("too-deep", b"a: " + b"[" * 40 + b"]" * 40 + b"\n", ["nested more than 32 levels"]),
     ("too-big", b"os: " + b"x" * (50 * 1024 * 1024) + b"\n", ["52428805 bytes; at most 1048576 bytes are read"]),
+    # YAML 1.1 reads 4:40 as base 60 (280): rigkit's loader does not, and the schema refuses the text.
+    ("base-60", (SERVING_RIG.read_text().replace("power_limit_w: 330", "power_limit_w: 4:40", 1)).encode(),
+     ["power_limit_w", "'4:40'"]),
 ]
 
 
@@ -435,7 +438,46 @@ def entry_rows(tmp_path: Path) -> list[tuple[str, list[str], list[str]]]:
     fifo = tmp_path / "key.fifo"
     os.mkfifo(fifo)
     b = ["bench", "--url", "http://127.0.0.1:1", "--model", "m"]
+    topo_fifo = tmp_path / "topo.fifo"
+    os.mkfifo(topo_fifo)
+    latin = tmp_path / "topo-latin1.txt"
+    latin.write_bytes("GPU0\tX caf\xe9".encode("latin-1"))
+    wide = tmp_path / "topo-100.txt"  # the topology fact's section marker, then a 100-GPU matrix
+    header = "\t" + "\t".join(f"GPU{i}" for i in range(100)) + "\tCPU Affinity\tNUMA Affinity\n"
+    wide.write_text("@@rigkit topo-m\n" + header + "".join(
+        f"GPU{r}\t" + "\t".join("X" if r == c else "SYS" for c in range(100)) + "\t0-1\t0\n" for r in range(100))
+        + "@@rigkit-rc 0\n")
+    no_rigs = tmp_path / "no-rigs.py"
+    no_rigs.write_text("rigs = []\n")
+    looping = tmp_path / "looping.py"
+    looping.write_text("while True:\n    pass\n")
+    traversal = tmp_path / "traversal.py"
+    traversal.write_text(inv.read_text().replace('"rig-a"', '"../../etc/passwd"'))
+    newline_host = tmp_path / "newline-host.py"
+    newline_host.write_text(inv.read_text().replace('"rig-a"', '"rig-a\\nb"'))
+    invisible = tmp_path / "invisible.py"
+    invisible.write_text(inv.read_text().replace('"rig-a"', '"rig\\u200b-a"'))
+    t = ["tune", str(inv), "--rig", "rig-a", "--model", "test-alpha"]
     rows = [
+        ("deploy-no-rigs", ["deploy", str(no_rigs)], [str(no_rigs), "lists no rigs"]),
+        ("status-no-rigs", ["status", str(no_rigs)], [str(no_rigs), "lists no rigs"]),
+        ("status-looping-inventory", ["status", str(looping)], [str(looping), "still loading after 10 s"]),
+        ("gateway-config-looping-inventory", ["gateway-config", str(looping)], ["still loading after 10 s"]),
+        ("deploy-dry-host-traversal", ["deploy", "--dry", str(traversal)], ["host name '../../etc/passwd'", "no '..'"]),
+        ("gateway-config-host-newline", ["gateway-config", str(newline_host)], ["host name 'rig-a\\nb'"]),
+        ("status-host-zero-width", ["status", str(invisible)], ["host name 'rig\\u200b-a'"]),
+        ("tune-power-outside-the-gpus-range", [*t, "--power-limits", "5"],
+         ["--power-limits: 5 W is outside", "the power-limit range of GPU 0"]),
+        ("tune-core-offsets-huge", [*t, "--core-offsets", "99999999"], ["--core-offsets: 99999999 MHz is outside -2000-2000"]),
+        ("tune-10000-power-limits", [*t, "--power-limits", ",".join(str(v) for v in range(1, 10001))],
+         ["--power-limits", "10000 values; at most 40"]),
+        ("check-topology-missing", ["check", str(rig), "--topology", str(tmp_path / "no-topo.txt")],
+         ["--topology", "no-topo.txt", "cannot read the file"]),
+        ("check-topology-folder", ["check", str(rig), "--topology", str(tmp_path)], ["--topology", "a folder"]),
+        ("check-topology-dev-zero", ["check", str(rig), "--topology", "/dev/zero"], ["--topology", "a device"]),
+        ("check-topology-fifo", ["check", str(rig), "--topology", str(topo_fifo)], ["--topology", "a FIFO"]),
+        ("check-topology-latin1", ["check", str(rig), "--topology", str(latin)], ["--topology", "not UTF-8"]),
+        ("check-topology-100-gpus", ["check", str(rig), "--topology", str(wide)], ["100 GPU columns", "at most 64"]),
         ("check-missing", ["check", str(tmp_path / "nope.yml")], ["nope.yml", "cannot read the file"]),
         ("check-dev-zero", ["check", "/dev/zero"], ["/dev/zero", "not a regular file"]),
         ("gateway-config-raising-inventory", ["gateway-config", str(raising)],
@@ -465,6 +507,8 @@ def entry_rows(tmp_path: Path) -> list[tuple[str, list[str], list[str]]]:
         ("bench-url-newline", ["bench", "--url", "http://127.0.0.1:1/\nx", "--model", "m"], ["--url", "line break"]),
         ("bench-url-scheme", ["bench", "--url", "127.0.0.1:8000", "--model", "m"], ["--url", "give the scheme"]),
         ("bench-url-port", ["bench", "--url", "http://127.0.0.1:99999", "--model", "m"], ["--url", "not a URL"]),
+        ("bench-url-v1", ["bench", "--url", "http://127.0.0.1:8000/v1/", "--model", "m"],
+         ["--url 'http://127.0.0.1:8000/v1/'", "ends in /v1", "base URL"]),
         ("bench-timeout-nan", [*b, "--timeout", "nan"], ["--timeout", "'nan'", "above 0"]),
         ("bench-timeout-inf", [*b, "--timeout", "inf"], ["--timeout", "'inf'"]),
         ("bench-timeout-zero", [*b, "--timeout", "0"], ["--timeout", "'0'"]),
@@ -565,3 +609,153 @@ def test_an_ssh_port_that_never_answers_is_named_within_its_bound(tmp_path):
         assert "Traceback" not in output and "paramiko" not in output, (name, output)
         assert processes[name].returncode not in (0, None)
     assert elapsed < 20, elapsed
+
+
+# ----- what a hostile server sends `rigkit bench` -----------------------------------------------------
+
+SECRET = "sk-hostile-secret-4711"
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\u202e"  # set the window title, clear the screen, right-to-left override
+
+
+class HostileServer:
+    """A server on 127.0.0.1 that answers every request as its `behaviour` says (test infrastructure: it
+    simulates the broken or malicious servers and relays of issue #47, nothing vLLM does)."""
+
+    def __init__(self, behaviour, bomb: bytes):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        server_self = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                server_self.answer(self, "GET")
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                server_self.answer(self, "POST")
+
+        self.behaviour, self.bomb = behaviour, bomb
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, handler, method: str) -> None:
+        status, headers, body = self.behaviour(handler, method, self.bomb)
+        try:
+            handler.send_response(status)
+            for name, value in {"Content-Length": str(len(body)), "Connection": "close", **headers}.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(body)
+        except OSError:
+            pass  # the client stopped reading: what a bounded reader does
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _sse(*payloads: dict) -> bytes:
+    import json
+
+    return b"".join(f"data: {json.dumps(p)}\n\n".encode() for p in payloads) + b"data: [DONE]\n\n"
+
+
+def _gzip_everywhere(handler, method, bomb):
+    kind = "text/event-stream" if method == "POST" else "text/plain"
+    return 200, {"Content-Type": kind, "Content-Encoding": "gzip"}, bomb
+
+
+def _gzip_error(handler, method, bomb):
+    return 500, {"Content-Type": "application/json", "Content-Encoding": "gzip"}, bomb
+
+
+def _echo_key(handler, method, bomb):
+    said = f"Unauthorized: you sent {handler.headers.get('Authorization')}{ESCAPES}"
+    return 401, {"Content-Type": "application/json"}, __import__("json").dumps({"error": said}).encode()
+
+
+def _huge_count(handler, method, bomb):
+    if method == "GET":
+        return 404, {}, b""
+    chunk = {"choices": [{"index": 0, "text": "tok ", "finish_reason": None}]}
+    end = {"choices": [{"index": 0, "text": "tok ", "finish_reason": "length"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 32, "completion_tokens": 1e308}}
+    return 200, {"Content-Type": "text/event-stream"}, _sse(chunk, end, usage)
+
+
+def _choices_text(handler, method, bomb):
+    if method == "GET":
+        return 404, {}, b""
+    return 200, {"Content-Type": "text/event-stream"}, _sse({"choices": "x"}, {"choices": [], "usage": "y"})
+
+
+def _escapes_mid_stream(handler, method, bomb):
+    if method == "GET":
+        return 200, {"Content-Type": "application/json"}, f'{{"version": "{ESCAPES!s}"}}'.encode("utf-8", "surrogatepass")
+    return 200, {"Content-Type": "text/event-stream"}, _sse({"error": {"message": f"boom {SECRET} {ESCAPES}"}})
+
+
+SERVER_ROWS = [
+    # (id, behaviour, what stdout and stderr together must say: each text, or one of a tuple's)
+    # Either bound may be met first: httpx decodes a 64 KB chunk of the bomb into up to 64 MB at once.
+    ("gzip-bomb-stream-and-metrics", _gzip_everywhere, [("the stream passed 64 MiB", "an event of over 1,048,576")]),
+    ("gzip-bomb-error-body", _gzip_error, ["HTTP 500"]),
+    ("key-echoed-with-escapes", _echo_key, ["HTTP 401: Unauthorized: you sent [redacted]\\x1b]0;pwned"]),
+    ("usage-count-1e308", _huge_count, ["usage.completion_tokens is not a token count: 1e+308"]),
+    ("choices-not-a-list", _choices_text, ["no tokens came back"]),
+    ("key-and-escapes-mid-stream", _escapes_mid_stream, ["error mid-stream: boom [redacted]", "\\u202e"]),
+]
+
+
+@pytest.fixture(scope="module")
+def gzip_bomb() -> bytes:
+    """1 GiB of zeros, gzip-compressed to about 1 MB: what a hostile server sends as a compressed body."""
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    return b"".join([*(packer.compress(zeros) for _ in range(1024)), packer.flush()])
+
+
+@pytest.mark.parametrize("name, behaviour, said", SERVER_ROWS, ids=[r[0] for r in SERVER_ROWS])
+def test_what_a_hostile_server_sends_is_bounded_printable_and_never_shows_the_key(tmp_path, gzip_bomb, name,
+                                                                                 behaviour, said):
+    """`rigkit bench --timeout 8` as a subprocess against each HostileServer: it fails (exit 1) saying what
+    was wrong, with no traceback, no terminal escape and not the API key it was given anywhere in its output
+    or its --json; within the timeout plus 2 s; under 300 MB of memory (its maximum resident set, from
+    wait4)."""
+    key = tmp_path / "api.key"
+    key.write_text(SECRET + "\n")
+    key.chmod(0o600)
+    out = tmp_path / "bench.json"
+    server = HostileServer(behaviour, gzip_bomb)
+    try:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [PY, "-m", "rigkit.cli", "bench", "--url", server.url, "--model", "m", "--timeout", "8",
+             "--prompt-tokens", "64", "--output-tokens", "8", "--api-key-file", str(key), "--json", str(out)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        output = process.stdout.read().decode(errors="replace")
+        _, status, usage = os.wait4(process.pid, 0)
+        elapsed = time.monotonic() - started
+    finally:
+        server.close()
+    code = os.waitstatus_to_exitcode(status)
+    written = out.read_text() if out.exists() else ""
+    assert code == 1, (code, output)
+    assert "Traceback" not in output, output
+    for text in said:
+        assert any(t in output for t in (text if isinstance(text, tuple) else (text,))), (text, output)
+    for where in (output, written):
+        assert SECRET not in where and "\x1b" not in where and "\u202e" not in where, where
+    # Start-up under a loaded test machine is part of it: a Python start with rigkit's imports took 8 s then.
+    assert elapsed < 8 + 2 + CASE_LIMIT_S / 2, elapsed
+    assert usage.ru_maxrss < 300 * 1024, f"{usage.ru_maxrss / 1024:.0f} MB"

@@ -23,8 +23,8 @@ def tune(*args: str, rig_file=RIG) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, said", [
-    (("--rig", "nope", "--model", "tune-sim", "--power-limits", "200,250"), "--rig nope: not in inventory/sim.py"),
-    (("--rig", "sim-rig", "--model", "other", "--power-limits", "200,250"), "--model other: rig sim-rig"),
+    (("--rig", "nope", "--model", "tune-sim", "--power-limits", "200,250"), "--rig 'nope': not in inventory/sim.py"),
+    (("--rig", "sim-rig", "--model", "other", "--power-limits", "200,250"), "--model 'other': rig sim-rig"),
     (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "250:200:25"), "start 250 is above stop 200"),
     (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200,abc"), "'abc' is not a whole number"),
     (("--rig", "sim-rig", "--model", "tune-sim", "--power-limits", "200", "--objective", "fast"), "--objective 'fast'"),

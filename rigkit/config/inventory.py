@@ -11,6 +11,7 @@ Every default below is documented in docs/configuration.md.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -186,7 +187,8 @@ def load_inventory(path: str):
     A relative path is taken from the current directory, as pyinfra takes it."""
     import stat
 
-    from rigkit.config.errors import one_line
+    from rigkit.config.errors import one_line, shown
+    from rigkit.config.names import host_name_problem
 
     try:
         info = Path(path).stat()
@@ -206,14 +208,54 @@ def load_inventory(path: str):
     from pyinfra_cli.inventory import make_inventory
 
     try:
-        with ctx_state.use(State()):
-            return make_inventory(path, cwd=".")
+        with ctx_state.use(State()), _bounded(INVENTORY_LOAD_S):
+            inventory = make_inventory(path, cwd=".")
+    except _LoadTimeout:
+        raise RigConfigError(f"{path}: still loading after {INVENTORY_LOAD_S:g} s; an inventory lists rigs, "
+                             "it does not wait or loop (inventory/sim.py)") from None
     except (Exception, SystemExit) as exc:  # the inventory is the user's Python: its error, in one line
         inner = getattr(exc, "exception", None) or exc  # pyinfra wraps it (UnexpectedExternalError)
         line = _raised_at(inner, path)
         raise RigConfigError(f"{path}{line}: cannot be loaded: {type(inner).__name__}: {one_line(str(inner))}"
                              + (" (an environment variable it reads is not set?)" if isinstance(inner, KeyError)
                                 else "")) from None
+    hosts = list(inventory)
+    if not hosts:
+        raise RigConfigError(f"{path}: lists no rigs; an inventory names each rig with its data, "
+                             'e.g. rigs = [("rig-a", {"ssh_hostname": "192.0.2.10", "rig_file": ...})] (inventory/sim.py)')
+    for host in hosts:
+        if problem := host_name_problem(host.name):
+            raise RigConfigError(f"{path}: host name {shown(host.name)}: {problem}")
+    return inventory
+
+
+INVENTORY_LOAD_S = 10.0  # an inventory is a list of rigs: loading it takes milliseconds
+
+
+class _LoadTimeout(BaseException):
+    """Raised into the inventory's own code by the timer (a BaseException: the code's `except Exception`
+    does not swallow it)."""
+
+
+@contextmanager
+def _bounded(seconds: float):
+    """A bound on the time the block runs, by SIGALRM (the main thread only: elsewhere, unbounded)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _LoadTimeout()
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _raised_at(exc: BaseException, path: str) -> str:

@@ -26,3 +26,21 @@ def name_problem(value: object) -> str | None:
             hint = f"; for example {value.lower().replace('.', '-')!r}"
         return f"{NAME_RULE}{hint}"
     return None
+
+
+# Inventory host names are addresses as often as names (pyinfra connects to the name unless ssh_hostname
+# says otherwise; rigkit's Windows connector is picked by an `@winssh/` prefix): the rule keeps them one
+# safe word (no path separator, no "..", no space, control or non-ASCII character) without refusing an
+# address. They reach messages, the gateway's env file and LiteLLM's config, never a path.
+HOST_NAME_PATTERN = re.compile(r"(@[a-z][a-z0-9_]{0,31}/)?[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
+HOST_NAME_RULE = (
+    "inventory host names are a name or an address: ASCII letters, digits, '.', '-', '_' and ':', starting "
+    "with a letter or digit, at most 253 characters, no '..', after a connector's prefix if any (@winssh/)"
+)
+
+
+def host_name_problem(value: object) -> str | None:
+    """Why an inventory host name breaks HOST_NAME_RULE, or None when it follows it."""
+    if not isinstance(value, str) or not HOST_NAME_PATTERN.fullmatch(value) or ".." in value:
+        return HOST_NAME_RULE
+    return None

@@ -12,6 +12,7 @@ ten aliases are a billion values for any walk that follows them).
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,28 @@ Location = tuple[str | int, ...]
 MAX_DEPTH = 32  # a rig file nests 4 levels; a deeper document is not one
 MAX_FILE_BYTES = 1024 * 1024  # a rig or model file is a few KiB
 MAX_NODES = 20_000  # values in the document with every alias expanded; a rig file has a few hundred
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1's safe loader without its base-60 numbers: `power_limit_w: 4:40` is the text "4:40" (which
+    the schema then refuses as not a number), not 280. Nobody writes a power limit in sexagesimal."""
+
+
+# PyYAML's own int and float patterns (yaml/resolver.py) less their base-60 alternative.
+_NO_BASE_60 = {
+    "tag:yaml.org,2002:int": re.compile(r"""^(?:[-+]?0b[0-1_]+
+                    |[-+]?0[0-7_]+
+                    |[-+]?(?:0|[1-9][0-9_]*)
+                    |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
+    "tag:yaml.org,2002:float": re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+}
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, _NO_BASE_60.get(tag, regexp)) for tag, regexp in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def read_small_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
@@ -64,7 +87,7 @@ def load_yaml(path: Path) -> tuple[Any, dict[Location, int]]:
     try:
         # One parse: the node tree keeps each value's line, and the data is built from it
         # (what yaml.safe_load does, parsing the text a second time).
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text)
         try:
             root = loader.get_single_node()
             if root is not None:

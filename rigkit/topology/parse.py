@@ -65,12 +65,18 @@ def _split_header(line: str) -> list[str]:
     return cells
 
 
+MAX_MATRIX_GPUS = 64  # rigkit serves 1 to 8 GPUs a rig; a matrix far larger is not one (a 3000x3000 took 9 s)
+
+
 def parse_topo_matrix(text: str) -> TopoMatrix:
     lines = _table_lines(text)
     if not lines:
         raise TopologyParseError("nvidia-smi topo -m printed no matrix")
     header = _split_header(lines[0])
     gpu_cols = [_gpu_index(c) for c in header]
+    if sum(c is not None for c in gpu_cols) > MAX_MATRIX_GPUS:
+        raise TopologyParseError(f"nvidia-smi topo -m: {sum(c is not None for c in gpu_cols)} GPU columns; "
+                                 f"a rig has at most {MAX_MATRIX_GPUS}: not a rig's topology")
     n_dev = sum(1 for c in header if c not in ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID"))
     links: dict[tuple[int, int], str] = {}
     cpu, numa = {}, {}

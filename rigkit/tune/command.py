@@ -13,6 +13,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from rigkit.config.errors import shown
 from rigkit.config.output_path import OutputPathError, output_file
 from rigkit.tune.grid import GridError, parse_objective, parse_repeats, parse_threshold, parse_values, parse_workload
 from rigkit.tune.inputs import TuneInputError
@@ -103,7 +104,32 @@ def _host(inventory: str, name: str):
     for host in hosts:
         if host.name == name:
             return host
-    raise TuneInputError(f"--rig {name}: not in {inventory}; its rigs: {', '.join(names) or 'none'}")
+    raise TuneInputError(f"--rig {shown(name)}: not in {inventory}; its rigs: {', '.join(names) or 'none'}")
+
+
+# The ranges the rig file itself allows (rigkit.config.schema): a value outside them is refused before SSH.
+POWER_LIMIT_RANGE_W = (1, 1500)
+CLOCK_LOCK_RANGE_MHZ = (1, 5000)
+OFFSET_RANGES_MHZ = {"--mem-offsets": (-20_000, 20_000), "--core-offsets": (-2_000, 2_000)}
+
+
+def _within_what_the_rig_file_allows(options, rig, model) -> None:
+    """Each swept value within the range the rig file would accept (for a GPU model rigkit knows, its
+    power-limit range): the rig's own range is read again on the rig before anything is applied."""
+    from rigkit.config import gpu_models
+
+    def check(option: str, values, low: int, high: int, unit: str, whose: str = "") -> None:
+        outside = [v for v in values if v is not None and not low <= v <= high]
+        if outside:
+            raise TuneInputError(f"{option}: {outside[0]} {unit} is outside {low}-{high} {unit}{whose}")
+    check("--power-limits", options.power_limits, *POWER_LIMIT_RANGE_W, "W")
+    check("--clock-locks", options.clock_locks, *CLOCK_LOCK_RANGE_MHZ, "MHz")
+    check("--mem-offsets", options.mem_offsets, *OFFSET_RANGES_MHZ["--mem-offsets"], "MHz")
+    check("--core-offsets", options.core_offsets, *OFFSET_RANGES_MHZ["--core-offsets"], "MHz")
+    for gpu in (g for g in rig.spec.gpus if g.index in model.spec.gpus):
+        if known := gpu_models.lookup(gpu.model):
+            check("--power-limits", options.power_limits, known.power_min_w, known.power_max_w, "W",
+                  f", the power-limit range of GPU {gpu.index} ({known.name})")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -117,8 +143,9 @@ def main(args: argparse.Namespace) -> int:
             raise TuneInputError(f"rig {args.rig} ({rig.file}) is a {rig.spec.os} rig; `rigkit tune` drives Linux rigs")
         model = next((m for m in rig.models if m.name == args.model), None)
         if model is None:
-            raise TuneInputError(f"--model {args.model}: rig {args.rig} ({rig.file}) serves "
+            raise TuneInputError(f"--model {shown(args.model)}: rig {args.rig} ({rig.file}) serves "
                                  f"{', '.join(m.name for m in rig.models) or 'no models'}")
+        _within_what_the_rig_file_allows(options, rig, model)
         target = ssh_target(host)
         results_dir = run_options(host).results_dir
     except (TuneInputError, RigConfigError) as exc:  # a bad option, rig file or inventory value: one line

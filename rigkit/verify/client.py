@@ -37,6 +37,7 @@ Honest counting, after the field notes:
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import statistics
@@ -47,7 +48,7 @@ from dataclasses import asdict, dataclass, field, replace
 import httpx
 
 from rigkit.verify import bench_checks as judge
-from rigkit.verify import metrics
+from rigkit.verify import metrics, untrusted
 from rigkit.verify.checks import Check
 from rigkit.verify.stream import StreamResult, stream_completion
 
@@ -79,9 +80,11 @@ NO_DELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 def http_client(headers: dict, timeout_s: float, connections: int = 1) -> httpx.Client:
-    """The client every benchmark request goes through (also rigkit.verify.gateway's), with TCP_NODELAY."""
+    """The client every benchmark request goes through (also rigkit.verify.gateway's), with TCP_NODELAY. It
+    asks for bodies as they are (`Accept-Encoding: identity`): a compressed body is decoded before any bound
+    applies, and a gzip of zeros grows a thousandfold (rigkit.verify.untrusted)."""
     transport = httpx.HTTPTransport(socket_options=NO_DELAY, limits=httpx.Limits(max_connections=connections))
-    return httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
+    return httpx.Client(headers={"Accept-Encoding": "identity", **headers}, timeout=timeout_s, transport=transport)
 
 
 @dataclass(frozen=True)
@@ -190,10 +193,10 @@ class PromptScale:
 
 def read_metrics(client: httpx.Client, url: str) -> metrics.Snapshot | None:
     try:
-        response = client.get(f"{url}/metrics", timeout=10)
-    except httpx.HTTPError:
+        status, body = untrusted.get_bounded(client, f"{url}/metrics", untrusted.MAX_METRICS_BYTES, 10)
+    except (httpx.HTTPError, untrusted.TooLarge):
         return None
-    return metrics.parse(response.text) if response.status_code == 200 else None
+    return metrics.parse(body.decode(errors="replace")) if status == 200 else None
 
 
 class ServerCounters:
@@ -235,10 +238,11 @@ class ServerCounters:
 
 def _server_version(client: httpx.Client, url: str) -> str | None:
     try:
-        response = client.get(f"{url}/version", timeout=10)
-        return str(response.json().get("version")) if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+        status, body = untrusted.get_bounded(client, f"{url}/version", untrusted.MAX_BODY_BYTES, 10)
+        version = json.loads(body).get("version") if status == 200 else None
+    except (httpx.HTTPError, untrusted.TooLarge, ValueError, AttributeError):
         return None
+    return untrusted.printable(str(version), untrusted.secrets_of(client), 80) if version is not None else None
 
 
 def _percentile(values: list[float], share: float) -> float | None:

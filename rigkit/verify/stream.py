@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rigkit.verify import sse
+from rigkit.verify import sse, untrusted
+from rigkit.verify.untrusted import printable
 
 NORMAL_FINISH = ("length", "stop")
 REASONING_FIELDS = ("reasoning_content", "reasoning", "choice.reasoning_content", "choice.reasoning")
-MAX_BODY_BYTES = 1 << 20  # a body that is not a stream: read this much at most to say what it held
+MAX_BODY_BYTES = untrusted.MAX_BODY_BYTES  # a body that is not a stream: read this much at most
+MAX_COUNT = 10 ** 9  # a token count in usage above this is not one
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -147,50 +149,46 @@ def stream_completion(client: httpx.Client, url: str, model: str, prompt: str, r
     deadline = time.monotonic() + timeout_s
     result.t_send, result.wall_send_s = time.monotonic(), time.time()
     decoder = sse.Decoder()
+    secrets = untrusted.secrets_of(client)
     try:
         with client.stream("POST", f"{url}{ENDPOINTS[endpoint]}", json=body, timeout=timeout_s) as response:
             if response.status_code != 200:
-                result.error = _http_error(response)
+                result.error = _http_error(response, secrets)
                 if response.status_code == 404 and endpoint == "completions" and "does not exist" not in result.error:
                     result.error += " (no /v1/completions here: a chat-only server or gateway? try --endpoint chat)"
                 return result
             content_type = response.headers.get("content-type", "")
             if "json" in content_type.lower():
-                result.error = _not_streamed(_read_bounded(response), content_type)
+                result.error = _not_streamed(untrusted.read_bounded(response), content_type, secrets)
                 return result
-            head, events = bytearray(), 0  # what came before any event: a whole body under an SSE label?
+            head, events, received = bytearray(), 0, 0  # head: what came before any event (a whole body?)
             for piece in response.iter_bytes():
                 now, wall = time.monotonic(), time.time()
+                received += len(piece)
+                if received > untrusted.MAX_STREAM_BYTES:
+                    result.error = f"the stream passed {untrusted.MAX_STREAM_BYTES >> 20} MiB: not read further"
+                    return result
                 if not events and len(head) < MAX_BODY_BYTES:
                     head += piece[:MAX_BODY_BYTES - len(head)]
                 for event in decoder.feed(piece):
                     events += 1
-                    _take(result, event, now, wall)
+                    _take(result, event, now, wall, secrets)
                 if now > deadline:
                     result.error = f"stream still running after the {timeout_s:.0f} s timeout"
                     return result
             for event in decoder.finish():
                 events += 1
-                _take(result, event, time.monotonic(), time.time())
+                _take(result, event, time.monotonic(), time.time(), secrets)
             if not events and _json_object(bytes(head)) is not None:
-                result.error = _not_streamed(bytes(head), content_type or "unlabelled")
+                result.error = _not_streamed(bytes(head), content_type or "unlabelled", secrets)
     except sse.EventTooLong as exc:
         result.error = f"the server sent {exc}: not a stream of events"
     except httpx.TimeoutException:
         result.error = f"no token within the {timeout_s:.0f} s timeout (a server can answer /health and still be stuck)"
     except httpx.HTTPError as exc:
-        result.error = f"request failed: {exc}"
+        result.error = f"request failed: {printable(str(exc), secrets)}"
     _judge(result)
     return result
-
-
-def _read_bounded(response: httpx.Response) -> bytes:
-    body = bytearray()
-    for piece in response.iter_bytes():
-        body += piece[:MAX_BODY_BYTES - len(body)]
-        if len(body) >= MAX_BODY_BYTES:
-            break
-    return bytes(body)
 
 
 def _json_object(body: bytes) -> dict | None:
@@ -201,31 +199,32 @@ def _json_object(body: bytes) -> dict | None:
     return payload if isinstance(payload, dict) else None
 
 
-def _not_streamed(body: bytes, content_type: str) -> str:
+def _not_streamed(body: bytes, content_type: str, secrets: tuple[str, ...]) -> str:
     """What one body sent for `stream: true` held (read up to MAX_BODY_BYTES): it says the answer came whole."""
     payload = _json_object(body)
     held = f"{len(body)} bytes"
     if payload is not None:
         usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
         if error_text(payload):
-            held += f", an error: {error_text(payload)[:200]}"
-        elif usage.get("completion_tokens") is not None:
+            held += f", an error: {printable(error_text(payload), secrets, 200)}"
+        elif _count(usage, "completion_tokens") is not None:
             held += f", {usage['completion_tokens']} completion tokens in its usage"
-    return (f"not streamed: asked for stream: true, the server answered with one {content_type.split(';')[0]} body "
+    return (f"not streamed: asked for stream: true, the server answered with one "
+            f"{printable(content_type.split(';')[0], secrets, 80)} body "
             f"({held}) instead of server-sent events; a buffering gateway or a response cache in between? "
             "Nothing in it can be timed")
 
 
-def _http_error(response: httpx.Response) -> str:
-    raw = response.read().decode(errors="replace")
+def _http_error(response: httpx.Response, secrets: tuple[str, ...]) -> str:
+    raw = untrusted.read_bounded(response).decode(errors="replace")
     try:
         text = error_text(json.loads(raw)) or raw
     except ValueError:
         text = raw
-    return f"HTTP {response.status_code}: {text.strip()[:300]}"
+    return f"HTTP {response.status_code}: {printable(text.strip(), secrets)}"
 
 
-def _take(result: StreamResult, event: sse.Event, now: float, wall: float) -> None:
+def _take(result: StreamResult, event: sse.Event, now: float, wall: float, secrets: tuple[str, ...] = ()) -> None:
     if event.data.strip() == "[DONE]":
         return
     try:
@@ -234,14 +233,17 @@ def _take(result: StreamResult, event: sse.Event, now: float, wall: float) -> No
         payload = None
     text = error_text(payload) or (event.data.strip() if event.event == "error" else None)
     if text or not isinstance(payload, dict):
-        message = f"the server sent an error mid-stream: {text}" if text else \
-            f"the server sent data that is not a JSON object: {event.data[:200]!r}"
+        message = f"the server sent an error mid-stream: {printable(text, secrets)}" if text else \
+            f"the server sent data that is not a JSON object: {printable(event.data, secrets, 200)}"
         result.error = result.error or message  # the first error is the cause; later events still read
         return
     if isinstance(payload.get("usage"), dict) and payload["usage"]:
         usage = payload["usage"]
-        result.prompt_tokens = usage.get("prompt_tokens")
-        result.completion_tokens = usage.get("completion_tokens")
+        result.prompt_tokens, result.completion_tokens = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
+        for name in ("prompt_tokens", "completion_tokens"):
+            if usage.get(name) is not None and _count(usage, name) is None:
+                result.error = result.error or (f"usage.{name} is not a token count: "
+                                                f"{printable(json.dumps(usage.get(name)), secrets, 60)}")
         result.cached_prompt_tokens = _detail(usage, "prompt_tokens_details", "cached_tokens")
         result.reasoning_tokens = _detail(usage, "completion_tokens_details", "reasoning_tokens")
     fields = {}
@@ -249,7 +251,7 @@ def _take(result: StreamResult, event: sse.Event, now: float, wall: float) -> No
     for choice in (c for c in choices if isinstance(c, dict)):
         fields.update(generated(choice))
         if choice.get("finish_reason"):
-            result.finish_reason = choice["finish_reason"]
+            result.finish_reason = printable(str(choice["finish_reason"]), secrets, 40)
     if fields:
         result.chunks += 1
         result.chunk_times.append(now)
@@ -259,10 +261,15 @@ def _take(result: StreamResult, event: sse.Event, now: float, wall: float) -> No
         result.t_last, result.wall_last_s = now, wall
 
 
+def _count(usage: dict, name: str) -> int | None:
+    """A token count of usage: a whole number from 0 to MAX_COUNT, else None."""
+    value = usage.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT else None
+
+
 def _detail(usage: dict, section: str, name: str) -> int | None:
     details = usage.get(section)
-    value = details.get(name) if isinstance(details, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return _count(details, name) if isinstance(details, dict) else None
 
 
 def _judge(result: StreamResult) -> None:
