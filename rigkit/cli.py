@@ -101,7 +101,7 @@ def _check_topology(rig, facts_file: str) -> bool:
               f"{'; '.join(one_line(n) for n in notes) or 'not in the file'}", file=sys.stderr)
         return True
     for note in notes:
-        print(f"{rig.file}: topology: not read: {note}", file=sys.stderr)
+        print(f"{rig.file}: topology: not read: {one_line(note)}", file=sys.stderr)
     verdicts = rig_verdicts(rig, topo)
     for verdict in verdicts:
         print(render_verdict(verdict))
