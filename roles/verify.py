@@ -209,6 +209,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     from rigkit.verify.gate import decide, from_result
     from rigkit.verify.gate_record import (
         GATE_RUNS,
+        anchor_result,
         gate_document,
         proven_baseline,
         refusal_screen,
@@ -241,9 +242,13 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
                     f"one on record ({baseline.get('time')}) is not compared")
         baseline = None
     caps = {g.index: g.power_limit_w for g in rig.spec.gpus if g.index in model.spec.gpus and g.power_limit_w}
+    anchor = anchor_result(folder) if baseline else None
+    if anchor is not None and anchor.get("time") == baseline.get("time"):
+        anchor = None  # the anchor is the last proven result: compared already
     runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
     verdict = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in runs], caps,
-                     accept_slower=accept_slower)
+                     accept_slower=accept_slower, anchor=from_result(anchor) if anchor else None,
+                     anchor_label=f"{anchor.get('kind') or 'verification'} of {anchor.get('time')}" if anchor else "")
     if verdict.waived:  # promoted slower on purpose: recorded in the provenance of what is saved
         runs = [replace(r, provenance={**r.provenance, "accepted_slower": True}) for r in runs]
     documents = [r.to_json() for r in runs]

@@ -213,3 +213,44 @@ def test_a_bad_accept_slower_value_in_the_deploy_data_is_a_config_error():
         run_options(host)
     host.data["rigkit_accept_slower"] = "test-alpha,test-beta"
     assert run_options(host).accept_slower == {"test-alpha", "test-beta"}
+
+
+def test_small_slowdowns_that_add_up_are_refused_against_the_anchor(tmp_path):
+    """100 -> 98 -> 95 -> 94 -> 93 -> 85 tok/s, each a promoted rollout written as the gate writes it: every
+    step is under 10% from the last proven result, but 85 is 15% below the result that set the line (the
+    gate that established 100): refused by `drift`, not by `decode`. An --accept-slower promotion sets the
+    line anew."""
+    import json
+
+    from rigkit.verify.gate_record import anchor_result, proven_baseline
+
+    def promoted(n: int, decode: float, **flags) -> None:
+        document = {"kind": "gate", "time": f"2026-12-03T10:{n:02d}:00+00:00", "promoted": True, "passed": True,
+                    "figures": {"decode_tok_s": decode, "ttft_s": 0.5}, **flags}
+        (tmp_path / f"gate-{n:02d}.json").write_text(json.dumps(document))
+
+    def gate(decode: float):
+        baseline, anchor = proven_baseline(tmp_path), anchor_result(tmp_path)
+        anchor = None if anchor["time"] == baseline["time"] else anchor
+        return decide(from_result(baseline), runs(decode=(decode,) * 3, ttft=(0.5,) * 3, acceptance=None),
+                      anchor=from_result(anchor) if anchor else None,
+                      anchor_label=f"gate of {anchor['time']}" if anchor else "")
+
+    promoted(0, 100.0, establishes=True)
+    for n, decode in enumerate((98.0, 95.0, 94.0, 93.0), start=1):
+        verdict = gate(decode)
+        assert verdict.promote, verdict.reason
+        promoted(n, decode)
+    verdict = gate(85.0)
+    assert [c.name for c in verdict.failed] == ["drift"], verdict.reason
+    assert "drift: against the anchor (gate of 2026-12-03T10:00:00+00:00): anchor 100.0 tok/s, candidate 85.0 tok/s" \
+           in verdict.reason, verdict.reason
+    assert "15.0% slower" in verdict.reason
+    promoted(5, 85.0, accepted_slower=True)  # `rigkit deploy --accept-slower`: the line is set anew
+    assert gate(84.0).promote
+
+
+def test_exactly_the_allowance_slower_is_refused():
+    """The rule as docs/serving.md states it: a candidate 10% or more slower is refused; 9.9% passes."""
+    assert not decide(PROVEN, runs(decode=(90.0,) * 3)).promote
+    assert decide(PROVEN, runs(decode=(90.1,) * 3)).promote

@@ -141,3 +141,15 @@ def test_a_windows_rigs_scheduled_tasks_stand_for_the_units():
     gone = build_status(type(win)(win.name, removed, win.models, win.file), "rig1", windows, gpus(), facts, weights(rig=win),
                         wanted_files(win), results(rig=win), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks)
     assert [d["found"] for d in gone["drift"] if d["what"].startswith("scheduled task")] == ["registered", "registered"]
+
+
+def test_a_keeper_state_file_that_cannot_be_read_is_a_note_not_zero_repairs():
+    """Simulated: the probe's answer for a keeper state file cut off, garbage or empty (the probe says
+    `state_unreadable`), and for one holding a JSON list: a note that the repairs are unknown; never a traceback."""
+    facts = probe()
+    facts["gpu_keeper"] = {"unit": {"load": "loaded", "enabled": "enabled", "active": "active"}, "state": None,
+                           "state_unreadable": True}
+    doc = status(facts=facts)
+    assert any("its repairs are unknown, not zero" in n for n in doc["notes"]), doc["notes"]
+    facts["gpu_keeper"] = {"unit": {"load": "loaded", "enabled": "enabled", "active": "active"}, "state": [1, 2]}
+    assert status(facts=facts)["gpu_keeper"]["counts"]

@@ -70,10 +70,11 @@ def background_request(url, prompt="a long prompt " * 200):
     threading.Thread(target=send, daemon=True).start()
 
 
-def passes(wd, m, state_dir, count, restart_fn, start=1000.0):
-    """`count` checks one simulated interval apart; returns the verdicts."""
-    return [wd.check(m, None, str(state_dir), now=start + i * m["interval_s"], restart_fn=restart_fn)
-            for i in range(count)]
+def passes(wd, m, state_dir, count, restart_fn, start=1000.0, stopped_fn=lambda model: ""):
+    """`count` checks one simulated interval apart; returns the verdicts. The model's containers run
+    (`stopped_fn` says none is down) unless the test says otherwise."""
+    return [wd.check(m, None, str(state_dir), now=start + i * m["interval_s"], restart_fn=restart_fn,
+                     stopped_fn=stopped_fn) for i in range(count)]
 
 
 def test_judge_needs_both_signals_for_the_whole_time(wd):
@@ -174,6 +175,28 @@ def test_it_holds_off_while_a_rollout_holds_the_stacks_lock(wd, tmp_path):
         after = passes(wd, m, tmp_path / "state", 5, lambda t: restarted.append(t) or "x", start=1005.0)
     assert held == ["held_off"] * 5 and restarted[:1] == [m]
     assert "restarted" in after
+
+
+def test_a_model_whose_containers_exited_is_started_again_within_the_hourly_cap(wd, tmp_path, capsys):
+    """Simulated: the model's container killed (`docker kill`: Docker's restart policy leaves it down), as
+    `docker ps -a` lists it; the start is a callback. Started at once, counted with the restarts, capped."""
+    import subprocess
+
+    listed = "rigkit-m-vllm-1 exited Exited (137) 4 seconds ago\n"
+    wd.docker = lambda *args: subprocess.CompletedProcess(args, 0, listed, "")
+    assert wd.stopped({"project": "rigkit-m"}) == "rigkit-m-vllm-1 Exited (137) 4 seconds ago"
+    for running in ("rigkit-m-vllm-1 running Up 3 seconds\n", "rigkit-m-vllm-1 restarting Restarting (1) 1 second ago\n", ""):
+        wd.docker = lambda *args, out=running: subprocess.CompletedProcess(args, 0, out, "")
+        assert wd.stopped({"project": "rigkit-m"}) == "", running  # running, Docker's to restart, or taken down
+    started = []
+    m = {**model("http://127.0.0.1:1"), "max_restarts_per_hour": 2}
+    verdicts = [wd.check(m, None, str(tmp_path / "state"), now=2000.0 + i, stopped_fn=lambda model: "rigkit-m-vllm-1 Exited (137)",
+                         start_fn=lambda model: started.append(model["name"]) or "started 1 container(s) (test)")
+                for i in range(4)]
+    assert verdicts == ["started", "started", "capped", "capped"], verdicts
+    said = capsys.readouterr().out
+    assert "m: DOWN: every container exited and stayed down (rigkit-m-vllm-1 Exited (137)); started 1 container(s) " \
+           "(test) (restart 1 of at most 2 per hour)" in said, said
 
 
 def test_the_stand_ins_wedge_after_n_requests_survives_nothing_but_a_restart(tmp_path):

@@ -142,3 +142,34 @@ def test_it_holds_off_while_a_rollout_holds_the_lock_then_acts(rig):
         rig.exec(f"touch {release}")
     took = wait_restart(before, BOUND_S)  # lock released: it acts
     assert took is not None, f"no restart within {BOUND_S} s of the release:\n{journal(rig, since)}"
+
+
+def test_a_model_container_killed_by_hand_is_started_again_and_said_so(rig):
+    """`docker kill` of the model's container: Docker's restart policy leaves a container stopped by hand
+    down, and nothing else would bring it back. The watchdog's next pass starts it again (counted with the
+    restarts) and says which container was down and how it ended; the model serves again."""
+    from tests.conftest import RESULTS
+
+    since = rig_now(rig)
+    engine = docker.from_env()
+    engine.containers.get(f"rigkit-{MODEL}-vllm-1").kill()
+    killed = time.monotonic()
+    bound = 2 * INTERVAL_S + RESTART_S
+    while engine.containers.get(f"rigkit-{MODEL}-vllm-1").status != "running":
+        assert time.monotonic() - killed < bound, f"still down after {bound} s:\n{journal(rig, since)}"
+        time.sleep(0.2)
+    took = time.monotonic() - killed
+    log = journal(rig, since)
+    assert f"{MODEL}: DOWN: every container exited and stayed down (rigkit-{MODEL}-vllm-1 Exited (137)" in log, log
+    assert "started 1 container(s) of rigkit-alone-alpha again" in log, log
+    for _ in range(60):  # the stand-in answers again
+        try:
+            if httpx.post(f"{URL}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                          timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        pytest.fail("not serving after the start")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "watchdog-down-repair.txt").write_text(f"killed -> running again in {took:.1f} s\n")  # to read

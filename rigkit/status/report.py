@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from rigkit.config.schema import RigConfig
-from rigkit.gpu.keeper import KEEPER_UNIT, keeper_summary
+from rigkit.gpu.keeper import KEEPER_STATE_PATH, KEEPER_UNIT, keeper_summary
 from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
@@ -160,8 +160,13 @@ def _keeper(doc, rig, keeper, now, commands, drift):
     """The GPU policy keeper: running where the policy applies, and its repairs by cause (docs/status.md)."""
     if keeper is None:
         return
-    summary = keeper_summary(keeper.get("unit"), keeper.get("state"), now)
+    state = keeper.get("state") if isinstance(keeper.get("state"), dict) else None
+    summary = keeper_summary(keeper.get("unit"), state, now)
     doc["gpu_keeper"] = summary
+    if keeper.get("state_unreadable"):
+        doc["notes"].append(f"GPU policy keeper: its state file {KEEPER_STATE_PATH} is not readable (cut off, "
+                            "garbage or empty): its repairs are unknown, not zero; the keeper writes it anew at "
+                            "its next repair")
     unit = keeper.get("unit") or {}
     if rig.spec.gpu_policy == "remove":
         if unit.get("load") == "loaded":

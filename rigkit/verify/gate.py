@@ -12,6 +12,9 @@ Refused when any of these fails (each is a `Check`, all reported at once):
   not called a regression, and neither is a proven mean that was itself noisy: on vLLM's CPU build the
   drafter's acceptance moves with the prompt, and a proven 1303 tok/s (CV 11.7%) was met by its own
   config at 1118 (CV 3.8%) after a rollback;
+- drift: the candidate's mean decode is ALLOWANCE (or the noise allowance above) or more below the
+  anchor's, the proven result that last set the line (rigkit.verify.gate_record.anchor_result): each
+  step of 100 -> 98 -> 95 -> 93 -> 85 tok/s is under 10% from the last, the last is 15% from 100;
 - ttft: the mean time to first token is that allowance (from the TTFT runs' own CV) or more above;
 - acceptance: with drafting, accepted tokens per draft (mean acceptance length - 1) fell below
   ACCEPTANCE_COLLAPSE (half) of the proven one's: a drafter run in the wrong dtype accepts
@@ -75,7 +78,7 @@ def from_result(document: dict) -> RunFigures:
         repeat_ttft_s=bench.get("repeat_ttft_s"), decode_cv=cv("decode_tok_s"), ttft_cv=cv("ttft_s"))
 
 
-SPEED_CHECKS = ("decode", "ttft", "acceptance", "prefix_cache")  # what --accept-slower waives
+SPEED_CHECKS = ("decode", "drift", "ttft", "acceptance", "prefix_cache")  # what --accept-slower waives
 
 
 @dataclass(frozen=True)
@@ -114,9 +117,10 @@ def allowance(values: Sequence[float]) -> tuple[float, float]:
 
 
 def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None,
-           accept_slower: bool = False) -> Verdict:
+           accept_slower: bool = False, anchor: RunFigures | None = None, anchor_label: str = "") -> Verdict:
     """Promote or refuse; `proven` None: no proven result yet (the candidate establishes it);
-    `caps_w`: each GPU's power cap in W (None or missing: no cap); `accept_slower`: waive SPEED_CHECKS."""
+    `caps_w`: each GPU's power cap in W (None or missing: no cap); `accept_slower`: waive SPEED_CHECKS;
+    `anchor`: the proven result that set the line (`anchor_label` says which), when it is not `proven` itself."""
     establishes = proven is None
     proven = proven or RunFigures(decode_tok_s=None, ttft_s=None)
     checks = [Check("runs", len(candidates) >= MIN_RUNS,
@@ -127,6 +131,11 @@ def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: 
         f"all {len(candidates)} run(s) passed every check"))
     checks.append(_compare("decode", "decode", proven.decode_tok_s, [r.decode_tok_s for r in candidates],
                            "tok/s", higher_is_better=True, old_cv=proven.decode_cv))
+    if anchor is not None and not establishes:
+        drift = _compare("drift", "decode", anchor.decode_tok_s, [r.decode_tok_s for r in candidates], "tok/s",
+                         higher_is_better=True, old_cv=anchor.decode_cv)
+        checks.append(Check("drift", drift.passed, f"against the anchor ({anchor_label}): "
+                                                   + drift.message.replace("proven ", "anchor ", 1)))
     checks.append(_compare("ttft", "TTFT", proven.ttft_s, [r.ttft_s for r in candidates], "s", higher_is_better=False,
                            old_cv=proven.ttft_cv))
     acceptance = _acceptance(proven.acceptance_length, [r.acceptance_length for r in candidates])

@@ -36,6 +36,25 @@ def proven_baseline(folder: Path, warn: Warn | None = stderr_warning) -> dict | 
     return found[0] if found else None
 
 
+def proven_history(folder: Path) -> list[dict]:
+    """Every proven result of the model (promoting gates, passing verifications), newest first."""
+    found = [d for d in read_history(folder, "gate").documents if d.get("promoted")]
+    found += [d for d in read_history(folder, "verification").documents if d.get("passed")]
+    found.sort(key=lambda d: document_time(d), reverse=True)
+    return found
+
+
+def anchor_result(folder: Path) -> dict | None:
+    """The fixed point small slowdowns are measured from: the proven result that last set the line (a gate
+    that established the proven result, or promoted a config accepted slower on purpose), else the first
+    proven result on record. Each rollout is compared with the last proven result too; this one catches
+    100 -> 98 -> 95 -> 93 -> 85 tok/s, every step under the allowance from the one before. Not the best of
+    the recent ones: a maximum of noisy means is biased high, and would refuse an equal config."""
+    history = proven_history(folder)
+    reset = next((d for d in history if d.get("establishes") or d.get("accepted_slower")), None)
+    return reset or (history[-1] if history else None)
+
+
 def workload_of(baseline: dict | None) -> dict:
     """The proven result's workload: prompt and output tokens and the concurrency levels beyond 1."""
     if not baseline:

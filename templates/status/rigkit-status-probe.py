@@ -209,7 +209,11 @@ def main(argv):
             "stacks_on_rig": existing_stacks(args["stacks_dir"]),
         }
         if keeper is not None:  # the GPU policy keeper's unit and its state file (repairs by cause)
-            report["gpu_keeper"] = {"unit": keeper.result(), "state": load_json(args["gpu_keeper_state"])}
+            state = load_json(args["gpu_keeper_state"])
+            state = state if isinstance(state, dict) else None
+            # A file there that is not a JSON object (cut off, garbage, empty) is said, not read as no repairs.
+            report["gpu_keeper"] = {"unit": keeper.result(), "state": state,
+                                    "state_unreadable": state is None and os.path.lexists(args["gpu_keeper_state"])}
         report["timed_out"] = dict(hung)
     print(json.dumps(report))
     return 0
