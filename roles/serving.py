@@ -48,6 +48,7 @@ from rigkit.topology.probe import probe_command, probe_key
 from rigkit.topology.rig import compose_additions, needs_topology, spans_gpus
 from rigkit.serving.facts import P2pVerdicts, RigkitStacks
 from rigkit.units import UnitStates
+from rigkit.weights.facts import volume_states, volume_states_reads
 from rigkit.serving.watchdog import (
     service_unit,
     timer_unit,
@@ -77,10 +78,21 @@ def serving_reads(rig: RigConfig) -> list[Read]:
     key_file = [(FileStates, {"paths": (SECRETS_ENV_FILE,)})] if rig.spec.api_key_file else []  # private_file's
     checks = [(P2pVerdicts, {"verdict_dir": P2P_VERDICT_DIR})] if needs_topology(rig) else []
     return [(RigkitStacks, {"stacks_dir": STACKS_DIR}), (FileStates, {"paths": _role_files(rig)}), *key_file, *checks,
-            (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (TIMER,)})]
+            (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (TIMER,)}), *volume_states_reads(rig)]
 
 
 @deploy("Serving")
+def weights_completed_after_start(stack: dict | None, volume: dict | None) -> bool:
+    """Whether a running stack's container was created before its weights volume's completion marker was
+    written (rigkit.serving.facts.RigkitStacks, rigkit.weights.facts): one second of slack for the clocks'
+    rounding. A container restarted since (the watchdog's `docker restart`) keeps its creation time, so it
+    may be restarted once more than needed; never one too few."""
+    created = (stack or {}).get("created")
+    completed = (volume or {}).get("completed_at")
+    return bool((stack or {}).get("running")) and isinstance(created, (int, float)) and \
+        isinstance(completed, (int, float)) and completed > created + 1
+
+
 def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | None = None,
             rollouts: dict | None = None, gate: bool = False) -> list:
     """Returns the operations whose change means a stack was (re)started or removed.
@@ -101,6 +113,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         raise DeployError(str(exc)) from None
     with_key = api_key is not None
     stacks = read_once(RigkitStacks, stacks_dir=STACKS_DIR) or {}
+    volumes = volume_states(rig)
     changes = []
 
     wanted_files = _stack_files(rig)
@@ -148,6 +161,15 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
                 name=f"Restart {model.name} on its new weights",
                 commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
                 _if=lambda w=weights_ops[model.name], r=rollout: w.did_change() and not r.did_change(),
+            ))
+        if weights_completed_after_start(state, volumes.get(model.name)):
+            # A copy that went on after its deploy was killed marked the volume complete after this container
+            # started: vLLM serves what the volume held then. Not when this deploy copies or rolls out anyway.
+            weights = weights_ops.get(model.name)
+            changes.append(server.shell(
+                name=f"Restart {model.name}: its weights were completed after it started",
+                commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
+                _if=lambda w=weights, r=rollout: not r.did_change() and not (w is not None and w.did_change()),
             ))
 
     wanted = {m.name for m in rig.models}

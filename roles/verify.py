@@ -264,7 +264,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
                                  f"promote it:\n{said}\n(details: {path})")
         # The candidate's verification: the run nearest the mean decode, saved as this deploy's verification.
         middle = sorted(runs, key=lambda r: r.figures.get("decode_tok_s") or 0)[len(runs) // 2]
-        _save_and_judge(rig, model, folder, middle, telemetry, fail=False)
+        _save_and_judge(rig, model, folder, replace(middle, runs=run_summary(documents)), telemetry, fail=False)
         logger.info(f"{host.print_prefix}rollout gate of {model.name}:\n{verdict.reason}\n(details: {path})")
         return
     ok, output = host.run_shell_command(command=helper.format("rollback"),
@@ -285,7 +285,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
                             f"{summary_line(restored)}")
         if check.promote:
             middle = sorted(again, key=lambda r: r.figures.get("decode_tok_s") or 0)[len(again) // 2]
-            _save_and_judge(rig, model, folder, middle, telemetry, fail=False)
+            _save_and_judge(rig, model, folder, replace(middle, runs=restored), telemetry, fail=False)
     document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, False, False, held,
                              rollback)
     path = save_gate(folder, document)

@@ -148,7 +148,8 @@ def test_on_the_lan_a_scrape_without_the_key_is_refused_and_the_key_is_in_no_wor
     """From the LAN side: no key or a wrong one gets 401 (vLLM's answer), the key gets the metrics.
     On the rig: Prometheus's key file is its own, mode 600, in a folder only it enters; no file
     anyone may read holds the key (/etc, /usr/local, /var/lib, /run: systemd's credential copy
-    included), and no command line or journal line shows it."""
+    included), and no command line or journal line shows it. The exporter's copy is readable by the
+    exporter's own user alone (not nobody)."""
     rig, _, first = monitored
     assert first.returncode == 0, first.output[-3000:]
     assert exporter_answer(None)[0] == 401
@@ -164,6 +165,11 @@ def test_on_the_lan_a_scrape_without_the_key_is_refused_and_the_key_is_in_no_wor
     assert all(int(mode[-1]) & 4 == 0 for mode in holders.values()), out  # none readable by others
     code, out = rig.exec("ps -eo args; journalctl -q --no-pager -u rigkit-exporter -u prometheus")
     assert code == 0 and KEY not in out and "Bearer" not in out, out
+    # The exporter's copy is its own user's (systemd's DynamicUser), not nobody's, whom other services share.
+    code, out = rig.exec("pid=$(systemctl show -p MainPID --value rigkit-exporter); stat -c '%u %U' /proc/$pid; "
+                         "stat -c '%u %U %a' /run/rigkit-exporter/api-key.env")
+    process, copy = out.splitlines()
+    assert process.split()[0] == copy.split()[0] and "nobody" not in out and copy.endswith(" 400"), out
 
 
 def test_an_xid_the_driver_reports_appears_in_prometheus(monitored):

@@ -135,7 +135,8 @@ def test_exporter_settings_and_unit(tmp_path):
     assert settings["address"] == "127.0.0.1" and settings["port"] == 9835
     assert settings["models"] == {"test-alpha": [0], "test-beta": [1]}
     unit = files.exporter_unit(rig)
-    assert "User=nobody" in unit and "WatchdogSec=30" in unit and "Type=notify" in unit
+    assert "\nDynamicUser=yes\nUser=rigkit-exporter\n" in unit and "User=nobody" not in unit
+    assert "WatchdogSec=30" in unit and "Type=notify" in unit
     assert settings["key_file"] is None and "ExecStartPre" not in unit and "RuntimeDirectory" not in unit
 
 
@@ -152,9 +153,9 @@ def test_on_the_lan_the_exporter_listens_everywhere_and_gets_the_key_from_system
     settings = json.loads(files.exporter_settings(rig))
     assert (settings["address"], settings["key_file"]) == ("0.0.0.0", "/run/rigkit-exporter/api-key.env")
     unit = files.exporter_unit(rig)
-    assert "\nRuntimeDirectory=rigkit-exporter\nRuntimeDirectoryMode=0700\n" in unit and "User=nobody" in unit
-    assert (f"\nExecStartPre=+/usr/bin/install -m 400 -o nobody -g nogroup {SECRETS_ENV_FILE} "
-            "/run/rigkit-exporter/api-key.env\n") in unit
+    assert "\nRuntimeDirectory=rigkit-exporter\nRuntimeDirectoryMode=0700\n" in unit and "User=rigkit-exporter" in unit
+    assert (f"\nExecStartPre=+/bin/sh -c 'install -m 400 {SECRETS_ENV_FILE} /run/rigkit-exporter/api-key.env && "
+            "chown --reference=/run/rigkit-exporter /run/rigkit-exporter/api-key.env'\n") in unit
     # a key file but models on 127.0.0.1: the exporter stays there, wanting nothing
     loopback = load_rig(rig_with(tmp_path, "api_key_file: rig.key\nmonitoring: {enabled: true}\n"), CATALOG)
     assert json.loads(files.exporter_settings(loopback))["address"] == "127.0.0.1"

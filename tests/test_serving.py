@@ -9,7 +9,9 @@ accept the compose files' GPU reservations; there is no GPU behind them).
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import docker
 import httpx
@@ -249,6 +251,35 @@ def test_new_weights_are_copied_and_the_model_restarted_on_them(rig):
         assert run_deploy(rig, SERVING_RIG).changed_operations() == 0
     finally:
         extra.unlink()
+
+
+def test_weights_completed_after_the_model_started_get_it_restarted_and_status_says_so(rig, tmp_path):
+    """Simulated: a copy that went on after its deploy was killed (its helper container finishes on its own)
+    writes the volume's completion marker after the model's container started; here the marker is written
+    again by hand, as that helper writes it. Status reports the drift; the next deploy restarts that model,
+    and only it; the deploy after changes nothing and status is clean."""
+    import os
+
+    from tests.conftest import run_status
+
+    assert run_deploy(rig, SERVING_RIG).returncode == 0
+    before = {name: started(name) for name in PORTS}
+    created = docker.from_env().containers.get(f"rigkit-test-beta-vllm-1").attrs["Created"]
+    mountpoint = docker.from_env().volumes.get("rigkit-weights-test-beta").attrs["Mountpoint"]
+    marker = Path(mountpoint) / ".rigkit" / "complete"
+    assert marker.is_file(), marker
+    later = time.time() + 5  # the straggling helper's write, after the container started
+    os.utime(marker, (later, later))
+    code, text, report = run_status(rig, SERVING_RIG, tmp_path)
+    drift = [d for r in report["rigs"] for d in r["drift"] if d["what"] == "test-beta weights"]
+    assert drift and "volume completed" in drift[0]["found"], (text, created)
+    run = run_deploy(rig, SERVING_RIG)
+    assert run.returncode == 0, run.output
+    assert "Restart test-beta: its weights were completed after it started" in run.output, run.output
+    assert started("test-beta") != before["test-beta"] and started("test-alpha") == before["test-alpha"]
+    assert run_deploy(rig, SERVING_RIG).changed_operations() == 0
+    code, text, report = run_status(rig, SERVING_RIG, tmp_path)
+    assert not [d for r in report["rigs"] for d in r["drift"] if d["what"].endswith(" weights")], text
 
 
 P2P_SIM = "test-p2p"  # a bind-mounted model folder holding the rig's gpus.json for the torch stand-in

@@ -153,3 +153,19 @@ def test_a_keeper_state_file_that_cannot_be_read_is_a_note_not_zero_repairs():
     assert any("its repairs are unknown, not zero" in n for n in doc["notes"]), doc["notes"]
     facts["gpu_keeper"] = {"unit": {"load": "loaded", "enabled": "enabled", "active": "active"}, "state": [1, 2]}
     assert status(facts=facts)["gpu_keeper"]["counts"]
+
+
+def test_weights_completed_after_the_container_started_are_drift():
+    """Simulated: the volume's completion marker written 30 s after the running container started (a copy that
+    went on after its deploy was killed); one written before it is no drift."""
+    started_at = "2025-01-02T11:00:00.5Z"
+    facts = probe()
+    for stack in facts["stacks"].values():
+        stack["containers"][0]["started_at"] = started_at
+    at = datetime(2025, 1, 2, 11, 0, tzinfo=timezone.utc).timestamp()
+    late = {m: {**w, "completed_at": at + 30} for m, w in weights().items()}
+    doc = status(facts=facts, volume_states=late)
+    found = [d for d in doc["drift"] if d["what"].endswith(" weights")]
+    assert len(found) == len(RIG.models) and "volume completed 30 s after the container started" in found[0]["found"]
+    early = {m: {**w, "completed_at": at - 30} for m, w in weights().items()}
+    assert not [d for d in status(facts=facts, volume_states=early)["drift"] if d["what"].endswith(" weights")]

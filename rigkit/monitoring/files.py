@@ -62,10 +62,11 @@ def exporter_settings(rig: RigConfig) -> str:
 
 
 def exporter_unit(rig: RigConfig) -> str:
-    """On the LAN, the exporter (running as nobody) needs the models' key file, which is root's only:
-    at each start a privileged ExecStartPre copies it into the exporter's runtime folder (mode 700,
-    the copy 400, both its user's; systemd removes the folder when the exporter stops). Not systemd's
-    LoadCredential=: with it the exporter did not start on the simulated rig (systemd in a container)."""
+    """The exporter runs as a user of its own (systemd's DynamicUser, `rigkit-exporter`). On the LAN it needs
+    the models' key file, which is root's only: at each start a privileged ExecStartPre copies it into the
+    exporter's runtime folder (mode 700, the copy 400, both that user's; systemd removes the folder when the
+    exporter stops). Not systemd's LoadCredential=: with it the exporter did not start on the simulated rig
+    (systemd in a container)."""
     lan = exporter_on_lan(rig)
     return render("monitoring/rigkit-exporter.service.j2", exporter_path=EXPORTER_PATH,
                   config_path=EXPORTER_CONFIG_PATH, watchdog_s=EXPORTER_WATCHDOG_S,

@@ -15,7 +15,9 @@ class RigkitStacks(FactBase):
     stack.next.json) are the last ones proven ready (compose.yml, stack.json) -- `pending`
     when not, as after an interrupted or failed rollout -- and how many of its containers run.
 
-    Returns {name: {"pending": bool, "running": int}}.
+    Returns {name: {"pending": bool, "running": int, "created": seconds since the epoch of its oldest
+    running container's creation, or None}}: a container created before its weights volume was completed
+    serves the weights the volume held then (roles/serving.py restarts it).
     """
 
     def command(self, stacks_dir: str) -> str:
@@ -27,19 +29,30 @@ class RigkitStacks(FactBase):
             f"for d in {shlex.quote(stacks_dir)}/*/; do "
             '[ -f "$d/stack.next.json" ] || [ -f "$d/stack.json" ] || continue; n=$(basename "$d"); '
             '[ "$asked" = 1 ] || { asked=1; running=$(' + bounded('docker', DOCKER_S) + ' ps --filter label=com.docker.compose.project '
-            "--format '{{.Label \"com.docker.compose.project\"}}' 2>/dev/null); }; "
+            "--format '{{.Label \"com.docker.compose.project\"}} {{.CreatedAt}}' 2>/dev/null); }; "
             'p=0; { cmp -s "$d/compose.yml" "$d/compose.next.yml" && cmp -s "$d/stack.json" "$d/stack.next.json"; } '
             "2>/dev/null || p=1; "
-            f'r=$(printf "%s\\n" "$running" | grep -cx "{PROJECT_PREFIX}$n"); '
-            'echo "$n $p $r"; done'
+            f'mine=$(printf "%s\\n" "$running" | grep "^{PROJECT_PREFIX}$n "); '
+            'r=$(printf "%s" "$mine" | grep -c .); c=$(printf "%s\\n" "$mine" | sort -k2 | head -n 1 | cut -d" " -f2-); '
+            'echo "$n $p $r ${c:--}"; done'
         )
 
     def process(self, output) -> dict:
         stacks = {}
         for line in output:
-            name, pending, running = line.split()
-            stacks[name] = {"pending": pending == "1", "running": int(running)}
+            name, pending, running, created = line.split(" ", 3)
+            stacks[name] = {"pending": pending == "1", "running": int(running), "created": _docker_time(created)}
         return stacks
+
+
+def _docker_time(text: str) -> float | None:
+    """`docker ps`'s CreatedAt ("2026-12-03 16:53:42 +0000 UTC") as seconds since the epoch; None for "-"."""
+    from datetime import datetime
+
+    try:
+        return datetime.strptime(text.strip().rsplit(" ", 1)[0], "%Y-%m-%d %H:%M:%S %z").timestamp()
+    except ValueError:
+        return None
 
 
 class P2pVerdicts(FactBase):

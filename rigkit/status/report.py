@@ -74,6 +74,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     recreate = recreate or (lambda name: commands.on_rig(f"{helper_path} rollout {name} recreate"))
     _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate)
     _weights(doc, rig, weights, probe.get("volumes", {}), commands, drift, failure)
+    _weights_after_start(rig, weights, probe.get("stacks", {}), commands, drift)
     _verification(doc, rig, results, now, commands, failure)
     doc["notes"] += [f"results history: {note}" for note in history_notes]
     _watchdog(doc, rig, probe.get("watchdog"), commands, drift)
@@ -265,6 +266,30 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
     for name in probe.get("stacks_on_rig", []):
         if name not in wanted_names:
             drift(f"stack {name}", "on the rig", "absent (not in the rig file)", commands.deploy)
+
+
+def _weights_after_start(rig, weights, stacks, commands, drift):
+    """A running model whose weights volume was completed after its container started serves what the volume
+    held then (a copy that went on after its deploy was killed): drift until the next deploy restarts it."""
+    for model in rig.models:
+        completed = (weights.get(model.name) or {}).get("completed_at")
+        running = [c for c in ((stacks.get(model.name) or {}).get("containers") or []) if c.get("running")]
+        started = [_epoch(c.get("started_at")) for c in running]
+        if not isinstance(completed, (int, float)) or not started or None in started:
+            continue
+        if completed > min(started) + 1:
+            drift(f"{model.name} weights", f"volume completed {completed - min(started):.0f} s after the container "
+                  "started: it serves what the volume held then", "started on the complete weights", commands.deploy)
+
+
+def _epoch(iso: str | None) -> float | None:
+    """Docker's StartedAt (RFC 3339 with nanoseconds, "2026-12-03T16:53:42.123456789Z") in seconds."""
+    import re
+
+    if not isinstance(iso, str) or not (m := re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", iso)):
+        return None
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(m.group(1) + zone).timestamp() + float(m.group(2) or 0)
 
 
 def _weights(doc, rig, weights, volumes, commands, drift, failure):

@@ -73,6 +73,9 @@ class VerificationResult:
     provenance: dict = field(default_factory=dict)
     phases: list[PhaseEnergy] = field(default_factory=list)  # prefill, decode
     telemetry_sampler: str | None = None  # which ran: nvml-host (Linux) or nvml-container (Windows)
+    # Saved for a config the gate measured GATE_RUNS times (the promoted candidate, the restored config): those
+    # runs' mean, CV and each (rigkit.verify.gate_record.run_summary), so the next gate knows this result's noise.
+    runs: dict | None = None
 
     @property
     def passed(self) -> bool:

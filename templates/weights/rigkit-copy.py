@@ -136,14 +136,24 @@ def check():
         complete = os.path.exists(state_path("complete"))
         files = load_json(state_path("manifest.json"), {}).get("files", []) if complete else []
         rows = sorted((e["path"], e["size"], e["sha256"]) for e in files)
-        report(status="unchanged" if complete else "needed", complete=complete,
+        report(status="unchanged" if complete else "needed", complete=complete, completed_at=completed_at(),
                digest=hashlib.sha256(json.dumps(rows).encode()).hexdigest() if complete else None)
         return 0
     source = listing()  # first: a source that cannot be copied whole is an error, never "unchanged"
     complete = os.path.exists(state_path("complete"))
     same = complete and manifest_listing(load_json(state_path("manifest.json"), {})) == source
-    report(status="unchanged" if same else "needed", complete=complete, hashed_bytes=0, copied_bytes=0)
+    report(status="unchanged" if same else "needed", complete=complete, hashed_bytes=0, copied_bytes=0,
+           completed_at=completed_at())
     return 0
+
+
+def completed_at():
+    """When the completion marker was written (seconds since the epoch), or None: a model started before it
+    serves what the volume held then (a copy that went on after its deploy was killed), not what it holds."""
+    try:
+        return os.stat(state_path("complete")).st_mtime
+    except OSError:
+        return None
 
 
 def hub_name(path):
