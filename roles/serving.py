@@ -81,7 +81,6 @@ def serving_reads(rig: RigConfig) -> list[Read]:
             (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (TIMER,)}), *volume_states_reads(rig)]
 
 
-@deploy("Serving")
 def weights_completed_after_start(stack: dict | None, volume: dict | None) -> bool:
     """Whether a running stack's container was created before its weights volume's completion marker was
     written (rigkit.serving.facts.RigkitStacks, rigkit.weights.facts): one second of slack for the clocks'
@@ -93,6 +92,7 @@ def weights_completed_after_start(stack: dict | None, volume: dict | None) -> bo
         isinstance(completed, (int, float)) and completed > created + 1
 
 
+@deploy("Serving")
 def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | None = None,
             rollouts: dict | None = None, gate: bool = False) -> list:
     """Returns the operations whose change means a stack was (re)started or removed.

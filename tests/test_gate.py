@@ -69,7 +69,7 @@ def test_a_lost_prefix_cache_is_refused():
 
     lost = decide(proven, cached(0.5), CAPS)
     assert not lost.promote and [c.name for c in lost.failed] == ["prefix_cache"]
-    assert "TTFT proven 0.062 s, candidate 0.500 s (x8.0; above x2.0 the prefix cache is lost" in lost.reason
+    assert "TTFT proven 0.062 s, candidate 0.500 s (x8.0; above x2 the prefix cache is lost" in lost.reason
     assert decide(proven, cached(0.09), CAPS).promote  # a noisy cache hit is not a loss
     assert decide(proven, cached(None), CAPS).promote  # not measured: not compared
     assert decide(proven, cached(0.5), CAPS, accept_slower=True).waived == ("prefix_cache",)

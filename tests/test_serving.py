@@ -264,12 +264,16 @@ def test_weights_completed_after_the_model_started_get_it_restarted_and_status_s
 
     assert run_deploy(rig, SERVING_RIG).returncode == 0
     before = {name: started(name) for name in PORTS}
-    created = docker.from_env().containers.get(f"rigkit-test-beta-vllm-1").attrs["Created"]
+    from rigkit.status.report import _epoch
+
+    created = _epoch(docker.from_env().containers.get("rigkit-test-beta-vllm-1").attrs["Created"])
     mountpoint = docker.from_env().volumes.get("rigkit-weights-test-beta").attrs["Mountpoint"]
     marker = Path(mountpoint) / ".rigkit" / "complete"
     assert marker.is_file(), marker
-    later = time.time() + 5  # the straggling helper's write, after the container started
-    os.utime(marker, (later, later))
+    while time.time() < created + 3:  # bounded: the container was created at most seconds ago
+        time.sleep(0.2)
+    now = time.time()  # the straggling helper's write: after the container started, before the next deploy
+    os.utime(marker, (now, now))
     code, text, report = run_status(rig, SERVING_RIG, tmp_path)
     drift = [d for r in report["rigs"] for d in r["drift"] if d["what"] == "test-beta weights"]
     assert drift and "volume completed" in drift[0]["found"], (text, created)
