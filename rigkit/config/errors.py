@@ -37,12 +37,17 @@ def shown(value: Any, limit: int = VALUE_SHOWN_CHARS) -> str:
     return f"{text[:limit]}... ({size})"
 
 
-def one_line(text: str, limit: int = 200) -> str:
-    """Free text (an exception's) for a one-line message: control characters escaped, cut to `limit`."""
-    import re
+UNSHOWN = ("Cc", "Cf", "Zl", "Zp")  # control and format characters, line and paragraph separators
 
-    text = re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], text)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+def one_line(text: str, limit: int = 200) -> str:
+    """Free text (an exception's, a server's) for a one-line message: control and format characters (a
+    terminal's escape sequences, a right-to-left override, a line break) escaped, cut to `limit`. Only what
+    is shown is escaped: escaping never shortens, so the first `limit` characters are enough."""
+    import unicodedata
+
+    shown = "".join(c if unicodedata.category(c) not in UNSHOWN else repr(c)[1:-1] for c in text[:limit])
+    return shown if len(text) <= limit and len(shown) <= limit else f"{shown[:limit]}... ({len(text)} characters)"
 
 
 class ConfigError(Exception):

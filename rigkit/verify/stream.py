@@ -18,7 +18,7 @@
   ones' over the span in which they arrived.
 - `stream: true` answered without SSE (one `application/json` body: a buffering gateway, a
   response cache) fails as not streamed, with what the body held; the body is read only up
-  to MAX_BODY_BYTES.
+  to untrusted.MAX_BODY_BYTES.
 - A stream that ends without finish_reason, with an abnormal one, or with fewer
   tokens than asked (ignore_eos is set) is a problem: its figures are kept, the
   check fails.
@@ -38,7 +38,6 @@ from rigkit.verify.untrusted import printable
 
 NORMAL_FINISH = ("length", "stop")
 REASONING_FIELDS = ("reasoning_content", "reasoning", "choice.reasoning_content", "choice.reasoning")
-MAX_BODY_BYTES = untrusted.MAX_BODY_BYTES  # a body that is not a stream: read this much at most
 MAX_COUNT = 10 ** 9  # a token count in usage above this is not one
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -168,8 +167,8 @@ def stream_completion(client: httpx.Client, url: str, model: str, prompt: str, r
                 if received > untrusted.MAX_STREAM_BYTES:
                     result.error = f"the stream passed {untrusted.MAX_STREAM_BYTES >> 20} MiB: not read further"
                     return result
-                if not events and len(head) < MAX_BODY_BYTES:
-                    head += piece[:MAX_BODY_BYTES - len(head)]
+                if not events and len(head) < untrusted.MAX_BODY_BYTES:
+                    head += piece[:untrusted.MAX_BODY_BYTES - len(head)]
                 for event in decoder.feed(piece):
                     events += 1
                     _take(result, event, now, wall, secrets)
@@ -200,7 +199,7 @@ def _json_object(body: bytes) -> dict | None:
 
 
 def _not_streamed(body: bytes, content_type: str, secrets: tuple[str, ...]) -> str:
-    """What one body sent for `stream: true` held (read up to MAX_BODY_BYTES): it says the answer came whole."""
+    """What one body sent for `stream: true` held (read up to its bound): it says the answer came whole."""
     payload = _json_object(body)
     held = f"{len(body)} bytes"
     if payload is not None:

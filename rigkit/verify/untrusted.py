@@ -12,9 +12,9 @@ and never with rigkit's own secrets in it.
 
 from __future__ import annotations
 
-import unicodedata
-
 import httpx
+
+from rigkit.config.errors import one_line
 
 MAX_BODY_BYTES = 1 << 20  # an error body, /version, one body sent instead of a stream
 MAX_METRICS_BYTES = 16 << 20  # vLLM's /metrics is ~60 KB with one model; a fleet's gateway more
@@ -54,9 +54,8 @@ def secrets_of(client: httpx.Client) -> tuple[str, ...]:
 
 
 def printable(text: str, secrets: tuple[str, ...] = (), limit: int = SHOWN_CHARS) -> str:
-    """`text` as it may be shown: secrets redacted, control and format characters escaped, at most `limit`."""
+    """`text` as it may be shown: secrets redacted (before it is cut: a cut never shows part of one), then
+    as every one-line message shows free text (rigkit.config.errors.one_line), at most `limit`."""
     for secret in sorted(secrets, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
-    shown = "".join(c if c in " " or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp") else
-                    f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" for c in text[:limit * 2])
-    return shown[:limit] + ("..." if len(shown) > limit or len(text) > limit * 2 else "")
+    return one_line(text, limit)
