@@ -211,7 +211,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
         GATE_RUNS,
         anchor_result,
         gate_document,
-        proven_baseline,
+        proven_history,
         refusal_screen,
         run_summary,
         save_gate,
@@ -232,7 +232,8 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
         return
     gated.add(model.name)
     folder = results_folder(results_dir, rig.name, model.name)
-    baseline = proven_baseline(folder)
+    history = proven_history(folder)  # read once: the baseline is its newest, the anchor one of its results
+    baseline = history[0] if history else None
     workload = workload_of(baseline)
     if baseline and "proven-on-rig" not in said:
         # A refusal here would have nothing to roll back to and stop the model: a rebuilt rig's first rollout
@@ -242,7 +243,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
                     f"one on record ({baseline.get('time')}) is not compared")
         baseline = None
     caps = {g.index: g.power_limit_w for g in rig.spec.gpus if g.index in model.spec.gpus and g.power_limit_w}
-    anchor = anchor_result(folder) if baseline else None
+    anchor = anchor_result(history) if baseline else None
     if anchor is not None and anchor.get("time") == baseline.get("time"):
         anchor = None  # the anchor is the last proven result: compared already
     runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)

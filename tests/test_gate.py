@@ -222,7 +222,7 @@ def test_small_slowdowns_that_add_up_are_refused_against_the_anchor(tmp_path):
     line anew."""
     import json
 
-    from rigkit.verify.gate_record import anchor_result, proven_baseline
+    from rigkit.verify.gate_record import anchor_result, proven_baseline, proven_history
 
     def promoted(n: int, decode: float, **flags) -> None:
         document = {"kind": "gate", "time": f"2026-12-03T10:{n:02d}:00+00:00", "promoted": True, "passed": True,
@@ -230,7 +230,7 @@ def test_small_slowdowns_that_add_up_are_refused_against_the_anchor(tmp_path):
         (tmp_path / f"gate-{n:02d}.json").write_text(json.dumps(document))
 
     def gate(decode: float):
-        baseline, anchor = proven_baseline(tmp_path), anchor_result(tmp_path)
+        baseline, anchor = proven_baseline(tmp_path), anchor_result(proven_history(tmp_path))
         anchor = None if anchor["time"] == baseline["time"] else anchor
         return decide(from_result(baseline), runs(decode=(decode,) * 3, ttft=(0.5,) * 3, acceptance=None),
                       anchor=from_result(anchor) if anchor else None,

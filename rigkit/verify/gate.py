@@ -141,9 +141,8 @@ def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: 
                            "tok/s", higher_is_better=True, old_cv=proven.decode_cv))
     if anchor is not None and not establishes:
         drift = _compare("drift", "decode", anchor.decode_tok_s, [r.decode_tok_s for r in candidates], "tok/s",
-                         higher_is_better=True, old_cv=anchor.decode_cv)
-        checks.append(Check("drift", drift.passed, f"against the anchor ({anchor_label}): "
-                                                   + drift.message.replace("proven ", "anchor ", 1)))
+                         higher_is_better=True, old_cv=anchor.decode_cv, reference="anchor")
+        checks.append(Check("drift", drift.passed, f"against the anchor ({anchor_label}): {drift.message}"))
     checks.append(_compare("ttft", "TTFT", proven.ttft_s, [r.ttft_s for r in candidates], "s", higher_is_better=False,
                            old_cv=proven.ttft_cv))
     acceptance = _acceptance(proven.acceptance_length, [r.acceptance_length for r in candidates])
@@ -171,10 +170,11 @@ def _established(check: Check, runs: Sequence[RunFigures]) -> Check:
 
 
 def _compare(name: str, label: str, old: float | None, runs: list[float | None], unit: str,
-             higher_is_better: bool, old_cv: float | None = None) -> Check:
+             higher_is_better: bool, old_cv: float | None = None, reference: str = "proven") -> Check:
+    """`reference`: what `old` is, in the message (the proven result, or the anchor)."""
     values = [v for v in runs if v is not None]
     if old is None:
-        return Check(name, True, f"the proven result has no {label}: not compared")
+        return Check(name, True, f"the {reference} result has no {label}: not compared")
     if len(values) < len(runs) or not values:
         return Check(name, False, f"{len(runs) - len(values)} of {len(runs)} candidate run(s) measured no {label}")
     new = statistics.fmean(values)
@@ -182,12 +182,12 @@ def _compare(name: str, label: str, old: float | None, runs: list[float | None],
     if old_cv:  # both means are noisy: the noise of their difference
         allowed = max(allowed, NOISE_FACTOR * (cv ** 2 + old_cv ** 2) ** 0.5)
     worse = (old - new) / old if higher_is_better else (new - old) / old
-    noise = f"the runs' CV of {cv:.1%}" + (f" and the proven runs' {old_cv:.1%}" if old_cv else "")
+    noise = f"the runs' CV of {cv:.1%}" + (f" and the {reference} runs' {old_cv:.1%}" if old_cv else "")
     why = f"{allowed:.1%} allowed" + (f" (widened from {ALLOWANCE:.0%}: 3x {noise})"
                                        if allowed > ALLOWANCE else f" (runs' CV {cv:.1%})")
     word = ("slower" if higher_is_better else "longer") if worse >= 0 else ("faster" if higher_is_better else "shorter")
     digits = ".1f" if unit == "tok/s" else ".3f"
-    detail = (f"proven {old:{digits}} {unit}, candidate {new:{digits}} {unit} (mean of {len(values)}): "
+    detail = (f"{reference} {old:{digits}} {unit}, candidate {new:{digits}} {unit} (mean of {len(values)}): "
               f"{abs(worse):.1%} {word}; {why}")
     return Check(name, worse < allowed - 1e-9, detail)
 

@@ -21,36 +21,32 @@ GATE_RUNS = 3  # rigkit.verify.gate.MIN_RUNS: noise is judged from the runs them
 DEFAULT_WORKLOAD = {"prompt_tokens": 2048, "output_tokens": 256, "concurrency": []}  # verification's
 
 
-def proven_baseline(folder: Path, warn: Warn | None = stderr_warning) -> dict | None:
-    """The model's last proven result (see the module's docstring), or None: no proven result yet."""
+def proven_history(folder: Path, warn: Warn | None = stderr_warning) -> list[dict]:
+    """Every proven result of the model (see the module's docstring), newest first; `warn` gets a line for
+    each gate file skipped as unreadable (the verification reader names the same files)."""
     found = []
     for kind in ("gate", "verification"):
         history = read_history(folder, kind)
         for text in history.warnings if (warn and kind == "gate") else ():
-            warn(text)  # one warning per file: the verification reader names the same files
-        for document in history.documents:
-            if (document.get("promoted") if kind == "gate" else document.get("passed")):
-                found.append(document)
-                break
-    found.sort(key=lambda d: document_time(d), reverse=True)
-    return found[0] if found else None
-
-
-def proven_history(folder: Path) -> list[dict]:
-    """Every proven result of the model (promoting gates, passing verifications), newest first."""
-    found = [d for d in read_history(folder, "gate").documents if d.get("promoted")]
-    found += [d for d in read_history(folder, "verification").documents if d.get("passed")]
-    found.sort(key=lambda d: document_time(d), reverse=True)
+            warn(text)
+        found += [d for d in history.documents if (d.get("promoted") if kind == "gate" else d.get("passed"))]
+    found.sort(key=document_time, reverse=True)
     return found
 
 
-def anchor_result(folder: Path) -> dict | None:
-    """The fixed point small slowdowns are measured from: the proven result that last set the line (a gate
-    that established the proven result, or promoted a config accepted slower on purpose), else the first
-    proven result on record. Each rollout is compared with the last proven result too; this one catches
-    100 -> 98 -> 95 -> 93 -> 85 tok/s, every step under the allowance from the one before. Not the best of
-    the recent ones: a maximum of noisy means is biased high, and would refuse an equal config."""
-    history = proven_history(folder)
+def proven_baseline(folder: Path, warn: Warn | None = stderr_warning) -> dict | None:
+    """The model's last proven result, or None: no proven result yet."""
+    history = proven_history(folder, warn)
+    return history[0] if history else None
+
+
+def anchor_result(history: list[dict]) -> dict | None:
+    """Of a model's proven history (proven_history), the fixed point small slowdowns are measured from: the
+    proven result that last set the line (a gate that established the proven result, or promoted a config
+    accepted slower on purpose), else the first proven result on record. Each rollout is compared with the
+    last proven result too; this one catches 100 -> 98 -> 95 -> 93 -> 85 tok/s, every step under the
+    allowance from the one before. Not the best of the recent ones: a maximum of noisy means is biased high,
+    and would refuse an equal config."""
     reset = next((d for d in history if d.get("establishes") or d.get("accepted_slower")), None)
     return reset or (history[-1] if history else None)
 
