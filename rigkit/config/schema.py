@@ -77,6 +77,9 @@ class ClockLock(_Strict):
         return f"{self.floor_mhz},{self.ceiling_mhz}"
 
 
+CLOCK_LOCK_CEILING_MHZ = (100, 4000)  # a lock's ceiling (its floor: 0 up to the same top)
+
+
 def _parse_clock_lock(value: Any) -> Any:
     """`2200` means [0, 2200] (floor 0 lets the card idle); or `[floor, ceiling]`."""
     if value is None or isinstance(value, ClockLock):
@@ -90,8 +93,9 @@ def _parse_clock_lock(value: Any) -> Any:
     floor, ceiling = value
     if floor > ceiling:
         raise ValueError(f"floor {floor} MHz is above ceiling {ceiling} MHz; write [floor, ceiling], e.g. [0, 2200]")
-    if not 0 <= floor <= 4000 or not 100 <= ceiling <= 4000:
-        raise ValueError("floor must be 0-4000 MHz and ceiling 100-4000 MHz")
+    if not 0 <= floor <= CLOCK_LOCK_CEILING_MHZ[1] or not CLOCK_LOCK_CEILING_MHZ[0] <= ceiling <= CLOCK_LOCK_CEILING_MHZ[1]:
+        raise ValueError(f"floor must be 0-{CLOCK_LOCK_CEILING_MHZ[1]} MHz and ceiling "
+                         f"{CLOCK_LOCK_CEILING_MHZ[0]}-{CLOCK_LOCK_CEILING_MHZ[1]} MHz")
     return ClockLock(floor_mhz=floor, ceiling_mhz=ceiling)
 
 

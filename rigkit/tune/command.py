@@ -107,25 +107,27 @@ def _host(inventory: str, name: str):
     raise TuneInputError(f"--rig {shown(name)}: not in {inventory}; its rigs: {', '.join(names) or 'none'}")
 
 
-# The ranges the rig file itself allows (rigkit.config.schema): a value outside them is refused before SSH.
-POWER_LIMIT_RANGE_W = (1, 1500)
-CLOCK_LOCK_RANGE_MHZ = (1, 5000)
-OFFSET_RANGES_MHZ = {"--mem-offsets": (-20_000, 20_000), "--core-offsets": (-2_000, 2_000)}
+def _field_range(spec, name: str) -> tuple[int, int]:
+    """The bounds the rig file's schema gives a field (its pydantic Ge and Le)."""
+    bounds = {type(m).__name__: m for m in spec.model_fields[name].metadata}
+    return bounds["Ge"].ge, bounds["Le"].le
 
 
 def _within_what_the_rig_file_allows(options, rig, model) -> None:
-    """Each swept value within the range the rig file would accept (for a GPU model rigkit knows, its
-    power-limit range): the rig's own range is read again on the rig before anything is applied."""
+    """Each swept value within the range the rig file itself would accept (rigkit.config.schema, read from
+    it) and, for a GPU model rigkit knows, its power-limit range; refused before SSH. The rig's own ranges
+    are read again on the rig before anything is applied."""
     from rigkit.config import gpu_models
+    from rigkit.config.schema import CLOCK_LOCK_CEILING_MHZ, ClockOffsets, GpuSpec
 
     def check(option: str, values, low: int, high: int, unit: str, whose: str = "") -> None:
         outside = [v for v in values if v is not None and not low <= v <= high]
         if outside:
             raise TuneInputError(f"{option}: {outside[0]} {unit} is outside {low}-{high} {unit}{whose}")
-    check("--power-limits", options.power_limits, *POWER_LIMIT_RANGE_W, "W")
-    check("--clock-locks", options.clock_locks, *CLOCK_LOCK_RANGE_MHZ, "MHz")
-    check("--mem-offsets", options.mem_offsets, *OFFSET_RANGES_MHZ["--mem-offsets"], "MHz")
-    check("--core-offsets", options.core_offsets, *OFFSET_RANGES_MHZ["--core-offsets"], "MHz")
+    check("--power-limits", options.power_limits, *_field_range(GpuSpec, "power_limit_w"), "W")
+    check("--clock-locks", options.clock_locks, *CLOCK_LOCK_CEILING_MHZ, "MHz")
+    check("--mem-offsets", options.mem_offsets, *_field_range(ClockOffsets, "memory"), "MHz")
+    check("--core-offsets", options.core_offsets, *_field_range(ClockOffsets, "graphics"), "MHz")
     for gpu in (g for g in rig.spec.gpus if g.index in model.spec.gpus):
         if known := gpu_models.lookup(gpu.model):
             check("--power-limits", options.power_limits, known.power_min_w, known.power_max_w, "W",
