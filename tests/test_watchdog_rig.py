@@ -72,6 +72,18 @@ def wait_restart(before: str, limit_s: float) -> float | None:
     return None
 
 
+def serves_again(after: str) -> None:
+    """Until the stand-in answers a completion again (bounded: 60 tries)."""
+    for _ in range(60):
+        try:
+            if httpx.post(f"{URL}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+                          timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    pytest.fail(f"not serving after {after}")
+
+
 def stuck_request(prompt: str = "hi") -> None:
     def send():
         try:
@@ -91,15 +103,7 @@ def test_the_timer_runs_and_a_wedged_model_is_restarted_within_its_bound(rig):
     assert took is not None, f"no restart within {BOUND_S} s:\n{journal(rig, since)}"
     log = journal(rig, since)
     assert f"{MODEL}: WEDGED: no completion within {PROBE_S} s" in log and "no token progress on /metrics" in log, log
-    for _ in range(60):  # the restarted stand-in serves again (a restart ends a runtime wedge)
-        try:
-            if httpx.post(f"{URL}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
-                          timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        pytest.fail("not serving after the restart")
+    serves_again("the restart")  # a restart ends a runtime wedge
 
 
 def test_a_long_prefill_is_left_alone(rig):
@@ -162,14 +166,6 @@ def test_a_model_container_killed_by_hand_is_started_again_and_said_so(rig):
     log = journal(rig, since)
     assert f"{MODEL}: DOWN: every container exited and stayed down (rigkit-{MODEL}-vllm-1 Exited (137)" in log, log
     assert "started 1 container(s) of rigkit-alone-alpha again" in log, log
-    for _ in range(60):  # the stand-in answers again
-        try:
-            if httpx.post(f"{URL}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
-                          timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        pytest.fail("not serving after the start")
+    serves_again("the start")
     (STATE_ROOT / "measured").mkdir(parents=True, exist_ok=True)  # read by a person: the time fault -> repair
     (STATE_ROOT / "measured" / "watchdog-down-repair.txt").write_text(f"killed -> running again in {took:.1f} s\n")
