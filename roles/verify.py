@@ -66,6 +66,7 @@ SAMPLER_START_S = sampler.START_WAIT_S
 SAMPLER_MAX_S = sampler.MAX_S
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
 PROMOTE_TIMEOUT_S = 60  # rigkit-stack promote: a one-token probe (30 s at most) and two file copies
+RESTART_TIMEOUT_S = 240  # rigkit-stack restart: `compose restart` (its own 120 s bound) and the warm-up, plus the ready timeout
 UP_TIMEOUT_S = 1800  # rigkit-stack rollback: `compose up` (its own bound), then the ready timeout
 TELEMETRY_FILES = (SAMPLER, SHIPPED_NVML)  # read in one command
 SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}
@@ -208,7 +209,6 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     preflight's for this model, so that the runs' provenance records what its compose file carries."""
     from rigkit.verify.gate import decide, from_result
     from rigkit.verify.gate_record import (
-        GATE_RUNS,
         anchor_result,
         gate_document,
         proven_history,
@@ -246,14 +246,18 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     anchor = anchor_result(history) if baseline else None
     if anchor is not None and anchor.get("time") == baseline.get("time"):
         anchor = None  # the anchor is the last proven result: compared already
-    runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
-    verdict = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in runs], caps,
-                     accept_slower=accept_slower, anchor=from_result(anchor) if anchor else None,
-                     anchor_label=f"{anchor.get('kind') or 'verification'} of {anchor.get('time')}" if anchor else "")
+
+    def judge(measured, starts):
+        return decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in measured],
+                      caps, accept_slower=accept_slower, anchor=from_result(anchor) if anchor else None,
+                      anchor_label=f"{anchor.get('kind') or 'verification'} of {anchor.get('time')}" if anchor else "",
+                      starts=starts)
+    helper = f"{STACK_HELPER_PATH} {{}} {shlex.quote(model.name)} {held}"
+    verdict, runs, telemetries = _judged(rig, model, folder, workload, topology_verdict, judge,
+                                         helper.format("restart"), "the candidate")
     if verdict.waived:  # promoted slower on purpose: recorded in the provenance of what is saved
         runs = [replace(r, provenance={**r.provenance, "accepted_slower": True}) for r in runs]
     documents = [r.to_json() for r in runs]
-    helper = f"{STACK_HELPER_PATH} {{}} {shlex.quote(model.name)} {held}"
     if verdict.promote:
         ok, output = host.run_shell_command(command=helper.format("promote"), _timeout=PROMOTE_TIMEOUT_S)
         said = "\n".join(output.stdout_lines + output.stderr_lines)
@@ -264,8 +268,8 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
             raise OperationError(f"{model.name}: the rollout gate passed the candidate, but rigkit-stack did not "
                                  f"promote it:\n{said}\n(details: {path})")
         # The candidate's verification: the run nearest the mean decode, saved as this deploy's verification.
-        middle = sorted(runs, key=lambda r: r.figures.get("decode_tok_s") or 0)[len(runs) // 2]
-        _save_and_judge(rig, model, folder, replace(middle, runs=run_summary(documents)), telemetry, fail=False)
+        at = sorted(range(len(runs)), key=lambda n: runs[n].figures.get("decode_tok_s") or 0)[len(runs) // 2]
+        _save_and_judge(rig, model, folder, replace(runs[at], runs=run_summary(documents)), telemetries[at], fail=False)
         logger.info(f"{host.print_prefix}rollout gate of {model.name}:\n{verdict.reason}\n(details: {path})")
         return
     ok, output = host.run_shell_command(command=helper.format("rollback"),
@@ -276,22 +280,53 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     rollback = {"said": said[-1] if said else "rigkit-stack said nothing", "rolled_back": rolled_back}
     if rolled_back:
         # The rollback verified the same way: the restored config's runs against the proven result.
-        again, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
-        check = decide(from_result(baseline) if baseline else None, [from_result(r.to_json()) for r in again], caps)
+        check, again, telemetries = _judged(
+            rig, model, folder, workload, topology_verdict,
+            lambda measured, starts: decide(from_result(baseline) if baseline else None,
+                                            [from_result(r.to_json()) for r in measured], caps, starts=starts),
+            f"{STACK_HELPER_PATH} restart {shlex.quote(model.name)} proven", "the restored config")
         restored = run_summary([r.to_json() for r in again])
         rollback.update(verified=check.promote, reason=check.reason, runs=restored)
         failed = ", ".join(c.name for c in check.failed)
         rollback["said"] = (f"ROLLED BACK to the last proven config; its verification "
-                            f"{'passed' if check.promote else f'FAILED ({failed})'}: {GATE_RUNS} runs, "
+                            f"{'passed' if check.promote else f'FAILED ({failed})'}: {len(again)} runs, "
                             f"{summary_line(restored)}")
         if check.promote:
-            middle = sorted(again, key=lambda r: r.figures.get("decode_tok_s") or 0)[len(again) // 2]
-            _save_and_judge(rig, model, folder, replace(middle, runs=restored), telemetry, fail=False)
+            at = sorted(range(len(again)), key=lambda n: again[n].figures.get("decode_tok_s") or 0)[len(again) // 2]
+            _save_and_judge(rig, model, folder, replace(again[at], runs=restored), telemetries[at], fail=False)
     document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, False, False, held,
                              rollback)
     path = save_gate(folder, document)
     logger.info(f"{host.print_prefix}{refusal_screen(model.name, document, path, stack_dir)}")
     refusals.append({"model": model.name, "rolled_back": rolled_back, "verified": bool(rollback.get("verified"))})
+
+
+def _judged(rig: RigConfig, model: ModelConfig, folder: Path, workload: dict, topology_verdict: Verdict | None,
+            judge, restart: str, what: str):
+    """GATE_RUNS runs of what serves now, judged (`judge(runs, starts)`, rigkit.verify.gate.decide); a verdict
+    that asks for a second look (near the line on one start: the engine's level moves between starts) gets
+    one: `restart` (a rigkit-stack restart) and as many runs again, judged together. (verdict, the runs, each
+    run's telemetry, so that a saved run is drawn with its own start's.) `what`: what is measured, in words."""
+    from rigkit.verify.gate_record import GATE_RUNS
+    runs, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
+    telemetries = [telemetry] * len(runs)
+    verdict = judge(runs, 1)
+    if not verdict.second_look:
+        return verdict, runs, telemetries
+    logger.info(f"{host.print_prefix}{model.name}: {', '.join(c.name for c in verdict.failed)} short of the proven "
+                f"result by less than twice the allowance on one start; restarting {what} for a second look "
+                f"({GATE_RUNS} more runs)")
+    ok, output = host.run_shell_command(command=restart, _timeout=RESTART_TIMEOUT_S + model.spec.ready_timeout_s)
+    said = " ".join(line.split("rigkit-stack:", 1)[1].strip() for line in output.stdout_lines + output.stderr_lines
+                    if "rigkit-stack:" in line)
+    if not ok:  # judged on its one start, as it is: one that does not get ready again is no better for it
+        logger.warning(f"{host.print_prefix}{model.name}: the second look found {what} not ready ({said}); "
+                       "judged on its first start")
+        return verdict, runs, telemetries
+    logger.info(f"{host.print_prefix}{said}")
+    more, telemetry = _measure(rig, model, folder, GATE_RUNS, workload, topology_verdict)
+    runs = [*runs, *more]
+    return judge(runs, 2), runs, [*telemetries, *[telemetry] * len(more)]
 
 
 def _refused(refusals: list[dict], outcome: Path | None) -> None:

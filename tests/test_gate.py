@@ -282,3 +282,37 @@ def test_a_verification_the_gate_saved_is_judged_by_its_runs_mean_and_noise():
     candidate = [RunFigures(d, 0.118) for d in (900.0, 958.2, 1016.4)]
     assert decide(proven, candidate).promote
     assert not decide(from_result({**saved, "runs": None}), candidate).promote
+
+
+def test_a_refusal_near_the_line_asks_for_a_second_start_and_both_starts_are_judged_together():
+    """Measured on vLLM 0.32's CPU build (CI, an equal config): proven 1160 tok/s, the candidate's first start
+    1025 at a runs' CV of 1.0%, 11.7% slower, the next start of the proven config 1160 again. Near the line
+    on one start: a second look. Its second start at the proven level: the six runs spread by the starts'
+    difference, which widens the allowance, and it is promoted. Slower on both starts: still refused."""
+    proven = RunFigures(decode_tok_s=1160.2, ttft_s=0.099)
+    first = runs(decode=(1020.0, 1035.0, 1019.0), ttft=(0.107, 0.106, 0.108), acceptance=None)
+    verdict = decide(proven, first)
+    assert not verdict.promote and verdict.second_look, verdict.reason
+    second = runs(decode=(1150.0, 1171.0, 1158.0), ttft=(0.100, 0.098, 0.101), acceptance=None)
+    both = decide(proven, [*first, *second], starts=2)
+    assert both.promote and not both.second_look, both.reason
+    assert "6 candidate run(s) over 2 starts of the candidate" in both.reason, both.reason
+    again = decide(proven, [*first, *runs(decode=(1022.0, 1030.0, 1026.0), ttft=(0.107,) * 3, acceptance=None)],
+                   starts=2)
+    assert not again.promote and not again.second_look and "decode" in [c.name for c in again.failed], again.reason
+
+
+@pytest.mark.parametrize("candidates, why", [
+    (runs(decode=(79.0, 80.0, 81.0)), "20% slower: twice the allowance, a plain regression"),
+    (runs(decode=(95.0, 95.0, 95.0), passed=False), "a run failed its own checks"),
+    (runs(acceptance=1.0), "the drafter's acceptance collapsed"),
+    (runs(power=400.0), "a GPU over its cap"),
+])
+def test_no_second_look_for_a_plain_regression_or_a_failure_a_start_cannot_explain(candidates, why):
+    verdict = decide(PROVEN, candidates, CAPS)
+    assert not verdict.promote and not verdict.second_look, (why, verdict.reason)
+
+
+def test_a_second_look_is_asked_for_once():
+    verdict = decide(PROVEN, runs(decode=(88.0, 88.5, 88.2)) * 2, starts=2)
+    assert not verdict.promote and not verdict.second_look

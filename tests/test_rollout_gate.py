@@ -35,7 +35,10 @@ FAST = ('STANDIN_DECODE_TOK_S: "100"', 'STANDIN_DECODE_TOK_S: "1000"')
 EAGER = ("dtype: bfloat16\n", "dtype: bfloat16\n  enforce_eager: true\n")
 HALF_DTYPE_DRAFT = ("env:\n", "env:\n  STANDIN_FAULT: half_dtype_draft\n")
 NO_PREFIX_CACHE = ("dtype: bfloat16\n", "dtype: bfloat16\n  enable_prefix_caching: false\n")
-TEN_PERCENT_SLOWER = ("env:\n", "env:\n  STANDIN_FAULT: slower_by\n  STANDIN_SLOWER_BY: \"0.10\"\n")
+TWENTY_PERCENT_SLOWER = ("env:\n", "env:\n  STANDIN_FAULT: slower_by\n  STANDIN_SLOWER_BY: \"0.20\"\n")
+TWELVE_PERCENT_SLOWER = ("env:\n", "env:\n  STANDIN_FAULT: slower_by\n  STANDIN_SLOWER_BY: \"0.12\"\n")
+FIRST_START_SLOWER = ("env:\n", "env:\n  STANDIN_FAULT: slower_by\n  STANDIN_SLOWER_BY: \"0.12\"\n"
+                                "  STANDIN_SLOWER_STARTS: \"1\"\n")
 TWO_PERCENT_SLOWER = ("env:\n", "env:\n  STANDIN_FAULT: slower_by\n  STANDIN_SLOWER_BY: \"0.02\"\n")
 COMPOSE, REFUSED_COMPOSE = "/etc/rigkit/stacks/test-alpha/compose.yml", "/etc/rigkit/stacks/test-alpha/compose.failed.yml"
 
@@ -91,13 +94,13 @@ SEED_FAULTS = {
     "no_prefix_cache": ([NO_PREFIX_CACHE], {"prefix_cache"}, set(),
                         r"FAIL  prefix_cache: the measured prompt sent again: TTFT proven 0\.0\d\d s, candidate "
                         r"0\.5\d\d s \(x[6-9]\.\d; above x2 the prefix cache is lost"),
-    # Its figures as measured, within the noise of a loaded machine: `./run test` once measured TTFT 14.1%
-    # longer (proven 0.515 s, candidate 0.587 s; decode's runs' CV was 10.3%, which widened decode's
-    # allowance past it). Accepted: decode 6-14% slower, TTFT 7-19% longer (the exact figures are 10, 11).
-    "ten_percent_slower": ([TEN_PERCENT_SLOWER], set(), {"decode", "ttft"},
-                           r"FAIL  (decode: proven \d+\.\d tok/s, candidate (8[5-9]\d|9[0-4]\d)\.\d tok/s \(mean of 3\): "
-                           r"([6-9]|1[0-4])\.\d% slower|ttft: proven 0\.5\d\d s, candidate 0\.[56]\d\d s \(mean of 3\): "
-                           r"([7-9]|1\d)\.\d% longer)"),
+    # Twice the allowance, off the line: the exact figures are decode 20% slower, TTFT 25% longer; accepted
+    # as measured on a loaded machine, decode 15-25% slower, TTFT 17-35% longer (one start, or two when
+    # the noise put a check under twice its allowance).
+    "twenty_percent_slower": ([TWENTY_PERCENT_SLOWER], set(), {"decode", "ttft"},
+                              r"FAIL  (decode: proven \d+\.\d tok/s, candidate (7[5-9]\d|8[0-4]\d)\.\d tok/s "
+                              r"\(mean of [36]\): (1[5-9]|2[0-5])\.\d% slower|ttft: proven 0\.5\d\d s, candidate "
+                              r"0\.[5-7]\d\d s \(mean of [36]\): (1[7-9]|2\d|3[0-5])\.\d% longer)"),
 }
 
 
@@ -136,6 +139,31 @@ def test_each_seed_fault_is_refused_with_its_reason_and_the_old_config_serves_ve
     assert verified["passed"] and verified["figures"]["decode_tok_s"] == pytest.approx(1000, rel=0.15)
 
 
+def test_a_start_slower_near_the_line_gets_a_second_look_and_both_starts_are_judged(history, tmp_path):
+    """Simulated: the start-to-start level of vLLM's CPU build (bench/gate_engine_starts.py), as the stand-in's
+    STANDIN_SLOWER_STARTS. A config 12% slower on every start: near the line, so the gate restarts it
+    (`rigkit-stack restart`) and measures 3 more runs; slower on both starts, refused, rolled back. A config
+    12% slower on its first start only: the second start runs at the proven level, the 6 runs are judged
+    together (their spread widens the allowance) and it is promoted, serving at full speed."""
+    slower = run(history, copy_catalog(tmp_path / "every", test_alpha=[FAST, TWELVE_PERCENT_SLOWER]))
+    assert slower.returncode != 0, slower.output
+    assert "restarting the candidate for a second look (3 more runs)" in slower.output, slower.output
+    assert "READY AGAIN" in slower.output and "over 2 starts of the candidate" in slower.output, slower.output
+    assert re.search(r"rollout gate REFUSED test-alpha: (decode|ttft)", slower.output), slower.output
+    refused = documents(history, "gate")[-1]
+    assert not refused["promoted"] and len(refused["runs"]["decode_tok_s"]["runs"]) == 6, refused
+    assert refused["rollback"]["rolled_back"] and refused["rollback"]["verified"], refused
+    assert served()["decode_tok_s"] == 1000.0  # the proven config is back
+    once = run(history, copy_catalog(tmp_path / "once", test_alpha=[FAST, FIRST_START_SLOWER]))
+    assert once.returncode == 0, once.output
+    assert "restarting the candidate for a second look" in once.output, once.output
+    assert "PROMOTE: the candidate is as good as the proven config" in once.output, once.output
+    promoted = documents(history, "gate")[-1]
+    assert promoted["promoted"] and len(promoted["runs"]["decode_tok_s"]["runs"]) == 6, promoted
+    assert served()["decode_tok_s"] == 1000.0  # its second start: past the slow one
+    assert "STANDIN_SLOWER_STARTS" in history[0].exec(f"cat {COMPOSE}")[1]  # the proven config now
+
+
 def test_a_two_percent_slower_config_passes_and_a_second_deploy_changes_nothing(history, tmp_path):
     healthy = copy_catalog(tmp_path, test_alpha=[FAST, TWO_PERCENT_SLOWER])
     passed = run(history, healthy)
@@ -148,13 +176,13 @@ def test_a_two_percent_slower_config_passes_and_a_second_deploy_changes_nothing(
 
 def test_a_rebuilt_rig_establishes_again_rather_than_refusing_with_nothing_to_roll_back_to(history, tmp_path):
     """A proven result is on record, but the rig holds no proven config (taken down here; a rebuilt rig is the
-    same): a 10% slower config, which the gate refuses against that result above, is judged as a first rollout
+    same): a 12% slower config, which the gate refuses against that result above, is judged as a first rollout
     and serves, since a refusal would have nothing to roll back to and would stop the model."""
     rig = history[0]
     rig.exec("rigkit-stack down test-alpha")
-    slower = run(history, copy_catalog(tmp_path, test_alpha=[FAST, TEN_PERCENT_SLOWER]))
+    slower = run(history, copy_catalog(tmp_path, test_alpha=[FAST, TWELVE_PERCENT_SLOWER]))
     assert slower.returncode == 0, slower.output
     assert "the rig holds no proven config of it" in slower.output, slower.output
     assert "PROMOTE: no proven result yet; this rollout establishes it" in slower.output, slower.output
-    assert served()["decode_tok_s"] == pytest.approx(900.0)
+    assert served()["decode_tok_s"] == pytest.approx(880.0)
     assert documents(history, "gate")[-1]["establishes"]

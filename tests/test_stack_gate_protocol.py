@@ -57,7 +57,23 @@ def test_promote_refuses_files_that_are_not_the_ones_gated(tmp_path):
     assert not (folder / "compose.yml").exists()  # nothing promoted
 
 
+def test_restart_refuses_a_candidate_that_is_not_the_one_gated_before_any_compose_call(tmp_path):
+    """The gate's second look restarts only the candidate it measured: none held, or files rewritten since."""
+    folder = stack(tmp_path, held=None)
+    sha = wanted_sha(folder)
+    code, out = helper(tmp_path, "restart", "m", sha)
+    assert code == 5 and "held candidate is not the one gated" in out and "held none" in out, out
+    (folder / "gate.pending").write_text(sha + "\n")
+    (folder / "compose.next.yml").write_text("services: {changed: {}}\n")  # a deploy rewrote it since
+    code, out = helper(tmp_path, "restart", "m", sha)
+    assert code == 5 and f"held {sha[:12]}, wanted now {wanted_sha(folder)[:12]}" in out, out
+    assert "restarting" not in out
+    code, out = helper(tmp_path, "restart", "m", "proven")  # a candidate is held, nothing is proven
+    assert code == 5 and "does not serve its last proven config" in out, out
+
+
 @pytest.mark.parametrize("args", [["promote", "m"], ["promote", "m", "abc"], ["rollback", "m", "G" * 64],
+                                  ["restart", "m"], ["restart", "m", "abc"], ["restart", "m", "proven", "x"],
                                   ["rollout", "m", "hold"], ["down", "m", "x"]])
 def test_a_command_line_it_does_not_know_is_refused_with_its_usage(tmp_path, args):
     stack(tmp_path, held=None)

@@ -24,6 +24,15 @@ Refused when any of these fails (each is a `Check`, all reported at once):
   went 0.86 s -> 7 s). A collapse check, not a share: a cache hit takes milliseconds, too noisy for 10%;
 - gpu_caps: a GPU's mean power under load above its cap (by more than POWER_TOLERANCE).
 
+A second look: a refusal by share checks alone (decode, drift, ttft), each failed by less than
+SECOND_LOOK (2x) its allowance, is not final after one start of the candidate. The engine's level moves
+from one start to the next by more than the runs of one start spread (vLLM's CPU build: one config's
+starts measured 0.89-1.14x of the start before at runs' CVs of 3.5-20%, bench/gate_engine_starts.py;
+an equal config was once refused 11.7% slower at a runs' CV of 1.0%). The caller restarts the
+candidate, measures it as many times again and decides on the runs of both starts (`starts` 2): the
+spread between the starts is then in the runs' CV, and a candidate slower on both is refused. A plain
+regression (twice the allowance or more) or any other failed check is refused after one start.
+
 With no proven result yet (`proven` None) the candidate establishes it: decode, TTFT and acceptance
 are recorded, not compared, and the reason says so. A slower config accepted on purpose
 (`rigkit deploy --accept-slower MODEL`) waives the speed checks only (SPEED_CHECKS): the
@@ -87,6 +96,8 @@ def from_result(document: dict) -> RunFigures:
 
 
 SPEED_CHECKS = ("decode", "drift", "ttft", "acceptance", "prefix_cache")  # what --accept-slower waives
+SHARE_CHECKS = ("decode", "drift", "ttft")  # judged by a share of the reference: the ones a start's level can fail
+SECOND_LOOK = 2.0  # a share check failed by less than twice its allowance is measured again on a second start
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class Verdict:
     checks: list[Check]
     establishes: bool = False  # no proven result yet: this candidate's figures become the first
     waived: tuple[str, ...] = ()  # failed speed checks accepted with --accept-slower
+    second_look: bool = False  # refused by share checks only, each by less than SECOND_LOOK x its allowance
 
     @property
     def failed(self) -> list[Check]:
@@ -125,26 +137,30 @@ def allowance(values: Sequence[float]) -> tuple[float, float]:
 
 
 def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: dict[int, float] | None = None,
-           accept_slower: bool = False, anchor: RunFigures | None = None, anchor_label: str = "") -> Verdict:
+           accept_slower: bool = False, anchor: RunFigures | None = None, anchor_label: str = "",
+           starts: int = 1) -> Verdict:
     """Promote or refuse; `proven` None: no proven result yet (the candidate establishes it);
     `caps_w`: each GPU's power cap in W (None or missing: no cap); `accept_slower`: waive SPEED_CHECKS;
-    `anchor`: the proven result that set the line (`anchor_label` says which), when it is not `proven` itself."""
+    `anchor`: the proven result that set the line (`anchor_label` says which), when it is not `proven` itself;
+    `starts`: how many starts of the candidate the runs span (a second look is asked for after the first only)."""
     establishes = proven is None
     proven = proven or RunFigures(decode_tok_s=None, ttft_s=None)
+    over = f" over {starts} starts of the candidate" if starts > 1 else ""
     checks = [Check("runs", len(candidates) >= MIN_RUNS,
-                        f"{len(candidates)} candidate run(s); {MIN_RUNS} or more are needed to judge noise")]
+                        f"{len(candidates)} candidate run(s){over}; {MIN_RUNS} or more are needed to judge noise")]
+    shortfalls: dict[str, float] = {}  # each share check's shortfall over its allowance
     failed_runs = [(n, r.failed_checks) for n, r in enumerate(candidates, 1) if not r.passed]
     checks.append(Check("every_check_passed", not failed_runs, "; ".join(
         f"run {n} failed {', '.join(names) or 'a check'}" for n, names in failed_runs) or
         f"all {len(candidates)} run(s) passed every check"))
     checks.append(_compare("decode", "decode", proven.decode_tok_s, [r.decode_tok_s for r in candidates],
-                           "tok/s", higher_is_better=True, old_cv=proven.decode_cv))
+                           "tok/s", higher_is_better=True, old_cv=proven.decode_cv, shortfalls=shortfalls))
     if anchor is not None and not establishes:
         drift = _compare("drift", "decode", anchor.decode_tok_s, [r.decode_tok_s for r in candidates], "tok/s",
-                         higher_is_better=True, old_cv=anchor.decode_cv, reference="anchor")
+                         higher_is_better=True, old_cv=anchor.decode_cv, reference="anchor", shortfalls=shortfalls)
         checks.append(Check("drift", drift.passed, f"against the anchor ({anchor_label}): {drift.message}"))
     checks.append(_compare("ttft", "TTFT", proven.ttft_s, [r.ttft_s for r in candidates], "s", higher_is_better=False,
-                           old_cv=proven.ttft_cv))
+                           old_cv=proven.ttft_cv, shortfalls=shortfalls))
     acceptance = _acceptance(proven.acceptance_length, [r.acceptance_length for r in candidates])
     if acceptance:
         checks.append(acceptance)
@@ -156,7 +172,10 @@ def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: 
         checks = [_established(c, candidates) if c.name in ("decode", "ttft") else c for c in checks]
     waived = tuple(c.name for c in checks if not c.passed and c.name in SPEED_CHECKS) if accept_slower else ()
     promote = all(c.passed or c.name in waived for c in checks)
-    return Verdict(promote, checks, establishes, waived)
+    failed = [c.name for c in checks if not c.passed and c.name not in waived]
+    second_look = (not promote and starts == 1 and all(n in SHARE_CHECKS for n in failed)
+                   and all(shortfalls.get(n, SECOND_LOOK) < SECOND_LOOK for n in failed))
+    return Verdict(promote, checks, establishes, waived, second_look)
 
 
 def _established(check: Check, runs: Sequence[RunFigures]) -> Check:
@@ -170,8 +189,10 @@ def _established(check: Check, runs: Sequence[RunFigures]) -> Check:
 
 
 def _compare(name: str, label: str, old: float | None, runs: list[float | None], unit: str,
-             higher_is_better: bool, old_cv: float | None = None, reference: str = "proven") -> Check:
-    """`reference`: what `old` is, in the message (the proven result, or the anchor)."""
+             higher_is_better: bool, old_cv: float | None = None, reference: str = "proven",
+             shortfalls: dict[str, float] | None = None) -> Check:
+    """`reference`: what `old` is, in the message (the proven result, or the anchor); `shortfalls`: where
+    the share by which the candidate is worse, over the allowance, is recorded under `name`."""
     values = [v for v in runs if v is not None]
     if old is None:
         return Check(name, True, f"the {reference} result has no {label}: not compared")
@@ -182,6 +203,8 @@ def _compare(name: str, label: str, old: float | None, runs: list[float | None],
     if old_cv:  # both means are noisy: the noise of their difference
         allowed = max(allowed, NOISE_FACTOR * (cv ** 2 + old_cv ** 2) ** 0.5)
     worse = (old - new) / old if higher_is_better else (new - old) / old
+    if shortfalls is not None:
+        shortfalls[name] = worse / allowed
     noise = f"the runs' CV of {cv:.1%}" + (f" and the {reference} runs' {old_cv:.1%}" if old_cv else "")
     why = f"{allowed:.1%} allowed" + (f" (widened from {ALLOWANCE:.0%}: 3x {noise})"
                                        if allowed > ALLOWANCE else f" (runs' CV {cv:.1%})")

@@ -20,7 +20,10 @@ What it fakes, and the traps it reproduces:
   turn it off): a prompt seen before prefills in 1/8 of the time (field notes: a repeated
   11k-token prompt, 7 s -> 0.86 s); without it, every repeat pays the whole prefill again.
 - The fault `slower_by` with STANDIN_SLOWER_BY (e.g. 0.10): a config that is that share
-  slower, prefill and decode both (decode tok/s x 0.9).
+  slower, prefill and decode both (decode tok/s x 0.9). With STANDIN_SLOWER_STARTS=N, only the
+  container's first N starts are (counted in a file of its own filesystem, which `docker restart`
+  keeps): a start whose level is off, as vLLM's CPU build shows from one start to the next
+  (bench/gate_engine_starts.py: 0.81-1.0 of the best of 8 starts of one config).
 - STANDIN_NOISE_SHARE: the relative sd of each request's rates (decode; 1.5x for prefill),
   drawn from STANDIN_SEED's generator; default 0.006 with STANDIN_GPU_DIR, 0 (exact rates) without.
 - STANDIN_PROMPT_INFLATION: usage.prompt_tokens reports that many times the real
@@ -168,6 +171,21 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+STARTS_FILE = "/tmp/rigkit-standin-starts"  # in the container's own filesystem: kept by a restart, not a recreate
+
+
+def _start_number() -> int:
+    """This start's number in this container (1 for its first), counted once per process."""
+    try:
+        with open(STARTS_FILE) as f:
+            number = int(f.read().strip() or 0) + 1
+    except (FileNotFoundError, ValueError):
+        number = 1
+    with open(STARTS_FILE, "w") as f:
+        f.write(str(number))
+    return number
+
+
 class Engine:
     def __init__(self, args):
         self.args = args
@@ -186,6 +204,9 @@ class Engine:
         if args.enforce_eager or "eager" in self.faults:
             decode /= 7
         self.slower_by = float(env.get("STANDIN_SLOWER_BY", "0.10")) if "slower_by" in self.faults else 0.0
+        slow_starts = int(env.get("STANDIN_SLOWER_STARTS", "0") or 0)
+        if self.slower_by and slow_starts and _start_number() > slow_starts:
+            self.slower_by = 0.0  # past the slow starts: this start runs at the config's own level
         decode *= 1 - self.slower_by
         self.prefill_tok_s *= 1 - self.slower_by
         self.prefix_caching = args.enable_prefix_caching and "no_prefix_cache" not in self.faults
