@@ -62,7 +62,7 @@ def ansible_files(folder: Path, rigs: list[SimRig]) -> tuple[Path, Path]:
         render("gpu_policy/gpu-policy.conf.j2", rig_name=rig.name, rig_file=rig.file, gpus=rig.spec.gpus))
     (folder / "unit.service").write_text(render(
         "gpu_policy/rigkit-gpu-policy.service.j2", script_path="/usr/local/sbin/rigkit-gpu-policy",
-        policy_path="/etc/rigkit/gpu-policy.conf", wait_for_gpus_s=120, before_units=[]))
+        policy_path="/etc/rigkit/gpu-policy.conf", wait_for_gpus_s=120, lock_wait_s=150, before_units=[]))
     inventory = folder / f"hosts-{len(rigs)}.ini"
     inventory.write_text("[rigs]\n" + "".join(
         f"{r.name} ansible_host=127.0.0.1 ansible_port={r.ssh_port} ansible_user=root "

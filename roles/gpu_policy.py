@@ -41,6 +41,7 @@ from rigkit.units import UnitStates
 UNIT, UNIT_PATH, SCRIPT_PATH, POLICY_PATH = GPU_POLICY_UNIT, GPU_POLICY_UNIT_PATH, GPU_POLICY_SCRIPT_PATH, GPU_POLICY_PATH
 OFFSETS_TOOL_PATH, NVML_COPY_PATH = GPU_OFFSETS_TOOL_PATH, GPU_POLICY_NVML_PATH
 WAIT_FOR_GPUS_S = 120
+LOCK_WAIT_S = 150  # how long the script waits for a keeper's repair to finish (its own default)
 RESET_WAIT_S = 30  # `gpu_policy: remove`: the GPUs answer already (the deploy just read them)
 # The keeper (docs/gpu-policy.md#between-deploys; names in rigkit/gpu/keeper.py): a watch of the
 # enforced limits, and re-applies on resume from the sleep targets and when nvidia-persistenced (re)starts.
@@ -88,7 +89,7 @@ def gpu_policy(rig: RigConfig, report: GpuReport, runtime_changes: list = ()) ->
         data=render(
             "gpu_policy/rigkit-gpu-policy.service.j2",
             script_path=SCRIPT_PATH, policy_path=POLICY_PATH,
-            wait_for_gpus_s=WAIT_FOR_GPUS_S, before_units=[],
+            wait_for_gpus_s=WAIT_FOR_GPUS_S, lock_wait_s=LOCK_WAIT_S, before_units=[],
         ),
         dest=UNIT_PATH, mode="644", batch=paths,
     )
@@ -106,7 +107,7 @@ def gpu_policy(rig: RigConfig, report: GpuReport, runtime_changes: list = ()) ->
     applied = server.shell(
         name="Apply the GPU policy now",
         commands=[_start_or_show_journal("restart")],
-        _timeout=WAIT_FOR_GPUS_S + 90,  # the unit's own TimeoutStartSec is WAIT_FOR_GPUS_S + 60
+        _timeout=LOCK_WAIT_S + WAIT_FOR_GPUS_S + 90,  # the unit's own TimeoutStartSec: their sum + 60
         _if=lambda: bool(drift) or script.did_change() or offsets_tool.did_change() or policy.did_change()
         or unit.did_change(),
     )

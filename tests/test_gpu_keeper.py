@@ -13,6 +13,7 @@ state and the keeper's state file directly (past rigkit); `bench/keeper_repairs.
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 import time
 
@@ -154,6 +155,53 @@ def test_a_tune_session_is_not_disturbed(rig):
     assert held(rig), rig.gpu_state()
     settle(rig)
     assert keeper_state(rig)["holding"] is None  # no longer holding off
+
+
+def keeper_journal(rig, cursor: str) -> str:
+    return rig.exec(f"journalctl -u rigkit-gpu-keeper -o cat --no-pager --after-cursor={shlex.quote(cursor)}")[1]
+
+
+def journal_cursor(rig) -> str:
+    said = rig.exec("journalctl -n 1 --show-cursor --no-pager -o cat")[1]
+    return next(line.split("cursor: ", 1)[1].strip() for line in said.splitlines() if "cursor: " in line)
+
+
+def test_a_repair_racing_a_deploy_of_a_new_policy_applies_what_it_decided_and_the_deploy_follows(rig):
+    """Simulated: a slow driver (every nvidia-smi call 1 s: /run/nvidia-sim/slow) holds a repair open. A
+    limit set by hand (350 W) is being repaired when a deploy moves the policy 330 -> 300 W, with the two
+    steps roles/gpu_policy.py takes: it writes the policy file, then restarts the policy unit. The repair
+    applies the policy it read (330 W) and reads back against it: logged ok, no false NOT HELD, no back-off.
+    The unit's script waits for the repair's lock, then applies 300 W and stamps it; the keeper holds off
+    until then and fights nothing after."""
+    events = len(keeper_state(rig)["events"])
+    cursor = journal_cursor(rig)
+    rig.exec("echo 1 > /run/nvidia-sim/slow")
+    try:
+        started = time.monotonic()
+        rig.exec("nvidia-smi -i 0 -pl 350")
+        while rig.exec("flock -n /run/rigkit/gpu-keeper.lock true")[0] == 0:  # until a repair holds the lock
+            assert time.monotonic() - started < REPAIR_BOUND_S, keeper_journal(rig, cursor)
+            time.sleep(0.1)
+        deployed = rig.exec("sed -i -E 's/^([0-9]+) 330 /\\1 300 /' /etc/rigkit/gpu-policy.conf && "
+                            "systemctl restart rigkit-gpu-policy.service")
+        assert deployed[0] == 0, deployed
+        settled = time.monotonic() - started
+    finally:
+        rig.exec("rm -f /run/nvidia-sim/slow")
+    assert [g["power_limit_w"] for g in rig.gpu_state()] == [300, 300], rig.gpu_state()
+    settle(rig)
+    said = keeper_journal(rig, cursor)
+    print(f"a hand-set limit to the new policy applied, through a repair and a deploy's apply: {settled:.1f} s")
+    assert "NOT HELD" not in said and "repaired (changed-by-hand)" in said, said
+    new = keeper_state(rig)["events"][events:]
+    assert [(e["cause"], e["ok"]) for e in new] == [("changed-by-hand", True)], new
+    assert new[0]["gpus"] == [{"index": 0, "found_w": 350.0, "wanted_w": 330.0, "after_w": 330.0}], new
+    stamp = rig.exec("cat /run/rigkit/gpu-policy.applied; sha256sum < /etc/rigkit/gpu-policy.conf")[1].split()
+    assert stamp[0] == stamp[1], stamp  # the stamp is the file's as the deploy wrote it
+    assert [g["power_limit_w"] for g in rig.gpu_state()] == [300, 300], rig.gpu_state()  # nothing fought it
+    assert run_deploy(rig, verify=False).returncode == 0  # the module's policy back (330 W)
+    settle(rig)
+    assert held(rig)
 
 
 def test_a_deploy_applying_a_new_policy_is_not_fought(rig, tmp_path):

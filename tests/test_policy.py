@@ -81,9 +81,10 @@ def test_policy_file_adds_clock_offsets_only_where_declared():
 def test_unit_orders_after_persistenced_and_before_docker():
     text = render(
         "gpu_policy/rigkit-gpu-policy.service.j2",
-        script_path="/s", policy_path="/p", wait_for_gpus_s=120, before_units=["rigkit-stack.target"],
+        script_path="/s", policy_path="/p", wait_for_gpus_s=120, lock_wait_s=150, before_units=["rigkit-stack.target"],
     )
     assert "After=nvidia-persistenced.service" in text
     assert "Before=docker.service containerd.service rigkit-stack.target" in text
     assert "ExecStart=/s apply /p" in text
+    assert "TimeoutStartSec=330" in text  # a keeper's repair waited for (150 s), the GPUs (120 s), and 60 s more
     assert "WantedBy=multi-user.target" in text

@@ -21,12 +21,21 @@ switch timer is active), while the policy unit runs (a deploy applying a policy)
 policy file is newer than the last policy applied (a deploy between writing and applying it); with
 no policy file (`gpu_policy: remove`) it does nothing. Holds are checked only when a limit
 differs, so an idle watch costs a few NVML reads per GPU per WATCH_S.
+
+A repair decides on the policy it applies, under the lock it applies it with: it reads the policy
+file's bytes once, under LOCK_PATH (which the policy script takes too, so a deploy's or a boot's
+apply waits for the repair), checks the hold on those bytes, runs the script on a copy of them
+and reads the limits back against them. A deploy that writes a new policy meanwhile is applied
+after the repair, by its own run of the script; the repair is not judged against a file it did
+not apply (a 300 -> 330 W deploy once made a repair log a false NOT HELD and back off 30 s).
 """
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -68,15 +77,24 @@ def now_iso():
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def policy():
-    """{index: "330" | "default"} from the policy file, or None where there is none."""
+def read_policy():
+    """The policy file's bytes, read once, or None where there is none: a repair decides on these, applies
+    these and stamps these, whatever a deploy writes to the file meanwhile."""
     try:
-        with open(POLICY_PATH) as f:
-            lines = f.read().splitlines()
+        with open(POLICY_PATH, "rb") as f:
+            return f.read()
     except FileNotFoundError:
         return None
+
+
+def policy(content=None):
+    """{index: "330" | "default"} from the policy's bytes (read from the file when not given), or None
+    where there is none."""
+    content = read_policy() if content is None else content
+    if content is None:
+        return None
     wanted = {}
-    for line in lines:
+    for line in content.decode("utf-8", "replace").splitlines():
         cells = line.split()
         if cells and not cells[0].startswith("#") and len(cells) >= 2:
             wanted[int(cells[0])] = cells[1]
@@ -100,15 +118,15 @@ def systemctl_show(unit, prop):
         return ""
 
 
-def hold_reason():
-    """Why a repair must wait now, or None."""
-    if not os.path.exists(POLICY_PATH):
+def hold_reason(content):
+    """Why a repair must wait now, or None. `content`: the policy's bytes as read for this decision."""
+    if content is None:
         return "no GPU policy on this rig (gpu_policy: remove)"
     if systemctl_show(TUNE_TIMER, "ActiveState") == "active":
         return "rigkit tune holds its session"
     if systemctl_show(POLICY_UNIT, "ActiveState") in ("activating", "deactivating", "reloading"):
         return "the policy unit is applying the policy (a deploy or a boot)"
-    if atomic.sha256(POLICY_PATH) != read_text(APPLIED_STAMP):
+    if hashlib.sha256(content).hexdigest() != read_text(APPLIED_STAMP):
         return "the policy file differs from the last policy applied (a deploy is applying a new one)"
     return None
 
@@ -211,14 +229,18 @@ def clear_hold():
         _held["known"] = False
 
 
-def apply_policy():
-    """(ok, the script's last line)."""
-    env = dict(os.environ, RIGKIT_GPU_WAIT_S=str(GPU_WAIT_S))
-    try:
-        done = subprocess.run([POLICY_SCRIPT, "apply", POLICY_PATH], capture_output=True, text=True, env=env,
-                              timeout=APPLY_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return False, f"{POLICY_SCRIPT} did not finish within {APPLY_TIMEOUT_S} s"
+def apply_policy(content):
+    """(ok, the script's last line): the script run on `content` (the bytes decided on), under the lock the
+    caller holds (the script would otherwise wait for it)."""
+    env = dict(os.environ, RIGKIT_GPU_WAIT_S=str(GPU_WAIT_S), RIGKIT_GPU_POLICY_LOCK_HELD="1")
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(APPLIED_STAMP), prefix="gpu-policy.keeper.") as snapshot:
+        snapshot.write(content)
+        snapshot.flush()
+        try:
+            done = subprocess.run([POLICY_SCRIPT, "apply", snapshot.name], capture_output=True, text=True, env=env,
+                                  timeout=APPLY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return False, f"{POLICY_SCRIPT} did not finish within {APPLY_TIMEOUT_S} s"
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     for line in lines:
         print(line, flush=True)
@@ -228,11 +250,12 @@ def apply_policy():
 def repair(gpus, cause, before, always):
     """Under the lock: re-apply (when `always`, or when a limit still differs), read back, record.
     Returns the limits that did not hold, {index: (found, wanted)}, or None when nothing was done."""
-    with lock.held(LOCK_PATH):
-        wanted = policy()
+    with lock.held(LOCK_PATH):  # the policy script takes it too: a deploy's apply waits for this repair
+        content = read_policy()
+        wanted = policy(content)
         if wanted is None:
             return None
-        held = hold_reason()
+        held = hold_reason(content)
         if held:
             if load_state().get("holding") != held:
                 say(f"not repairing ({cause}): {held}")
@@ -248,7 +271,7 @@ def repair(gpus, cause, before, always):
         elif found is not None:
             before = {i: (found[i][0], wanted_w(w, found[i][1])) for i, w in wanted.items() if i in found}
         started = time.monotonic()
-        ok, detail = apply_policy()
+        ok, detail = apply_policy(content)
         after = gpus.read(list(wanted))
         failed = differing(wanted, after) if after is not None else {i: v for i, v in before.items()}
         ok = ok and not failed

@@ -17,6 +17,11 @@ OFFSETS_TOOL=${RIGKIT_GPU_OFFSETS_TOOL:-/usr/local/sbin/rigkit-gpu-offsets}
 NVML_COPY_DIR=/usr/local/lib/rigkit/gpu-policy   # pynvml for rigs without nvidia-ml-py
 NVSMI_S=${RIGKIT_NVSMI_S:-8}       # each nvidia-smi call's limit: a wedged driver hangs it
 APPLIED_STAMP=/run/rigkit/gpu-policy.applied
+# One writer of the GPUs' settings at a time: this script (a deploy, a boot) and the GPU keeper's
+# repairs take the same lock. The keeper holds it while it decides and runs this script, and says so
+# with RIGKIT_GPU_POLICY_LOCK_HELD=1; anyone else waits here for it.
+POLICY_LOCK=/run/rigkit/gpu-keeper.lock
+LOCK_WAIT_S=${RIGKIT_GPU_LOCK_WAIT_S:-150}   # longer than a keeper's repair may take (its 120 s apply bound)
 TIMED_OUT=124                      # timeout(1)'s exit status (137: it had to SIGKILL)
 
 # nvidia-smi under a time limit: killed (nothing left running) and reported when it hangs.
@@ -37,11 +42,21 @@ check() {
 }
 
 [[ -r $POLICY ]] || die "cannot read policy file $POLICY"
+if [[ -z ${RIGKIT_GPU_POLICY_LOCK_HELD:-} ]]; then
+    mkdir -p "${POLICY_LOCK%/*}"
+    exec 9>>"$POLICY_LOCK"
+    flock -w "$LOCK_WAIT_S" 9 || die "the GPU keeper held $POLICY_LOCK for ${LOCK_WAIT_S} s (a repair that did not finish)"
+fi
+# The policy read once: what is applied and the digest stamped are the same bytes, whatever a deploy
+# writes to the file meanwhile (the keeper then sees the file differ from the stamp, and holds off).
+SNAPSHOT=$(mktemp "${TMPDIR:-/tmp}/rigkit-gpu-policy.XXXXXX") || die "cannot make a temporary file"
+trap 'rm -f "$SNAPSHOT"' EXIT
+cp -- "$POLICY" "$SNAPSHOT" || die "cannot read policy file $POLICY"
 declare -a INDEX LIMIT LOCK OFFSETS
 while read -r index limit lock offsets _; do
     [[ -z $index || $index == \#* ]] && continue
     INDEX+=("$index"); LIMIT+=("$limit"); LOCK+=("$lock"); OFFSETS+=("${offsets:-default}")
-done < "$POLICY"
+done < "$SNAPSHOT"
 (( ${#INDEX[@]} )) || die "no GPUs listed in $POLICY"
 
 # Wait until every listed GPU answers: at boot the driver may not be ready yet.
@@ -120,7 +135,7 @@ done
 # differs from it (a deploy between writing a new policy and applying it).
 mkdir -p "${APPLIED_STAMP%/*}"
 if [[ $ACTION == apply ]]; then
-    sha256sum < "$POLICY" | cut -d' ' -f1 > "$APPLIED_STAMP.tmp" && mv -f "$APPLIED_STAMP.tmp" "$APPLIED_STAMP"
+    sha256sum < "$SNAPSHOT" | cut -d' ' -f1 > "$APPLIED_STAMP.tmp" && mv -f "$APPLIED_STAMP.tmp" "$APPLIED_STAMP"
     say "applied; a clock lock cannot be read back, verify under load"
 else
     rm -f "$APPLIED_STAMP"
