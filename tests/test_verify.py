@@ -57,6 +57,45 @@ def test_deploy_ends_with_verification_of_both_models(rig):
     assert "verification of test-alpha (SIMULATED telemetry)" in run.output
 
 
+def test_a_sampler_left_behind_is_stopped_by_the_next_start_for_the_same_file(rig):
+    """A controller killed during verification never sends the sampler's stop: the sampler it started runs on
+    (until its own 900 s bound). Played here with the very commands verification sends (rigkit.rigside.sampler)
+    through the rig's shell, the stop left out: the next verification's start stops the one left behind before
+    it starts its own, so only one sampler writes the file, and the new one's samples are what is read."""
+    import time
+
+    from rigkit.rigside import sampler
+    from rigkit.rigside.names import SAMPLER_NVML_DIR, SAMPLER_PATH
+
+    out = "/run/rigkit/telemetry-test-alpha.json"
+
+    def start() -> str:
+        code, said = rig.exec(sampler.start_command(SAMPLER_PATH, SAMPLER_NVML_DIR, [0], 50, out, 900))
+        pid = said.strip().splitlines()[-1]
+        assert code == 0 and pid.isdigit(), said
+        assert rig.exec(sampler.started_command(pid, out))[0] == 0
+        return pid
+
+    def running(pid: str) -> bool:
+        return rig.exec(f"kill -0 {pid}")[0] == 0
+
+    left_behind = start()  # its controller "killed": never stopped
+    started = time.monotonic()
+    current = start()
+    took = time.monotonic() - started
+    assert not running(left_behind) and running(current), (left_behind, current)
+    assert took < sampler.TAKEOVER_WAIT_S + 5, took
+    assert rig.exec(f"pgrep -fc -- '[r]igkit-telemetry.py .*--out {out} '")[1].strip() == "1"  # not pgrep's shell
+    assert rig.exec(sampler.stop_command(current, out))[0] == 0
+    samples = json.loads(rig.exec(f"cat {out}")[1])
+    assert samples and not running(current)
+    unrelated = rig.exec("sleep 60 >/dev/null 2>&1 & echo $!")[1].strip()  # a pid file naming another process
+    rig.exec(f"echo {unrelated} > {out}.pid")
+    stopped_again = start()
+    assert running(unrelated), "a process that is not this file's sampler was killed"
+    rig.exec(f"kill {unrelated}; " + sampler.stop_command(stopped_again, out))
+
+
 def test_a_deploy_that_changes_nothing_does_not_re_verify(rig):
     run = run_deploy(rig, SERVING_RIG)
     assert run.returncode == 0, run.output

@@ -19,14 +19,25 @@ def python_with_nvml(nvml_dir: str, nohup: bool = False) -> str:
             f"PYTHONPATH=$P {'nohup ' if nohup else ''}python3")
 
 
+TAKEOVER_WAIT_S = 5  # a sampler left behind ends within this once told (it writes its samples first)
+
+
 def start_command(sampler: str, nvml_dir: str, gpus, hz: int, out: str, max_s: int) -> str:
     """Start the sampler in the background, writing to `out` in the root-only RUN_DIR (not /tmp: a
-    local user could plant a symlink at a predictable /tmp path); prints its pid. A sampler left
-    behind stops itself after `max_s`."""
-    quoted = shlex.quote(out)
+    local user could plant a symlink at a predictable /tmp path); prints its pid, also kept in
+    `out`.pid. A sampler left behind (its controller killed before it was stopped) stops itself after
+    `max_s`; before that, the next start for the same `out` stops it first, so that two samplers never
+    write one file (the pid is trusted only while that process's command line names `out`)."""
+    quoted, pid_file = shlex.quote(out), shlex.quote(out + ".pid")
     indices = ",".join(str(i) for i in gpus)
-    return (f"mkdir -p -m 700 {RUN_DIR}; rm -f {quoted}; {python_with_nvml(nvml_dir, nohup=True)} {sampler} "
-            f"--gpus {indices} --hz {int(hz)} --out {quoted} --max-seconds {int(max_s)} > {quoted}.log 2>&1 & echo $!")
+    takeover = (f"old=$(cat {pid_file} 2>/dev/null); case $old in ''|*[!0-9]*) old=;; esac; "
+                f"if [ -n \"$old\" ] && tr '\\0' ' ' < /proc/$old/cmdline 2>/dev/null | "
+                f"grep -qF -- {shlex.quote(f'--out {out} --max-seconds')}; "
+                f"then kill -TERM $old; for i in $(seq 1 {TAKEOVER_WAIT_S * 10}); do kill -0 $old 2>/dev/null || break; "
+                f"sleep 0.1; done; kill -KILL $old 2>/dev/null; fi; ")
+    return (f"mkdir -p -m 700 {RUN_DIR}; {takeover}rm -f {quoted}; {python_with_nvml(nvml_dir, nohup=True)} "
+            f"{sampler} --gpus {indices} --hz {int(hz)} --out {quoted} --max-seconds {int(max_s)} > {quoted}.log 2>&1 & "
+            f"echo $! > {pid_file}; echo $!")
 
 
 def started_command(pid: str, out: str, wait_s: int = START_WAIT_S) -> str:
