@@ -89,6 +89,8 @@ def test_a_sampler_left_behind_is_stopped_by_the_next_start_for_the_same_file(ri
     assert rig.exec(sampler.stop_command(current, out))[0] == 0
     samples = json.loads(rig.exec(f"cat {out}")[1])
     assert samples and not running(current)
+    after_a_stop = start()  # the pid file names a process gone: the start says nothing of it, only its pid
+    assert rig.exec(sampler.stop_command(after_a_stop, out))[0] == 0
     unrelated = rig.exec("sleep 60 >/dev/null 2>&1 & echo $!")[1].strip()  # a pid file naming another process
     rig.exec(f"echo {unrelated} > {out}.pid")
     stopped_again = start()

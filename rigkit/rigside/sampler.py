@@ -30,11 +30,12 @@ def start_command(sampler: str, nvml_dir: str, gpus, hz: int, out: str, max_s: i
     write one file (the pid is trusted only while that process's command line names `out`)."""
     quoted, pid_file = shlex.quote(out), shlex.quote(out + ".pid")
     indices = ",".join(str(i) for i in gpus)
-    takeover = (f"old=$(cat {pid_file} 2>/dev/null); case $old in ''|*[!0-9]*) old=;; esac; "
-                f"if [ -n \"$old\" ] && tr '\\0' ' ' < /proc/$old/cmdline 2>/dev/null | "
+    # Quiet (stderr to /dev/null, the whole block): the caller reads the pid from the last line printed.
+    takeover = (f"{{ old=$(cat {pid_file}); case $old in ''|*[!0-9]*) old=;; esac; "
+                f"if [ -n \"$old\" ] && tr '\\0' ' ' < /proc/$old/cmdline | "
                 f"grep -qF -- {shlex.quote(f'--out {out} --max-seconds')}; "
-                f"then kill -TERM $old; for i in $(seq 1 {TAKEOVER_WAIT_S * 10}); do kill -0 $old 2>/dev/null || break; "
-                f"sleep 0.1; done; kill -KILL $old 2>/dev/null; fi; ")
+                f"then kill -TERM $old; for i in $(seq 1 {TAKEOVER_WAIT_S * 10}); do kill -0 $old || break; "
+                f"sleep 0.1; done; kill -KILL $old; fi; }} 2>/dev/null; ")
     return (f"mkdir -p -m 700 {RUN_DIR}; {takeover}rm -f {quoted}; {python_with_nvml(nvml_dir, nohup=True)} "
             f"{sampler} --gpus {indices} --hz {int(hz)} --out {quoted} --max-seconds {int(max_s)} > {quoted}.log 2>&1 & "
             f"echo $! > {pid_file}; echo $!")
