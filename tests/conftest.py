@@ -197,11 +197,12 @@ def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, cata
     return DeployRun(proc.returncode, proc.stdout + proc.stderr)
 
 
-def run_status(rig: SimRig, rig_file: Path, tmp_path: Path, timeout: int = 300) -> tuple[int, str, dict]:
+def run_status(rig: SimRig, rig_file: Path, tmp_path: Path, timeout: int = 300, catalog: Path = TEST_CATALOG,
+               results: Path = RESULTS) -> tuple[int, str, dict]:
     """The real `rigkit status` CLI against `rig` (one inventory host, tests/data/status-fleet.py) serving
-    `rig_file` from the test catalog: (exit code, what it printed, its --json document)."""
+    `rig_file` from `catalog`: (exit code, what it printed, its --json document)."""
     env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_STATE=str(STATE_ROOT),
-               RIGKIT_RIG_FILE=str(rig_file), RIGKIT_CATALOG_DIR=str(TEST_CATALOG), RIGKIT_RESULTS_DIR=str(RESULTS))
+               RIGKIT_RIG_FILE=str(rig_file), RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_RESULTS_DIR=str(results))
     out = tmp_path / "status.json"
     proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "status", "tests/data/status-fleet.py", "--json", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

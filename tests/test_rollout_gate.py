@@ -26,7 +26,7 @@ import re
 import httpx
 import pytest
 
-from tests.conftest import SERVING_RIG, copy_catalog
+from tests.conftest import SERVING_RIG, copy_catalog, run_status
 from tests.conftest import run_deploy as deploy
 
 pytestmark = pytest.mark.simrig
@@ -154,6 +154,12 @@ def test_a_start_slower_near_the_line_gets_a_second_look_and_both_starts_are_jud
     assert not refused["promoted"] and len(refused["runs"]["decode_tok_s"]["runs"]) == 6, refused
     assert refused["rollback"]["rolled_back"] and refused["rollback"]["verified"], refused
     assert served()["decode_tok_s"] == 1000.0  # the proven config is back
+    # Status, read from the rig, says the catalog's config was refused and a deploy as it is would be again.
+    _, said, report = run_status(history[0], history[1], tmp_path, catalog=tmp_path / "every" / "models",
+                                 results=history[2] / "results")
+    [stack] = [s for s in report["rigs"][0]["stacks"] if s["model"] == "test-alpha"]
+    assert stack["gate"] == "refused" and "REFUSED, old serves" in said, said
+    assert "--accept-slower test-alpha" in said, said
     once = run(history, copy_catalog(tmp_path / "once", test_alpha=[FAST, FIRST_START_SLOWER]))
     assert once.returncode == 0, once.output
     assert "restarting the candidate for a second look" in once.output, once.output

@@ -169,3 +169,30 @@ def test_weights_completed_after_the_container_started_are_drift():
     assert len(found) == len(RIG.models) and "volume completed 30 s after the container started" in found[0]["found"]
     early = {m: {**w, "completed_at": at - 30} for m, w in weights().items()}
     assert not [d for d in status(facts=facts, volume_states=early)["drift"] if d["what"].endswith(" weights")]
+
+
+def test_a_candidate_held_for_the_gate_or_refused_by_it_is_named_with_what_a_deploy_would_do():
+    """Simulated: the stack files as rigkit-stack leaves them. A candidate held for the gate (gate.pending, the
+    new config serving un-promoted): named, and the verification shown said to be the proven config's. The
+    catalog's config refused (compose.failed.yml is it, the old one proven and serving): named with the way
+    out, not a plain deploy that would be refused again."""
+    wanted = wanted_files(RIG)["test-alpha"]
+    held = probe()
+    held["stacks"]["test-alpha"]["files"]["compose.yml"] = "0" * 64  # the old proven config's
+    held["stacks"]["test-alpha"]["held"] = "a" * 64
+    doc = status(facts=held)
+    [drift] = [d for d in doc["drift"] if d["what"].startswith("stack test-alpha")]
+    assert drift["what"] == "stack test-alpha rollout" and "held for the rollout gate" in drift["found"], drift
+    assert "the verification shown is the last proven config's" in drift["found"]
+    assert "HELD for the gate" in status_table(doc)
+    refused = probe()
+    refused["stacks"]["test-alpha"]["files"].update({"compose.yml": "0" * 64, "compose.failed.yml": wanted["compose.yml"]})
+    doc = status(facts=refused)
+    [drift] = [d for d in doc["drift"] if d["what"].startswith("stack test-alpha")]
+    assert "refused" in drift["found"] and "a deploy of it as it is is refused again" in drift["repair"], drift
+    assert "rigkit deploy inv.py --limit rig1 --accept-slower test-alpha" in drift["repair"]
+    assert "REFUSED, old serves" in status_table(doc)
+    older = probe()  # an older refusal, another config wanted now: a plain difference
+    older["stacks"]["test-alpha"]["files"].update({"compose.yml": "0" * 64, "compose.failed.yml": "1" * 64})
+    [drift] = [d for d in status(facts=older)["drift"] if d["what"].startswith("stack test-alpha")]
+    assert drift["what"] == "stack test-alpha files" and "DIFFERS" in status_table(status(facts=older))

@@ -220,6 +220,12 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
         files = found.get("files", {})
         wanted = wanted_files.get(model.name, {})
         compose_as_rendered = all(files.get(name) == digest for name, digest in wanted.items())
+        # Where a rollout stands when the proven files are not what the catalog renders: a candidate held
+        # for the gate and serving un-promoted, or the config the catalog renders refused (by the gate, or
+        # it did not get ready) and kept as compose.failed.yml while the last proven one serves.
+        gate = ("held" if found.get("held") else
+                "refused" if not compose_as_rendered and files.get("compose.failed.yml") is not None
+                and files.get("compose.failed.yml") == wanted.get("compose.yml") else None)
         entry = {
             "model": model.name, "deployed": found.get("deployed"), "running": bool(running),
             "containers": [{k: c.get(k) for k in ("name", "status", "restart_count", "started_at")} for c in containers],
@@ -230,7 +236,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             "image": model.spec.image, "running_image": containers[0].get("config_image") if containers else None,
             "image_id": containers[0].get("image_id") if containers else None,
             "catalog_image_id": catalog_image.get("id"), "repo_digests": catalog_image.get("repo_digests", []),
-            "compose_as_rendered": compose_as_rendered,
+            "compose_as_rendered": compose_as_rendered, "gate": gate,
         }
         doc["stacks"].append(entry)
         if not found.get("deployed"):
@@ -241,7 +247,18 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
         elif not running:
             states = ", ".join(f"{c.get('name')} {c.get('status')}" for c in containers) or "no container"
             drift(f"stack {model.name}", f"not running ({states})", "running", commands.deploy)
-        if not compose_as_rendered:
+        if gate == "held":
+            drift(f"stack {model.name} rollout", "a new config is serving un-promoted, held for the rollout gate "
+                  "(the deploy that rolled it out stopped before the gate's verdict); the verification shown is "
+                  "the last proven config's", "promoted by the gate, or rolled back",
+                  f"{commands.deploy} (the gate judges the held config again from the start)")
+        elif gate == "refused":
+            drift(f"stack {model.name} rollout", "the config the catalog renders was refused (by the rollout gate, "
+                  "or it did not get ready) and is compose.failed.yml on the rig; the last proven config serves",
+                  f"as rendered from {model.file}",
+                  f"change {model.file}: a deploy of it as it is is refused again (see its last gate-*.json "
+                  f"under results); a slower config meant on purpose: {commands.deploy} --accept-slower {model.name}")
+        elif not compose_as_rendered:
             changed = [name for name, digest in wanted.items() if files.get(name) != digest]
             drift(f"stack {model.name} files", f"{', '.join(changed)} differ from what the catalog renders "
                   "(edited on the rig, catalog changed since the deploy, or a rollout that did not finish)",

@@ -43,7 +43,8 @@ def status_table(doc: dict) -> str:
                          s["watchdog_restarts_last_hour"] if s["watchdog_restarts_last_hour"] is not None else "-",
                          f"yes {s['ready_s']:.2f} s" if s["ready"] else "NO",
                          f"{s['image']} {(s['image_id'] or '')[:19]}",
-                         "as rendered" if s["compose_as_rendered"] else "DIFFERS"] for s in doc["stacks"]])
+                         "as rendered" if s["compose_as_rendered"] else {"held": "HELD for the gate",
+                         "refused": "REFUSED, old serves"}.get(s.get("gate"), "DIFFERS")] for s in doc["stacks"]])
     if doc.get("weights"):
         lines += _rows(["weights", "volume", "status", "marker", "files"],
                        [[w["model"], w.get("volume", "bind mount"), w.get("status", "-"),

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 try:
-    from rigside import atomic, keyfile
+    from rigside import atomic, keyfile, names
     from rigside.probe import NoAnswer, one_token
 except ImportError as exc:  # a rig rigkit has not deployed yet
     print(json.dumps({"error": f"rigkit's rig-side runtime is not on this rig ({exc}): deploy the rig first"}))
@@ -132,11 +132,22 @@ def load_json(path):
     return atomic.read_json(path)
 
 
+def held_candidate(path):
+    """The SHA-256 a candidate held for the rollout gate was held under (rigkit-stack's gate.pending), or None."""
+    try:
+        with open(path) as f:
+            text = f.read(100).strip()
+    except OSError:
+        return None
+    return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
+
+
 def stack(args, model):
     folder = os.path.join(args["stacks_dir"], model["name"])
     settings = load_json(os.path.join(folder, "stack.json"))
     found = {"deployed": os.path.isdir(folder),
-             "files": {name: atomic.sha256(os.path.join(folder, name)) for name in STACK_FILES}}
+             "files": {name: atomic.sha256(os.path.join(folder, name)) for name in STACK_FILES},
+             "held": held_candidate(os.path.join(folder, names.GATE_PENDING_FILE))}
     found["containers"], found["containers_error"] = containers(model["project"])
     found["catalog_image"] = image(model["image"])
     port = (settings or {}).get("port", model["port"])
