@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -142,6 +143,9 @@ def test_status_with_a_hung_engine_answers_within_15_s_and_reports_no_missing_vo
     weights = [d for d in doc["drift"] if d["what"].startswith("weights volume")]
     assert weights == [], weights  # not "missing" with "repair: deploy": the engine did not say
     assert {w["status"] for w in doc["weights"]} == {"error"}, doc["weights"]
+    # What docker could not say is not said: the manifest "not read", not "None in manifest" (a deployed
+    # stack's running column says "?": tests/test_status_report.py).
+    assert "None in manifest" not in text and re.search(r"^\S+\s+rigkit-weights-\S+\s+error\s.*not read", text, re.M), text
     assert leftovers(rig) == []
 
 

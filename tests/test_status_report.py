@@ -4,6 +4,7 @@ the facts are written here as the probe and nvidia-smi would answer. Simulates n
 from __future__ import annotations
 
 import copy
+import re
 from datetime import datetime, timedelta, timezone
 
 from rigkit.config.loader import load_rig
@@ -196,3 +197,18 @@ def test_a_candidate_held_for_the_gate_or_refused_by_it_is_named_with_what_a_dep
     older["stacks"]["test-alpha"]["files"].update({"compose.yml": "0" * 64, "compose.failed.yml": "1" * 64})
     [drift] = [d for d in status(facts=older)["drift"] if d["what"].startswith("stack test-alpha")]
     assert drift["what"] == "stack test-alpha files" and "DIFFERS" in status_table(status(facts=older))
+
+
+def test_what_docker_could_not_say_is_not_said():
+    """Simulated: docker hung while the probe asked for the containers (its containers_error) and the volumes.
+    Running is unknown ("?"), not "NO" beside a model that answers; a manifest not read is "not read"."""
+    facts = probe()
+    for stack in facts["stacks"].values():
+        stack.update(containers=[], containers_error="docker did not answer within 6 s")
+    facts["volumes"] = {}
+    doc = status(facts=facts, volume_states={m.name: {"status": "error", "error": "docker did not answer",
+                                                      "timed_out": "docker"} for m in RIG.models})
+    assert {s["running"] for s in doc["stacks"]} == {None}
+    table = status_table(doc)
+    assert re.search(r"^test-alpha\s+\?\s", table, re.M) and not re.search(r"^test-\w+\s+NO\s", table, re.M), table
+    assert "None in manifest" not in table and "not read" in table, table

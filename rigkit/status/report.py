@@ -227,7 +227,9 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
                 "refused" if not compose_as_rendered and files.get("compose.failed.yml") is not None
                 and files.get("compose.failed.yml") == wanted.get("compose.yml") else None)
         entry = {
-            "model": model.name, "deployed": found.get("deployed"), "running": bool(running),
+            # Not known when docker could not be asked: None, shown as "?", never "NO" beside a model that answers.
+            "model": model.name, "deployed": found.get("deployed"),
+            "running": None if found.get("containers_error") else bool(running),
             "containers": [{k: c.get(k) for k in ("name", "status", "restart_count", "started_at")} for c in containers],
             "restarts_since_deploy": sum(c.get("restart_count") or 0 for c in containers),
             "watchdog_restarts_last_hour": (watchdog.get(model.name) or {}).get("restarts_last_hour"),

@@ -39,7 +39,7 @@ def status_table(doc: dict) -> str:
                      f"{'ran' if unit['ran_this_boot'] else 'did NOT run'} this boot; last: {last}")
     if doc.get("stacks"):
         lines += _rows(["stack", "running", "restarts", "watchdog/h", "ready", "image", "compose"],
-                       [[s["model"], "yes" if s["running"] else "NO", s["restarts_since_deploy"],
+                       [[s["model"], {True: "yes", False: "NO"}.get(s["running"], "?"), s["restarts_since_deploy"],
                          s["watchdog_restarts_last_hour"] if s["watchdog_restarts_last_hour"] is not None else "-",
                          f"yes {s['ready_s']:.2f} s" if s["ready"] else "NO",
                          f"{s['image']} {(s['image_id'] or '')[:19]}",
@@ -49,7 +49,8 @@ def status_table(doc: dict) -> str:
         lines += _rows(["weights", "volume", "status", "marker", "files"],
                        [[w["model"], w.get("volume", "bind mount"), w.get("status", "-"),
                          {True: "yes", False: "NO"}.get(w.get("marker"), "-"),
-                         f"{w.get('manifest_files')} in manifest, {len(w.get('missing_files', []))} missing"
+                         (f"{w['manifest_files']} in manifest, {len(w.get('missing_files', []))} missing"
+                          if w.get("manifest_files") is not None else "not read")
                          if w.get("volume") else w.get("source", "")] for w in doc["weights"]])
     if doc.get("verification"):
         lines += _rows(["verified", "age", "passed", "regressions"],
