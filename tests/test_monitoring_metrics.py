@@ -240,7 +240,7 @@ def test_the_exporter_collects_through_prometheus_client_with_a_fake_nvml(tmp_pa
     (tmp_path / "keeper.json").write_text(json.dumps(KEEPER))
     settings = {"gpus": [0], "models": {"alpha": [0]}, "policy_path": str(tmp_path / "policy"),
                 "keeper_state_path": str(tmp_path / "keeper.json"), "watchdog_state_dir": str(tmp_path),
-                "verify_summary_dir": str(tmp_path), "hung_after_s": 1}
+                "verify_summary_dir": str(tmp_path), "nvml_read_s": 1}
     registry = CollectorRegistry()
     registry.register(module.RigCollector(settings, xid.XidCounts()))
     text = generate_latest(registry).decode()
@@ -285,3 +285,50 @@ def test_on_the_lan_the_exporter_wants_the_key_and_never_starts_without_it(tmp_p
     assert module.main(["rigkit-exporter", str(settings)]) == 2
     said = capsys.readouterr().out
     assert "missing.env (No such file or directory)" in said and "not serving the LAN without it" in said, said
+
+
+def test_a_hung_nvml_costs_one_bounded_wait_then_none_and_rigkits_own_series_stay(tmp_path, monkeypatch):
+    """Simulated: NVML hung (the fake's power read blocks until released, as a wedged driver's call does). The
+    first scrape waits `nvml_read_s` for the read it started, then answers with nvml_up 0 and the keeper's
+    series; the next scrapes find that read still going and answer at once, starting no second one; once it
+    returns (the driver answers again), a scrape reads the GPUs again."""
+    import json
+    import sys
+    import threading
+    import time
+
+    module = exporter_module(monkeypatch)
+    fake = sys.modules["pynvml"]
+    released, calls = threading.Event(), []
+
+    def hung_power(handle):
+        calls.append(handle)
+        released.wait(30)
+        return 300_123
+    fake.nvmlDeviceGetPowerUsage = hung_power
+    (tmp_path / "policy").write_text(POLICY)
+    (tmp_path / "keeper.json").write_text(json.dumps(KEEPER))
+    settings = {"gpus": [0], "models": {"alpha": [0]}, "policy_path": str(tmp_path / "policy"),
+                "keeper_state_path": str(tmp_path / "keeper.json"), "watchdog_state_dir": str(tmp_path),
+                "verify_summary_dir": str(tmp_path), "nvml_read_s": 0.5}
+    registry = CollectorRegistry()
+    registry.register(module.RigCollector(settings, xid.XidCounts()))
+    try:
+        started = time.monotonic()
+        first = generate_latest(registry).decode()
+        took_first = time.monotonic() - started
+        started = time.monotonic()
+        later = [generate_latest(registry).decode() for _ in range(3)]
+        took_later = time.monotonic() - started
+        for text in (first, *later):
+            assert "rigkit_exporter_nvml_up 0.0" in text and "DCGM_FI_DEV_POWER_USAGE{" not in text, text
+            assert 'rigkit_gpu_policy_repairs_total{cause="changed-by-hand"} 2.0' in text
+        assert 0.4 < took_first < 3 and took_later < 0.5, (took_first, took_later)
+        assert len(calls) == 1  # one read, stuck; no second one started beside it
+    finally:
+        released.set()
+    deadline = time.monotonic() + 10
+    while "rigkit_exporter_nvml_up 1.0" not in (text := generate_latest(registry).decode()):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.05)
+    assert 'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-1234",device="nvidia0",gpu="0",modelName="NVIDIA GeForce RTX 4090"}' in text

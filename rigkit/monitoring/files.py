@@ -30,7 +30,8 @@ from rigkit.rigside.names import (
     WATCHDOG_STATE_DIR,
 )
 
-EXPORTER_WATCHDOG_S = 30  # a scrape stuck this long in a hung NVML call: systemd restarts the exporter
+EXPORTER_WATCHDOG_S = 30  # no heartbeat this long (its HTTP server gone): systemd restarts the exporter
+EXPORTER_NVML_READ_S = 5  # a scrape waits this long for NVML, then answers without the GPUs (nvml_up 0)
 EXPORTER_JOB = "rigkit-exporter"
 VLLM_JOB = "vllm"
 MIN_RATE_WINDOW_S = 10
@@ -57,7 +58,7 @@ def exporter_settings(rig: RigConfig) -> str:
         "keeper_state_path": GPU_KEEPER_STATE_PATH,
         "watchdog_state_dir": WATCHDOG_STATE_DIR,
         "verify_summary_dir": VERIFY_SUMMARY_DIR,
-        "hung_after_s": EXPORTER_WATCHDOG_S,
+        "nvml_read_s": EXPORTER_NVML_READ_S,
     }, indent=1, sort_keys=True) + "\n"
 
 

@@ -42,9 +42,15 @@ def sha256(path: str) -> str | None:
     """The hex SHA-256 of the file at `path`, or None when it cannot be read."""
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+            return bytes_sha256(f.read())
     except OSError:
         return None
+
+
+def bytes_sha256(content: bytes) -> str:
+    """The hex SHA-256 of `content`: of a file's bytes read once, where what is decided on and what is
+    digested must be the same read (the GPU keeper's policy)."""
+    return hashlib.sha256(content).hexdigest()
 
 
 def files_sha256(paths) -> str:

@@ -30,7 +30,6 @@ after the repair, by its own run of the script; the repair is not judged against
 not apply (a 300 -> 330 W deploy once made a repair log a false NOT HELD and back off 30 s).
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -126,7 +125,7 @@ def hold_reason(content):
         return "rigkit tune holds its session"
     if systemctl_show(POLICY_UNIT, "ActiveState") in ("activating", "deactivating", "reloading"):
         return "the policy unit is applying the policy (a deploy or a boot)"
-    if hashlib.sha256(content).hexdigest() != read_text(APPLIED_STAMP):
+    if atomic.bytes_sha256(content) != read_text(APPLIED_STAMP):
         return "the policy file differs from the last policy applied (a deploy is applying a new one)"
     return None
 

@@ -18,9 +18,13 @@ On the LAN (the settings' `key_file`), every request must carry the models' API 
 `Authorization: Bearer <key>`, as vLLM wants it; the unit copies the key's env file for it at each
 start. Without the key the exporter does not start: it never serves the LAN open.
 
-One scrape at a time reads NVML; a scrape that finds another still reading after HUNG_AFTER_S
-answers with rigkit_exporter_nvml_up 0, and the heartbeat to systemd stops, so WatchdogSec restarts
-an exporter stuck in a hung NVML call (a wedged GPU or driver).
+NVML is read by one reader thread at a time, started by a scrape; the scrape waits for it at most
+the settings' `nvml_read_s` (5 s) counted from when that read began, then answers at once with
+rigkit_exporter_nvml_up 0 and every series of rigkit's own files. A read stuck in a hung NVML call
+(a wedged GPU or driver) stays the only one, and later scrapes do not wait on it: they answer
+within a few milliseconds until it returns. The exporter is not restarted for it (a restart cannot
+unwedge a driver; it looped: 30 s scrapes, a watchdog kill, no series between). The heartbeat to
+systemd (WatchdogSec) stops only when the HTTP server's thread is gone.
 """
 
 import os
@@ -53,6 +57,9 @@ except ImportError:  # the copy rigkit ships (roles/monitoring.py)
     import pynvml
 
 
+HEARTBEAT_S = 5  # to systemd, well within the unit's WatchdogSec
+
+
 def say(text):
     print(f"rigkit-exporter: {text}", flush=True)
 
@@ -63,18 +70,29 @@ class RigCollector:
     def __init__(self, settings, xids):
         self.settings = settings
         self.xids = xids
-        self.hung_after_s = float(settings.get("hung_after_s", 30))
-        self.lock = threading.Lock()
-        self.reading_since = None  # monotonic time a scrape started reading, while it reads
+        self.read_s = float(settings.get("nvml_read_s", 5))
+        self.lock = threading.Lock()  # guards the reader's start: one NVML read at a time
+        self.reader, self.read = None, None  # the reader thread, and {"since": t, "readings": ...} it fills
         self.nvml_ready = False
         self.nvml_said = False
 
     def describe(self):
         return []  # registering then reads nothing (no NVML call before the first scrape)
 
-    def stuck(self):
-        since = self.reading_since
-        return since is not None and time.monotonic() - since > self.hung_after_s
+    def gpu_readings(self):
+        """This scrape's NVML readings, or None: NVML failed, or has not answered within `read_s` of the
+        read's start (that read goes on alone; the next scrape starts another only once it returned)."""
+        with self.lock:
+            if self.reader is None or not self.reader.is_alive():
+                self.read = {"since": time.monotonic()}
+                self.reader = threading.Thread(target=self._read_into, args=(self.read,), name="nvml", daemon=True)
+                self.reader.start()
+            reader, read = self.reader, self.read
+        reader.join(max(0.0, read["since"] + self.read_s - time.monotonic()))
+        return None if reader.is_alive() else read.get("readings")
+
+    def _read_into(self, read):
+        read["readings"] = self.read_gpus()
 
     def read_gpus(self):
         try:
@@ -110,15 +128,7 @@ class RigCollector:
         return policy, keeper if isinstance(keeper, dict) else None, watchdog, verified
 
     def collect(self):
-        if not self.lock.acquire(timeout=self.hung_after_s):
-            readings = None  # another scrape is stuck in NVML: say so now, never wait on it
-        else:
-            try:
-                self.reading_since = time.monotonic()
-                readings = self.read_gpus()
-            finally:
-                self.reading_since = None
-                self.lock.release()
+        readings = self.gpu_readings()
         policy, keeper, watchdog, verified = self.read_files()
         families = metrics.build(readings, policy, keeper, watchdog, verified, self.settings["models"], time.time(),
                                  self.xids.snapshot())
@@ -177,17 +187,18 @@ def main(argv):
     collector = RigCollector(settings, xids)
     REGISTRY.register(collector)
     server = make_server(settings["address"], int(settings["port"]), app, ThreadingServer, handler_class=QuietHandler)
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    http = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    http.start()
     threading.Thread(target=xid.watch, args=(pynvml, settings["gpus"], xids, threading.Event(), say), name="xid",
                      daemon=True).start()
     say(f"serving /metrics on {settings['address']}:{settings['port']}"
         f"{' (with the API key)' if key else ''} for GPUs {settings['gpus']}")
     notify("READY=1")
-    beat_s = max(1.0, collector.hung_after_s / 3)
-    while True:
-        if not collector.stuck():
-            notify("WATCHDOG=1")
-        time.sleep(beat_s)
+    while http.is_alive():
+        notify("WATCHDOG=1")
+        time.sleep(HEARTBEAT_S)
+    say("the HTTP server stopped; exiting for systemd to restart the exporter")
+    return 1
 
 
 if __name__ == "__main__":
