@@ -183,9 +183,9 @@ def test_holding_off_is_bounded_in_time_for_a_held_and_for_an_unreadable_lock(tm
     assert f"$RolloutMaxS = {bootstrap_budget(rig).deploy_wait_s} " in script
     assert f"$LockUnreadableLimitS = {LOCK_UNREADABLE_LIMIT_S} " in script
     # 'overdue' restarts, and says so; nothing else is taken to mean "act".
-    wedged = function(root, "Invoke-Wedged")
+    wedged = function(root, "Invoke-Action")
     said = next(s for s in statements(wedged) if s.type == "if_statement" and condition_text(s) == "$access -eq 'overdue'")
-    assert "restarting without it" in text(said) and "return" not in text(said)
+    assert "acting without it" in text(said) and "return" not in text(said)
 
 
 # ----- 3. every command under cmd.exe's 8191 characters, or sent as a file ---------------------

@@ -132,7 +132,7 @@ def test_a_restart_is_guarded_by_the_cap_then_the_lock(script):
     root = PARSER.parse(script.encode()).root_node
     restarts = calls(root, "Restart-Model")
     assert len(restarts) == 1
-    wedged = function(root, "Invoke-Wedged")
+    wedged = function(root, "Invoke-Action")
     assert wedged.start_byte <= restarts[0].start_byte < wedged.end_byte
     body = statements(wedged)
     at = body.index(top_statement(wedged, restarts[0]))
@@ -154,6 +154,25 @@ def test_a_restart_is_guarded_by_the_cap_then_the_lock(script):
     assert "$State['restarts'] = [double[]] @($recent + $Now)" in script  # counted for the cap once done
 
 
+def test_a_stopped_model_is_started_within_the_cap_and_the_lock_and_docker_is_asked_only_when_unanswered(script):
+    """The Linux watchdog's DOWN, on Windows: `docker start` is reached only through Invoke-Action (after its cap
+    and lock, as the restart), with 'DOWN'; Get-Stopped is asked only when the probe went unanswered."""
+    root = PARSER.parse(script.encode()).root_node
+    starts = calls(root, "Start-Model")
+    assert len(starts) == 1
+    action = function(root, "Invoke-Action")
+    assert action.start_byte <= starts[0].start_byte < action.end_byte
+    assert "if ($What -eq 'DOWN') { $done = Start-Model $Model } else { $done = Restart-Model $Model }" in text(action)
+    [asked] = calls(root, "Get-Stopped")
+    guard = asked.parent
+    while guard.type != "if_statement":
+        guard = guard.parent
+    assert condition(guard) == "-not $probe.Answered", condition(guard)
+    stopped = text(function(root, "Get-Stopped"))
+    assert "@('exited', 'dead', 'created') -notcontains $state" in stopped and "return ''" in stopped
+    assert "--format', '{{.State}}'" in stopped  # rendered from the template's raw block, no space to split on
+
+
 def test_a_model_is_probed_only_while_no_rollout_holds_the_lock(script):
     root = PARSER.parse(script.encode()).root_node
     check = function(root, "Invoke-Check")
@@ -163,11 +182,14 @@ def test_a_model_is_probed_only_while_no_rollout_holds_the_lock(script):
     assert "Test-Completion" in text(next(c for c in lock.children if c.type == "else_clause"))
     assert statements(check).index(lock) > next(i for i, s in enumerate(statements(check))
                                                 if text(s) == "$access = Get-LockAccess $lock $State $now")
-    wedged = calls(root, "Invoke-Wedged")
-    branch = wedged[0].parent
-    while branch.type not in ("if_statement", "elseif_clause"):
-        branch = branch.parent
-    assert len(wedged) == 1 and condition(branch) == "$verdict -eq 'wedged'"
+    acted = calls(root, "Invoke-Action")
+    branches = []
+    for call in acted:
+        branch = call.parent
+        while branch.type not in ("if_statement", "elseif_clause"):
+            branch = branch.parent
+        branches.append(condition(branch))
+    assert sorted(branches) == ["$down", "$verdict -eq 'wedged'"], branches  # a stopped model, a wedged one
     # The lock is the bootstrap's: the same file, opened without sharing by both.
     bootstrap = render_bundle(load_rig(WIN_RIG, TEST_CATALOG))["scripts/llm-bootstrap.ps1"]
     for source in (script, bootstrap):
@@ -198,8 +220,8 @@ def test_docker_is_reached_only_through_the_bounded_call_and_never_with_the_key(
     assert "WaitForExit($DockerTimeoutS * 1000)" in text(invoke) and "$process.Kill()" in text(invoke)
     assert script.count("'docker.exe'") == 1 and "'docker.exe'" in text(invoke)
     docker_calls = calls(root, "Invoke-Docker")
-    assert docker_calls and all(function(root, "Restart-Model").start_byte <= c.start_byte
-                                < function(root, "Restart-Model").end_byte for c in docker_calls)
+    inside = [function(root, name) for name in ("Restart-Model", "Start-Model", "Get-Stopped")]
+    assert docker_calls and all(any(f.start_byte <= c.start_byte < f.end_byte for f in inside) for c in docker_calls)
     for call in docker_calls:
         assert "$key" not in text(call).lower()
     # The key: read from its file, handed between the script's own functions, sent only as a request header.
