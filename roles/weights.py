@@ -13,10 +13,14 @@ stops the deploy with the reason.
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra.api import deploy
+from pyinfra.operations import server
 
 from rigkit.config.schema import RigConfig
-from rigkit.weights.facts import volume_states
+from rigkit.rigread import DOCKER_S, bounded
+from rigkit.weights.facts import helpers_left, volume_states
 from rigkit.weights.operation import copy_operations, relay_operations
 from rigkit.weights.relay import CHUNK_BYTES
 
@@ -29,6 +33,12 @@ def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = CHUNK_BYTES
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     # Weights left on a bind mount are warned about by the serving checks (rig.warnings).
     states = volume_states(rig)
+    left = helpers_left(rig)
+    if left:
+        # A copy whose controller was killed finished on its own: its container stays (only the controller
+        # removes one), holding its volume in use. Exited ones only: a running copy is another deploy's.
+        server.shell(name=f"Remove weights helpers a killed copy left behind: {', '.join(left)}",
+                     commands=[bounded("docker", DOCKER_S) + " rm " + " ".join(shlex.quote(n) for n in left)])
     ops = copy_operations([m for m in on_volumes if not m.spec.weights.from_rig], states, verify)
     # After every rig's own copies (pyinfra runs one operation on all rigs before the next): a rig that
     # downloads for the fleet has its volume complete before the others take from it.

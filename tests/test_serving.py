@@ -286,6 +286,35 @@ def test_weights_completed_after_the_model_started_get_it_restarted_and_status_s
     assert not [d for r in report["rigs"] for d in r["drift"] if d["what"].endswith(" weights")], text
 
 
+def test_a_weights_helper_a_killed_copy_left_behind_is_removed_by_the_next_deploy(rig):
+    """Simulated: the helper container a killed copy leaves (it finished on its own after its controller was
+    gone; only the controller removes one), made here with the copier's name and label and left exited, as
+    the engine keeps it. It holds the volume in use (`docker volume rm` refuses). The next deploy removes it
+    (one operation that names it), copies nothing, and the deploy after changes nothing."""
+    from rigkit.rigside.names import WEIGHTS_HELPER_LABEL
+
+    client = docker.from_env()
+    image = client.containers.get("rigkit-test-beta-vllm-1").image
+    name = "rigkit-weights-test-beta-helper"
+    left = client.containers.create(image, ["true"], entrypoint=[], name=name, labels={WEIGHTS_HELPER_LABEL: "test-beta"},
+                                    volumes={"rigkit-weights-test-beta": {"bind": "/dst", "mode": "rw"}}, network_mode="none")
+    left.start()
+    left.wait(timeout=60)
+    try:
+        run = run_deploy(rig, SERVING_RIG)
+        assert run.returncode == 0, run.output
+        assert f"Remove weights helpers a killed copy left behind: {name}" in run.output, run.output
+        assert not client.containers.list(all=True, filters={"name": f"^{name}$"})
+        assert "Weights of test-beta onto volume" not in [line.strip() for line in run.output.splitlines()
+                                                          if "Success" in line]  # nothing copied
+        assert run_deploy(rig, SERVING_RIG).changed_operations() == 0
+    finally:
+        try:
+            client.containers.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+
 P2P_SIM = "test-p2p"  # a bind-mounted model folder holding the rig's gpus.json for the torch stand-in
 
 

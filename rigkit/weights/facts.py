@@ -13,6 +13,7 @@ helper container instead.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from pyinfra.api import FactBase
@@ -21,10 +22,13 @@ from rigkit.config.schema import RigConfig
 from rigkit.facts_once import Read, read_once
 from rigkit.render import template_text
 from rigkit.rigread import DOCKER_S, bounded, no_answer
-from rigkit.rigside.names import volume_name
+from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name
 from rigkit.weights.layout import source_layout
 
 RIG_SOURCE = "-"  # the copier's `check` source for a volume filled from another rig
+HELPERS_LEFT = "helpers-left"  # the first word of the fact's line naming the weights helpers a killed copy left behind
+LEFT_BEHIND = ""  # their key among the volumes' states: no volume is named ""
+HELPER_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,127}")  # names rigkit gives helpers (rigside.names)
 
 
 class WeightsVolumeStates(FactBase):
@@ -63,12 +67,20 @@ class WeightsVolumeStates(FactBase):
                 f"else echo {shlex.quote('volume ' + volume)}; echo {missing}; fi"
             )
         checks.append('[ "$#" -eq 0 ] || python3 -c "$script" check-each "$@"')
+        # Helpers a killed copy left behind (it finished after its controller was gone; only the controller
+        # removes one): their names, for the weights role to remove. They hold their volumes in use.
+        checks.append(f"echo {HELPERS_LEFT} $({bounded('docker', DOCKER_S)} ps -a --filter "
+                      f"label={WEIGHTS_HELPER_LABEL} --filter status=exited --filter status=created "
+                      "--format '{{.Names}}' 2>/dev/null | tr '\n' ' ')")
         return "; ".join(checks) + "; exit 0"
 
     def process(self, output) -> dict:
         states, volume, answer = {}, None, []
         for line in list(output) + ["volume "]:
-            if line.startswith("volume "):
+            if line.split()[:1] == [HELPERS_LEFT]:
+                names = [n for n in line.split()[1:] if HELPER_NAME.fullmatch(n)]
+                states[LEFT_BEHIND] = {"status": "helpers", "names": names}
+            elif line.startswith("volume "):
                 if volume is not None:
                     states[volume] = _parse(answer)
                 volume, answer = line[len("volume "):].strip(), []
@@ -103,3 +115,12 @@ def volume_states(rig: RigConfig) -> dict[str, dict]:
     states = read_once(fact, **kwargs)
     missing = {"status": "error", "error": "the rig gave no answer for this volume"}
     return {m.name: states.get(volume_name(m), missing) for m in on_volumes}
+
+
+def helpers_left(rig: RigConfig) -> list[str]:
+    """The weights helpers (containers) a killed copy left behind on the rig, by name (the same read as
+    volume_states: no command of its own)."""
+    if not any(m.spec.weights.storage == "volume" for m in rig.models):
+        return []
+    [(fact, kwargs)] = volume_states_reads(rig)
+    return list((read_once(fact, **kwargs).get(LEFT_BEHIND) or {}).get("names", []))

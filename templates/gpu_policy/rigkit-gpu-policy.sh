@@ -43,9 +43,11 @@ check() {
 
 [[ -r $POLICY ]] || die "cannot read policy file $POLICY"
 if [[ -z ${RIGKIT_GPU_POLICY_LOCK_HELD:-} ]]; then
-    mkdir -p "${POLICY_LOCK%/*}"
-    exec 9>>"$POLICY_LOCK"
-    flock -w "$LOCK_WAIT_S" 9 || die "the GPU keeper held $POLICY_LOCK for ${LOCK_WAIT_S} s (a repair that did not finish)"
+    if mkdir -p "${POLICY_LOCK%/*}" 2>/dev/null && { exec 9>>"$POLICY_LOCK"; } 2>/dev/null; then
+        flock -w "$LOCK_WAIT_S" 9 || die "the GPU keeper held $POLICY_LOCK for ${LOCK_WAIT_S} s (a repair that did not finish)"
+    else  # not root: nothing it could change either, and nvidia-smi says so below in its own words
+        say "cannot open $POLICY_LOCK (not root?); going on without it"
+    fi
 fi
 # The policy read once: what is applied and the digest stamped are the same bytes, whatever a deploy
 # writes to the file meanwhile (the keeper then sees the file differ from the stamp, and holds off).
