@@ -37,8 +37,11 @@ def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = CHUNK_BYTES
     if left:
         # A copy whose controller was killed finished on its own: its container stays (only the controller
         # removes one), holding its volume in use. Exited ones only: a running copy is another deploy's.
+        # One already gone (its owner removed it since) is what was wanted: only a helper still there fails.
+        docker = bounded("docker", DOCKER_S)
         server.shell(name=f"Remove weights helpers a killed copy left behind: {', '.join(left)}",
-                     commands=[bounded("docker", DOCKER_S) + " rm " + " ".join(shlex.quote(n) for n in left)])
+                     commands=[f"for n in {' '.join(shlex.quote(n) for n in left)}; do {docker} rm \"$n\" >/dev/null 2>&1 "
+                               f"|| ! {docker} container inspect \"$n\" >/dev/null 2>&1 || exit 1; done"])
     ops = copy_operations([m for m in on_volumes if not m.spec.weights.from_rig], states, verify)
     # After every rig's own copies (pyinfra runs one operation on all rigs before the next): a rig that
     # downloads for the fleet has its volume complete before the others take from it.

@@ -277,8 +277,10 @@ def test_weights_completed_after_the_model_started_get_it_restarted_and_status_s
     code, text, report = run_status(rig, SERVING_RIG, tmp_path)
     drift = [d for r in report["rigs"] for d in r["drift"] if d["what"] == "test-beta weights"]
     assert drift and "volume completed" in drift[0]["found"], (text, created)
+    repair_started = time.monotonic()
     run = run_deploy(rig, SERVING_RIG)
     assert run.returncode == 0, run.output
+    print(f"the next deploy restarted test-beta on its completed weights in {time.monotonic() - repair_started:.1f} s")
     assert "Restart test-beta: its weights were completed after it started" in run.output, run.output
     assert started("test-beta") != before["test-beta"] and started("test-alpha") == before["test-alpha"]
     assert run_deploy(rig, SERVING_RIG).changed_operations() == 0

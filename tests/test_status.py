@@ -109,8 +109,12 @@ def rig_state(rig) -> str:
 
 def engine_state() -> tuple:
     client = docker.from_env()
+    # Listed first without inspecting each: the other test processes' containers come and go meanwhile
+    # (inspecting one removed since is a 404); only this process's own are inspected.
+    ours = [row["Id"] for row in client.api.containers(all=True)
+            if concerns_this_process((row.get("Names") or ["/"])[0].lstrip("/"), row.get("Labels") or {})]
     containers = sorted((c.name, c.id, c.status, c.attrs["State"]["StartedAt"], c.attrs["RestartCount"])
-                        for c in client.containers.list(all=True) if concerns_this_process(c.name, c.labels))
+                        for c in map(client.containers.get, ours))
     volumes = {v.name: sorted(p.name for p in volume_dir(v.name.removeprefix("rigkit-weights-")).iterdir())
                for v in client.volumes.list() if v.name in (f"rigkit-weights-{m}" for m in MODELS)}
     return containers, volumes

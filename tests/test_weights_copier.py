@@ -179,7 +179,7 @@ def test_the_volume_fact_finds_each_volume_by_its_exact_name(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     table = "".join(f'  {name}) echo "{name} {path}";;\n' for name, path in mounts.items())
-    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = ps ] && {{ printf "rigkit-weights-m-helper\\nBad;rm\\n"; exit 0; }}\n'
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = ps ] && {{ printf "rigkit-weights-m-helper=m\\nBad;rm=m\\n"; exit 0; }}\n'
                                     f'shift 4\nfor v in "$@"; do case "$v" in\n{table}  *) rc=1;; esac; done\n'
                                     'exit ${rc:-0}\n')
     (bin_dir / "docker").chmod(0o755)
@@ -190,7 +190,7 @@ def test_the_volume_fact_finds_each_volume_by_its_exact_name(tmp_path):
     assert states["1e2"]["complete"] is False and states["100"]["complete"] is True  # each read its own volume
     assert states["absent"] == {"status": "missing"}
     # A helper a killed copy left behind, named on a line of its own (a name rigkit would not give: dropped).
-    assert states[""] == {"status": "helpers", "names": ["rigkit-weights-m-helper"]}
+    assert states[""] == {"status": "helpers", "helpers": {"rigkit-weights-m-helper": "m"}}
 
 
 def test_check_each_refuses_an_incomplete_argument_list():

@@ -71,15 +71,16 @@ class WeightsVolumeStates(FactBase):
         # removes one): their names, for the weights role to remove. They hold their volumes in use.
         checks.append(f"echo {HELPERS_LEFT} $({bounded('docker', DOCKER_S)} ps -a --filter "
                       f"label={WEIGHTS_HELPER_LABEL} --filter status=exited --filter status=created "
-                      "--format '{{.Names}}' 2>/dev/null | tr '\n' ' ')")
+                      f"--format '{{{{.Names}}}}={{{{.Label \"{WEIGHTS_HELPER_LABEL}\"}}}}' 2>/dev/null | tr '\\n' ' ')")
         return "; ".join(checks) + "; exit 0"
 
     def process(self, output) -> dict:
         states, volume, answer = {}, None, []
         for line in list(output) + ["volume "]:
             if line.split()[:1] == [HELPERS_LEFT]:
-                names = [n for n in line.split()[1:] if HELPER_NAME.fullmatch(n)]
-                states[LEFT_BEHIND] = {"status": "helpers", "names": names}
+                pairs = [word.partition("=") for word in line.split()[1:]]
+                states[LEFT_BEHIND] = {"status": "helpers", "helpers": {
+                    name: model for name, _, model in pairs if HELPER_NAME.fullmatch(name)}}
             elif line.startswith("volume "):
                 if volume is not None:
                     states[volume] = _parse(answer)
@@ -118,9 +119,11 @@ def volume_states(rig: RigConfig) -> dict[str, dict]:
 
 
 def helpers_left(rig: RigConfig) -> list[str]:
-    """The weights helpers (containers) a killed copy left behind on the rig, by name (the same read as
-    volume_states: no command of its own)."""
+    """The weights helpers (containers) a killed copy of one of this rig's models left behind, by name (the
+    same read as volume_states: no command of its own). Another model's are not this deploy's to remove."""
     if not any(m.spec.weights.storage == "volume" for m in rig.models):
         return []
     [(fact, kwargs)] = volume_states_reads(rig)
-    return list((read_once(fact, **kwargs).get(LEFT_BEHIND) or {}).get("names", []))
+    found = (read_once(fact, **kwargs).get(LEFT_BEHIND) or {}).get("helpers", {})
+    models = {m.name for m in rig.models}
+    return sorted(name for name, model in found.items() if model in models)
