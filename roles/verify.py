@@ -274,8 +274,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
         return
     ok, output = host.run_shell_command(command=helper.format("rollback"),
                                         _timeout=UP_TIMEOUT_S + model.spec.ready_timeout_s + COMMAND_TIMEOUT_S)
-    said = [line.split("rigkit-stack:", 1)[1].strip() for line in output.stdout_lines + output.stderr_lines
-            if "rigkit-stack:" in line]
+    said = _stack_said(output)
     rolled_back = any(line.startswith("ROLLED BACK") for line in said)
     rollback = {"said": said[-1] if said else "rigkit-stack said nothing", "rolled_back": rolled_back}
     if rolled_back:
@@ -301,6 +300,12 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     refusals.append({"model": model.name, "rolled_back": rolled_back, "verified": bool(rollback.get("verified"))})
 
 
+def _stack_said(output) -> list[str]:
+    """What rigkit-stack said (its `rigkit-stack: ...` lines, the prefix off), in order."""
+    return [line.split("rigkit-stack:", 1)[1].strip() for line in output.stdout_lines + output.stderr_lines
+            if "rigkit-stack:" in line]
+
+
 def _judged(rig: RigConfig, model: ModelConfig, folder: Path, workload: dict, topology_verdict: Verdict | None,
             judge, restart: str, what: str):
     """GATE_RUNS runs of what serves now, judged (`judge(runs, starts)`, rigkit.verify.gate.decide); a verdict
@@ -317,8 +322,7 @@ def _judged(rig: RigConfig, model: ModelConfig, folder: Path, workload: dict, to
                 f"result by less than twice the allowance on one start; restarting {what} for a second look "
                 f"({GATE_RUNS} more runs)")
     ok, output = host.run_shell_command(command=restart, _timeout=RESTART_TIMEOUT_S + model.spec.ready_timeout_s)
-    said = " ".join(line.split("rigkit-stack:", 1)[1].strip() for line in output.stdout_lines + output.stderr_lines
-                    if "rigkit-stack:" in line)
+    said = " ".join(_stack_said(output))
     if not ok:  # judged on its one start, as it is: one that does not get ready again is no better for it
         logger.warning(f"{host.print_prefix}{model.name}: the second look found {what} not ready ({said}); "
                        "judged on its first start")

@@ -231,18 +231,24 @@ def exporter_module(monkeypatch):
     return module
 
 
-def test_the_exporter_collects_through_prometheus_client_with_a_fake_nvml(tmp_path, monkeypatch):
-    """The script's collector, loaded as a module, on the fake NVML and state files in tmp_path."""
+def collector_on_files(module, tmp_path, nvml_read_s: float) -> CollectorRegistry:
+    """A registry holding the script's collector for GPU 0 and model alpha, its policy and keeper state
+    written in tmp_path (POLICY, KEEPER)."""
     import json
 
-    module = exporter_module(monkeypatch)
     (tmp_path / "policy").write_text(POLICY)
     (tmp_path / "keeper.json").write_text(json.dumps(KEEPER))
     settings = {"gpus": [0], "models": {"alpha": [0]}, "policy_path": str(tmp_path / "policy"),
                 "keeper_state_path": str(tmp_path / "keeper.json"), "watchdog_state_dir": str(tmp_path),
-                "verify_summary_dir": str(tmp_path), "nvml_read_s": 1}
+                "verify_summary_dir": str(tmp_path), "nvml_read_s": nvml_read_s}
     registry = CollectorRegistry()
     registry.register(module.RigCollector(settings, xid.XidCounts()))
+    return registry
+
+
+def test_the_exporter_collects_through_prometheus_client_with_a_fake_nvml(tmp_path, monkeypatch):
+    """The script's collector, loaded as a module, on the fake NVML and state files in tmp_path."""
+    registry = collector_on_files(exporter_module(monkeypatch), tmp_path, nvml_read_s=1)
     text = generate_latest(registry).decode()
     assert 'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-1234",device="nvidia0",gpu="0",modelName="NVIDIA GeForce RTX 4090"} 300.123' in text
     assert 'rigkit_gpu_policy_repairs_total{cause="changed-by-hand"} 2.0' in text
@@ -292,7 +298,6 @@ def test_a_hung_nvml_costs_one_bounded_wait_then_none_and_rigkits_own_series_sta
     first scrape waits `nvml_read_s` for the read it started, then answers with nvml_up 0 and the keeper's
     series; the next scrapes find that read still going and answer at once, starting no second one; once it
     returns (the driver answers again), a scrape reads the GPUs again."""
-    import json
     import sys
     import threading
     import time
@@ -306,13 +311,7 @@ def test_a_hung_nvml_costs_one_bounded_wait_then_none_and_rigkits_own_series_sta
         released.wait(30)
         return 300_123
     fake.nvmlDeviceGetPowerUsage = hung_power
-    (tmp_path / "policy").write_text(POLICY)
-    (tmp_path / "keeper.json").write_text(json.dumps(KEEPER))
-    settings = {"gpus": [0], "models": {"alpha": [0]}, "policy_path": str(tmp_path / "policy"),
-                "keeper_state_path": str(tmp_path / "keeper.json"), "watchdog_state_dir": str(tmp_path),
-                "verify_summary_dir": str(tmp_path), "nvml_read_s": 0.5}
-    registry = CollectorRegistry()
-    registry.register(module.RigCollector(settings, xid.XidCounts()))
+    registry = collector_on_files(module, tmp_path, nvml_read_s=0.5)
     try:
         started = time.monotonic()
         first = generate_latest(registry).decode()
