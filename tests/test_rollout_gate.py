@@ -149,7 +149,10 @@ def test_a_start_slower_near_the_line_gets_a_second_look_and_both_starts_are_jud
     assert slower.returncode != 0, slower.output
     assert "restarting the candidate for a second look (3 more runs)" in slower.output, slower.output
     assert "READY AGAIN" in slower.output and "over 2 starts of the candidate" in slower.output, slower.output
-    assert re.search(r"rollout gate REFUSED test-alpha: (decode|ttft)", slower.output), slower.output
+    # Refused by a share check: decode or TTFT against the proven result, or drift against the anchor (a CI run's
+    # proven result, a rollback's noisy verification at a runs' CV of 28%, widened decode's line past 12%).
+    named = re.search(r"rollout gate REFUSED test-alpha: ([a-z_, ]+)", slower.output)
+    assert named and set(named.group(1).split(", ")) <= {"decode", "drift", "ttft"}, slower.output
     refused = documents(history, "gate")[-1]
     assert not refused["promoted"] and len(refused["runs"]["decode_tok_s"]["runs"]) == 6, refused
     assert refused["rollback"]["rolled_back"] and refused["rollback"]["verified"], refused
