@@ -135,6 +135,13 @@ def test_a_config_without_the_drafter_is_refused_by_the_gate_and_the_drafter_ser
     refused = gates()[-1]
     assert not refused["promoted"] and refused["rollback"]["rolled_back"] and refused["rollback"]["verified"]
     assert refused["figures"]["decode_tok_s"] < 0.8 * refused["baseline"]["decode_tok_s"], refused["figures"]
+    # Measured without a drafter, vLLM's tokenizer and chunking raise nothing untrue: the prompt read back in the
+    # server's tokens, "not drafting" from its /metrics (no spec-decode series), no warning of drafting or cache.
+    runs = refused["runs"]
+    assert "context_readback" not in runs["failed_checks"], runs
+    assert runs["acceptance_status"] == ["not drafting"], runs
+    untrue = [w for w in runs["warnings"] if w.startswith(("acceptance unknown", "prefix cache: the same"))]
+    assert not untrue, runs["warnings"]
     # The engine serving now is the drafter's, by its own word: its command, and its drafting counters moving.
     assert "--speculative-config" in container().attrs["Config"]["Cmd"]
     drafts = engine_metric("vllm:spec_decode_num_drafts_total")

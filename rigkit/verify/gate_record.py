@@ -73,13 +73,17 @@ def _stats(values: list) -> dict:
 
 
 def run_summary(documents: list[dict]) -> dict:
-    """Mean, CV and each run of decode, TTFT and acceptance over verification documents of one config."""
+    """Mean, CV and each run of decode, TTFT and acceptance over verification documents of one config, with
+    the checks any run failed, what the runs said of drafting and every warning they gave."""
     return {
         "decode_tok_s": _stats([(d.get("figures") or {}).get("decode_tok_s") for d in documents]),
         "ttft_s": _stats([(d.get("figures") or {}).get("ttft_s") for d in documents]),
         "acceptance_length": _stats([(d.get("bench") or {}).get("acceptance_length") for d in documents]),
         "repeat_ttft_s": _stats([(d.get("bench") or {}).get("repeat_ttft_s") for d in documents]),
         "failed_checks": sorted({c["name"] for d in documents for c in d.get("checks", []) if not c.get("passed")}),
+        # What each run said of drafting and what it warned, so a refused config's runs can be read afterwards.
+        "acceptance_status": sorted({(d.get("bench") or {}).get("acceptance_status") or "?" for d in documents}),
+        "warnings": sorted({w for d in documents for w in (d.get("bench") or {}).get("warnings") or []}),
     }
 
 
