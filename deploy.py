@@ -27,19 +27,19 @@ Windows rigs (`@winssh/HOST`): the same GPU checks, the same weights copy onto v
 and run now (roles/windows.py).
 """
 
-from rigkit.pyinfra_fastpaths import use_fast_paths
+from rigkit.plumbing.pyinfra_fastpaths import use_fast_paths
 
-# pyinfra's planning without its per-operation stack reads (rigkit/pyinfra_fastpaths.py); before
+# pyinfra's planning without its per-operation stack reads (rigkit/plumbing/pyinfra_fastpaths.py); before
 # the roles' imports, whose fact classes ask for the same type hints as each operation.
 use_fast_paths()
 
 from pyinfra import host, inventory  # noqa: E402
 
 from rigkit.config.inventory import rig_config, run_options, validate_inventory  # noqa: E402
-from rigkit.facts_once import read_ahead  # noqa: E402
-from rigkit.gateway.topology import gateway_plan  # noqa: E402
+from rigkit.plumbing.facts_once import read_ahead  # noqa: E402
+from rigkit.gateway.plan import gateway_plan  # noqa: E402
 from rigkit.monitoring.fleet import fleet_of  # noqa: E402
-from rigkit.ssh import tcp_nodelay  # noqa: E402
+from rigkit.plumbing.ssh import tcp_nodelay  # noqa: E402
 from roles.base import base  # noqa: E402
 from roles.gateway import gateway  # noqa: E402
 from roles.gateway_verify import gateway_verify  # noqa: E402
@@ -56,14 +56,14 @@ from roles.windows import windows  # noqa: E402
 rigs = validate_inventory(inventory)
 fleet_gateway = gateway_plan(inventory, rigs)  # checked on every rig: a bad gateway entry stops them all
 fleet_scraped = fleet_of(inventory, rigs, fleet_gateway)  # the gateway rig's Prometheus, checked on every rig too
-tcp_nodelay(host)  # ~45 ms less per round trip (rigkit/ssh.py)
+tcp_nodelay(host)  # ~45 ms less per round trip (rigkit/plumbing/ssh.py)
 rig = rig_config(host)
 options = run_options(host)
 scraped = fleet_scraped if fleet_gateway is not None and fleet_gateway.host == host.name else None
 
 if rig.spec.os == "linux":
     # Every question the roles below ask while planning, known from the rig file alone, asked
-    # now and at once; each role gets its answers from memory (rigkit/facts_once.py). They only
+    # now and at once; each role gets its answers from memory (rigkit/plumbing/facts_once.py). They only
     # read: nothing changes before the preflight has passed. (tests/test_serving.py checks that
     # a converged deploy asks nothing else.)
     read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *rigside_reads(rig),

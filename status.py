@@ -12,7 +12,7 @@ from pyinfra import host, inventory
 from pyinfra.operations import python
 
 from rigkit.config.inventory import rig_config, run_options, validate_inventory
-from rigkit.ssh import rig_call
+from rigkit.plumbing.ssh import rig_call
 from rigkit.status.collect import collect
 from rigkit.windows.status import collect_windows
 

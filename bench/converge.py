@@ -8,7 +8,7 @@ once, then times converged runs side by side, alternating tools (ABBA) to cancel
   ansible-core installed by this script into its own virtual environment, over the same SSH
   with the same key (pipelining on: Ansible's fastest documented mode).
 rigkit runs as its users run it, `rigkit deploy INVENTORY` (pyinfra's CLI with rigkit's shorter
-start, rigkit/pyinfra_start.py); the demo rig is also timed with plain `pyinfra -y INVENTORY
+start, rigkit/plumbing/pyinfra_start.py); the demo rig is also timed with plain `pyinfra -y INVENTORY
 deploy.py` to show what that start saves. Prints medians and the ratios the converge issue sets
 targets for, and the CPU each side used: the controller's (the deploy process) and the
 simulated rigs' (their containers' cgroups), which share this machine's cores, with the floor
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rigkit.config.loader import load_rig  # noqa: E402
-from rigkit.render import render, template_text  # noqa: E402
+from rigkit.plumbing.render import render, template_text  # noqa: E402
 from tests.simrig.rig import STATE_ROOT, SimRig, ssh_keypair  # noqa: E402
 
 ANSIBLE_VENV = STATE_ROOT / "bench-ansible"

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rigkit.config.schema import GatewaySpec, ModelConfig, ModelSpec, RigConfig, RigSpec  # noqa: E402
 from rigkit.gateway.config import render_config  # noqa: E402
-from rigkit.gateway.topology import RigView, plan  # noqa: E402
-from rigkit.render import template_path  # noqa: E402
+from rigkit.gateway.plan import RigView, plan  # noqa: E402
+from rigkit.plumbing.render import template_path  # noqa: E402
 from rigkit.verify.client import run_bench  # noqa: E402
 from tests.gateway.venv import litellm_python  # noqa: E402
 from tests.standin import free_port, standin  # noqa: E402

@@ -158,7 +158,7 @@ RELAY_VOLUMES = ("rigkit-weights-bench-relay-a", "rigkit-weights-bench-relay-b")
 def ssh_client(port: int):
     import paramiko
 
-    from rigkit.ssh import gcm_first_transport
+    from rigkit.plumbing.ssh import gcm_first_transport
     from tests.simrig.rig import ssh_keypair
 
     client = paramiko.SSHClient()
@@ -189,12 +189,12 @@ def checkpoint_folder(shards: int) -> Path:
 
 
 def openssh_commands(join: str):
-    """What rigkit's relay joins the rigs with, from host data as an inventory gives it (rigkit/ssh.py):
+    """What rigkit's relay joins the rigs with, from host data as an inventory gives it (rigkit/plumbing/ssh.py):
     two `ssh` commands, or None for the deploy's paramiko channels (`--relay-join paramiko`)."""
     from types import SimpleNamespace
 
     from rigkit.config.inventory import ssh_target
-    from rigkit.ssh import openssh_command
+    from rigkit.plumbing.ssh import openssh_command
     from tests.simrig.rig import ssh_keypair
 
     if join == "paramiko":

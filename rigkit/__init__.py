@@ -4,9 +4,8 @@ One package per feature, named like its role (roles/<name>.py) and its template 
 (templates/<name>/): `preflight`, `base`, `gpu`, `weights`, `serving`, `verify`, `gateway`,
 `windows` (Windows only); the commands `status` and `tune`. Beneath them: `config` (what a rig
 file may say; the only reader of pyinfra's host.data) and `rigside` (the runtime shipped to every
-Linux rig, and the one home of the names and paths both sides use). Plumbing stays here: `cli`
-(the `rigkit` command), `render` (templates and shipped files), `files`, `private_file`, `units`
-and `facts_once` (file and unit states read in one command, facts read once), `ssh` and
-`sshforward` (TCP_NODELAY, port forwards), `pyinfra_start` and `pyinfra_fastpaths` (a faster
-pyinfra start). docs/architecture.md shows what flows where.
+Linux rig, and the one home of the names and paths both sides use) and `plumbing` (templates and
+shipped files, file and unit states read in one command, facts read once, SSH and port forwards,
+a faster pyinfra start). Only `cli` (the `rigkit` command: parsing and dispatch) sits here.
+docs/architecture.md shows what flows where.
 """

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from rigkit.config.defaults import DEFAULT_CATALOG_DIR
 
-# pyinfra's command line, with rigkit's shorter start (rigkit/pyinfra_start.py). The rig file
+# pyinfra's command line, with rigkit's shorter start (rigkit/plumbing/pyinfra_start.py). The rig file
 # schema and everything else heavy is imported by the command that needs it, not here.
-PYINFRA = [sys.executable, "-m", "rigkit.pyinfra_start"]
+PYINFRA = [sys.executable, "-m", "rigkit.plumbing.pyinfra_start"]
 # Bad input of any command (a flag, a rig or catalog file, an inventory): one line, nothing done.
 CONFIG_ERROR = 2
 
@@ -146,7 +146,7 @@ def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool,
     or CONFIG_ERROR after one line on stderr."""
     from rigkit.config.errors import shown
     from rigkit.config.inventory import RigConfigError, load_inventory, select_hosts, ssh_target, validate_host
-    from rigkit.gateway.topology import gateway_plan
+    from rigkit.gateway.plan import gateway_plan
 
     try:
         loaded = load_inventory(inventory)
@@ -172,7 +172,7 @@ def _refused(command: str, inventory: str, limit: str | None, whole_fleet: bool,
 def gateway_config(args: argparse.Namespace) -> int:
     """The LiteLLM config of the inventory's gateway, offline: no rig is reached."""
     from rigkit.config.inventory import RigConfigError
-    from rigkit.gateway.topology import gateway_plan
+    from rigkit.gateway.plan import gateway_plan
     from rigkit.gateway.config import render_config
 
     try:
@@ -200,7 +200,7 @@ def rollout(args: argparse.Namespace) -> int:
     import tempfile
 
     from rigkit.config.inventory import RigConfigError
-    from rigkit.gateway.topology import gateway_plan
+    from rigkit.gateway.plan import gateway_plan
 
     deploy_file = Path(args.deploy)
     if not deploy_file.is_file() or deploy_file.suffix != ".py":
@@ -276,10 +276,10 @@ def _gateway(inventory: str, plan, *action: str) -> int:
     NOT_INSTALLED."""
     import shlex
 
-    from rigkit.gateway.stack import HELPER_PATH
+    from rigkit.rigside.names import GATEWAY_HELPER_PATH
 
-    helper = " ".join(shlex.quote(part) for part in (HELPER_PATH, *action))
-    command = (f"if [ -x {HELPER_PATH} ]; then {helper}; else echo 'rigkit-gateway: not installed yet; "
+    helper = " ".join(shlex.quote(part) for part in (GATEWAY_HELPER_PATH, *action))
+    command = (f"if [ -x {GATEWAY_HELPER_PATH} ]; then {helper}; else echo 'rigkit-gateway: not installed yet; "
                f"nothing to drain'; exit {NOT_INSTALLED}; fi")
     run = subprocess.run([*PYINFRA, "-y", "--limit", plan.host, inventory, "exec", "--",
                           command], capture_output=True, text=True)
@@ -476,7 +476,7 @@ def pyinfra_flags(args: argparse.Namespace) -> list[str]:
 def _pyinfra_here(argv: list[str], command: str) -> int:
     """pyinfra's command line, in this process when it can be (a second Python start is ~0.1 s
     of a ~1.5 s converged deploy); it ends this command, so it is the last thing `rigkit` does."""
-    from rigkit.pyinfra_start import main as pyinfra_main
+    from rigkit.plumbing.pyinfra_start import main as pyinfra_main
 
     if not Path(argv[-1]).is_file():
         print(f"rigkit {command}: no {argv[-1]} in {Path.cwd()}: run `rigkit {command}` from the rigkit checkout "
@@ -526,7 +526,7 @@ def status(args: argparse.Namespace) -> int:
         if args.limit:
             command += ["--limit", args.limit]
         late = False
-        try:  # every read on a rig is bounded (rigkit.rigread); this bounds the whole run too
+        try:  # every read on a rig is bounded (rigkit.plumbing.rig_reads); this bounds the whole run too
             run = subprocess.run(command + [args.inventory, "status.py"], capture_output=True, text=True,
                                  timeout=STATUS_DEADLINE_S)
         except subprocess.TimeoutExpired as expired:  # subprocess.run killed pyinfra

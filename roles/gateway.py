@@ -17,23 +17,20 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server
 
-from rigkit.files import put
+from rigkit.plumbing.files import put
 from rigkit.gateway.facts import GatewayRunning
 from rigkit.gateway.stack import (
     COMPOSE_PATH,
     GATEWAY_DIR,
-    HELPER_PATH,
-    PROJECT,
-    SECRETS_ENV_FILE,
-    SETTINGS_PATH,
     GatewaySecretError,
     env_file,
     render_compose,
     settings,
 )
-from rigkit.gateway.topology import GatewayPlan
-from rigkit.private_file import private_file
-from rigkit.render import template_text
+from rigkit.gateway.plan import GatewayPlan
+from rigkit.plumbing.private_file import private_file
+from rigkit.plumbing.render import template_text
+from rigkit.rigside.names import GATEWAY_HELPER_PATH, GATEWAY_PROJECT, GATEWAY_SECRETS_ENV_FILE, GATEWAY_SETTINGS_PATH
 from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
 
 
@@ -47,21 +44,21 @@ def gateway(plan: GatewayPlan, rigs: dict) -> list:
         secret = env_file(master, keys)
     except (SecretFileError, GatewaySecretError) as exc:
         raise DeployError(str(exc)) from None
-    paths = (HELPER_PATH, COMPOSE_PATH, SETTINGS_PATH)  # read in one command
+    paths = (GATEWAY_HELPER_PATH, COMPOSE_PATH, GATEWAY_SETTINGS_PATH)  # read in one command
     files.directory(name="Gateway folder", path=GATEWAY_DIR, mode="755")
-    files.directory(name="Secrets folder, root only", path=str(Path(SECRETS_ENV_FILE).parent), mode="700")
+    files.directory(name="Secrets folder, root only", path=str(Path(GATEWAY_SECRETS_ENV_FILE).parent), mode="700")
     changed = [
-        put(name="Install the gateway helper", data=template_text("gateway/rigkit-gateway"), dest=HELPER_PATH,
+        put(name="Install the gateway helper", data=template_text("gateway/rigkit-gateway"), dest=GATEWAY_HELPER_PATH,
             mode="755", batch=paths),
         put(name="Gateway compose file (LiteLLM config inline)", data=render_compose(plan), dest=COMPOSE_PATH,
             mode="644", batch=paths),
-        put(name="Gateway helper settings", data=settings(plan), dest=SETTINGS_PATH, mode="644", batch=paths),
-        private_file(name="Gateway keys (root only)", dest=SECRETS_ENV_FILE, data=secret),
+        put(name="Gateway helper settings", data=settings(plan), dest=GATEWAY_SETTINGS_PATH, mode="644", batch=paths),
+        private_file(name="Gateway keys (root only)", dest=GATEWAY_SECRETS_ENV_FILE, data=secret),
     ]
-    running = host.get_fact(GatewayRunning, project=PROJECT)
+    running = host.get_fact(GatewayRunning, project=GATEWAY_PROJECT)
     started = server.shell(
         name=f"Start the gateway on port {plan.spec.port} and wait until it lists every model",
-        commands=[f"{HELPER_PATH} up"],
+        commands=[f"{GATEWAY_HELPER_PATH} up"],
         _if=lambda: running == 0 or any(op.did_change() for op in changed),
     )
     return [*changed, started]

@@ -2,7 +2,7 @@
 
 For each model name the gateway serves: one benchmark through the gateway with rigkit's benchmark
 client (tokens from `usage`; a stream without usage fails), and the time to first token it adds
-against direct requests to one replica of that model, alternating (rigkit.verify.gateway). The
+against direct requests to one replica of that model, alternating (rigkit.gateway.verify). The
 controller reaches both through SSH port forwards over this rig's connection: the gateway at its
 bind address, the replica at the address the gateway itself uses for it (its `api_base`), so the
 two paths differ only by the proxy. Writes results/<rig>/_gateway/<time>.json, prints one line per
@@ -24,10 +24,10 @@ from pyinfra.operations import python
 
 from rigkit.gateway.facts import GatewayRunning
 from rigkit.gateway.stack import PROJECT, probe_host
-from rigkit.gateway.topology import GatewayPlan, Replica
+from rigkit.gateway.plan import GatewayPlan, Replica
 from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
-from rigkit.sshforward import forward
-from rigkit.ssh import rig_call
+from rigkit.plumbing.ssh_forward import forward
+from rigkit.plumbing.ssh import rig_call
 
 REQUEST_TIMEOUT_S = 120  # each request, as in direct verification
 
@@ -55,7 +55,7 @@ def direct_replica(plan: GatewayPlan, model_name: str) -> Replica:
 
 def _verify(plan: GatewayPlan, rigs: dict, results_dir: Path) -> None:
     # httpx, the client and its checks are imported only when verification runs.
-    from rigkit.verify.gateway import document, measure_model, save, summary_line
+    from rigkit.gateway.verify import document, measure_model, save, summary_line
 
     try:
         master = read_key_file(plan.spec.master_key_file, f"host {plan.host}: gateway.master_key_file")

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from rigkit.config.schema import RigConfig
-from rigkit.facts_once import Read, read_once
+from rigkit.plumbing.facts_once import Read, read_once
 from rigkit.gpu.facts import NvidiaDriverAndGpus
-from rigkit.gpu.gate import accept_gpus
+from rigkit.gpu.accept import accept_gpus
 from rigkit.gpu.nvsmi import GpuReport
 
 

@@ -31,14 +31,14 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files, server, systemd
 
-from rigkit import units
+from rigkit.plumbing import systemd_units as units
 from rigkit.config.schema import RigConfig
-from rigkit.facts_once import Read, read_once
-from rigkit.files import FileStates, put
+from rigkit.plumbing.facts_once import Read, read_once
+from rigkit.plumbing.files import FileStates, put
 from rigkit.monitoring.files import exporter_settings, exporter_unit, prometheus_args, prometheus_config, recording_rules
 from rigkit.monitoring.fleet import ScrapedRig, exporter_on_lan, own_rig
-from rigkit.private_file import private_file
-from rigkit.render import module_source, template_text
+from rigkit.plumbing.private_file import private_file
+from rigkit.plumbing.render import module_source, template_text
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.rigside.names import (
     EXPORTER_CONFIG_PATH,
@@ -54,7 +54,7 @@ from rigkit.rigside.names import (
     PROMETHEUS_USER,
     SECRETS_ENV_FILE,
 )
-from rigkit.units import UnitStates
+from rigkit.plumbing.systemd_units import UnitStates
 
 # Defaults (the rig file's own are in MonitoringSpec)
 EXPORTER_PACKAGES = ("python3-prometheus-client",)

@@ -26,7 +26,7 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
 from rigkit.config.schema import RigConfig
-from rigkit.facts_once import Read, read_once
+from rigkit.plumbing.facts_once import Read, read_once
 from rigkit.gpu.facts import NvidiaDriverAndGpus
 from rigkit.preflight.checks import (
     DriverState,

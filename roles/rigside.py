@@ -17,9 +17,9 @@ from pyinfra.api import deploy
 
 import rigkit.rigside
 from rigkit.config.schema import RigConfig
-from rigkit.facts_once import Read
-from rigkit.files import FileStates, put_all
-from rigkit.render import module_source
+from rigkit.plumbing.facts_once import Read
+from rigkit.plumbing.files import FileStates, put_all
+from rigkit.plumbing.render import module_source
 from rigkit.rigside.names import RUNTIME_DIR
 
 

@@ -25,11 +25,11 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server, systemd
 
 from rigkit.config.schema import RigConfig
-from rigkit import units
-from rigkit.facts_once import Read, read_once
-from rigkit.files import FileStates, put
-from rigkit.private_file import private_file
-from rigkit.render import template_text
+from rigkit.plumbing import systemd_units as units
+from rigkit.plumbing.facts_once import Read, read_once
+from rigkit.plumbing.files import FileStates, put
+from rigkit.plumbing.private_file import private_file
+from rigkit.plumbing.render import template_text
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.rigside.names import (
     P2P_PROBE_SCRIPT_PATH,
@@ -47,7 +47,7 @@ from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.topology.probe import probe_command, probe_key
 from rigkit.topology.rig import compose_additions, needs_topology, spans_gpus
 from rigkit.serving.facts import P2pVerdicts, RigkitStacks
-from rigkit.units import UnitStates
+from rigkit.plumbing.systemd_units import UnitStates
 from rigkit.weights.facts import volume_states, volume_states_reads
 from rigkit.serving.watchdog import (
     service_unit,
@@ -57,9 +57,7 @@ from rigkit.serving.watchdog import (
 )
 
 # Where things live on the rig: rigkit.rigside.names.
-HELPER_PATH = STACK_HELPER_PATH
-CONFIG_PATH, SERVICE, TIMER = WATCHDOG_CONFIG_PATH, WATCHDOG_SERVICE, WATCHDOG_TIMER
-WATCHDOG_FILES = (WATCHDOG_PATH, CONFIG_PATH, f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}")  # read in one command
+WATCHDOG_FILES = (WATCHDOG_PATH, WATCHDOG_CONFIG_PATH, f"{UNIT_DIR}/{WATCHDOG_SERVICE}", f"{UNIT_DIR}/{WATCHDOG_TIMER}")  # read in one command
 
 
 def _stack_files(rig: RigConfig) -> dict[str, tuple[str, str]]:
@@ -70,7 +68,7 @@ def _stack_files(rig: RigConfig) -> dict[str, tuple[str, str]]:
 
 def _role_files(rig: RigConfig) -> tuple[str, ...]:
     probe = (P2P_PROBE_SCRIPT_PATH,) if needs_topology(rig) else ()
-    return (HELPER_PATH, *probe, *(p for pair in _stack_files(rig).values() for p in pair))  # read in one command
+    return (STACK_HELPER_PATH, *probe, *(p for pair in _stack_files(rig).values() for p in pair))  # read in one command
 
 
 def serving_reads(rig: RigConfig) -> list[Read]:
@@ -78,7 +76,7 @@ def serving_reads(rig: RigConfig) -> list[Read]:
     key_file = [(FileStates, {"paths": (SECRETS_ENV_FILE,)})] if rig.spec.api_key_file else []  # private_file's
     checks = [(P2pVerdicts, {"verdict_dir": P2P_VERDICT_DIR})] if needs_topology(rig) else []
     return [(RigkitStacks, {"stacks_dir": STACKS_DIR}), (FileStates, {"paths": _role_files(rig)}), *key_file, *checks,
-            (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (TIMER,)}), *volume_states_reads(rig)]
+            (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (WATCHDOG_TIMER,)}), *volume_states_reads(rig)]
 
 
 def weights_completed_after_start(stack: dict | None, volume: dict | None) -> bool:
@@ -118,7 +116,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
 
     wanted_files = _stack_files(rig)
     paths = _role_files(rig)
-    put(name="Install the stack helper", data=template_text("serving/rigkit-stack"), dest=HELPER_PATH, mode="755",
+    put(name="Install the stack helper", data=template_text("serving/rigkit-stack"), dest=STACK_HELPER_PATH, mode="755",
         batch=paths)
     key = None
     if with_key:
@@ -148,7 +146,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
         rollout = server.shell(
             name=f"Roll out {model.name}",
-            commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)}{' gate' if gate else ''}"],
+            commands=[f"{STACK_HELPER_PATH} rollout {shlex.quote(model.name)}{' gate' if gate else ''}"],
             # A new key changes no file here but the container's environment: roll out on it too.
             _if=lambda c=compose, s=settings, st=state: (c.did_change() or s.did_change() or st["pending"]
                                                          or not st["running"] or bool(key and key.did_change())),
@@ -159,7 +157,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         if model.name in weights_ops:
             changes.append(server.shell(
                 name=f"Restart {model.name} on its new weights",
-                commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
+                commands=[f"{STACK_HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
                 _if=lambda w=weights_ops[model.name], r=rollout: w.did_change() and not r.did_change(),
             ))
         if weights_completed_after_start(state, volumes.get(model.name)):
@@ -168,7 +166,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
             weights = weights_ops.get(model.name)
             changes.append(server.shell(
                 name=f"Restart {model.name}: its weights were completed after it started",
-                commands=[f"{HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
+                commands=[f"{STACK_HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
                 _if=lambda w=weights, r=rollout: not r.did_change() and not (w is not None and w.did_change()),
             ))
 
@@ -176,7 +174,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
     for name in sorted(set(stacks) - wanted):
         changes.append(
             server.shell(name=f"Take down {name} (no longer in the rig file)",
-                         commands=[f"{HELPER_PATH} down {shlex.quote(name)}"])
+                         commands=[f"{STACK_HELPER_PATH} down {shlex.quote(name)}"])
         )
     _watchdog(rig, with_key)
     return changes
@@ -187,14 +185,14 @@ def _watchdog(rig: RigConfig, with_key: bool) -> None:
     paths = WATCHDOG_FILES
     put(name="Install the watchdog", data=template_text("serving/rigkit-watchdog"), dest=WATCHDOG_PATH, mode="755",
         batch=paths)
-    put(name="Watchdog settings", data=watchdog_config(rig, with_key), dest=CONFIG_PATH, mode="644", batch=paths)
+    put(name="Watchdog settings", data=watchdog_config(rig, with_key), dest=WATCHDOG_CONFIG_PATH, mode="644", batch=paths)
     unit_files = [
-        put(name="Watchdog service unit", data=service_unit(), dest=f"{UNIT_DIR}/{SERVICE}", mode="644", batch=paths),
-        put(name="Watchdog timer unit", data=timer_unit(rig), dest=f"{UNIT_DIR}/{TIMER}", mode="644", batch=paths),
+        put(name="Watchdog service unit", data=service_unit(), dest=f"{UNIT_DIR}/{WATCHDOG_SERVICE}", mode="644", batch=paths),
+        put(name="Watchdog timer unit", data=timer_unit(rig), dest=f"{UNIT_DIR}/{WATCHDOG_TIMER}", mode="644", batch=paths),
     ]
     systemd.daemon_reload(name="Reload systemd units (watchdog)", _if=lambda: any(u.did_change() for u in unit_files))
     on = bool(watched(rig))
-    systemd.service(name=f"Watchdog timer {'on' if on else 'off'}", service=TIMER, running=on, enabled=on,
+    systemd.service(name=f"Watchdog timer {'on' if on else 'off'}", service=WATCHDOG_TIMER, running=on, enabled=on,
                     restarted=on, _if=lambda: any(u.did_change() for u in unit_files))
-    units.service(name=f"Watchdog timer {'running' if on else 'stopped'}", unit=TIMER, batch=(TIMER,), running=on,
+    units.service(name=f"Watchdog timer {'running' if on else 'stopped'}", unit=WATCHDOG_TIMER, batch=(WATCHDOG_TIMER,), running=on,
                   enabled=on, after=tuple(unit_files))

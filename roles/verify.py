@@ -29,9 +29,9 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from rigkit.config.schema import ModelConfig, RigConfig
-from rigkit.facts_once import Read
-from rigkit.files import FileStates, put
-from rigkit.render import module_source
+from rigkit.plumbing.facts_once import Read
+from rigkit.plumbing.files import FileStates, put
+from rigkit.plumbing.render import module_source
 from rigkit.rigside import sampler
 from rigkit.rigside.metrics import verification_summary
 from rigkit.rigside.names import (
@@ -49,26 +49,22 @@ from rigkit.rigside.names import served_name
 from rigkit.serving.compose import vllm_args
 from rigkit.topology.decide import Verdict
 from rigkit.topology.rig import compose_additions
-from rigkit.sshforward import forward
+from rigkit.plumbing.ssh_forward import forward
 from rigkit.weights.engine import dial_command, rig_engine
-from rigkit.ssh import rig_call
+from rigkit.plumbing.ssh import rig_call
 
 if TYPE_CHECKING:
     from rigkit.verify.result import VerificationResult
 
 # Defaults
-SAMPLER, SHIPPED_NVML_DIR, SHIPPED_NVML = SAMPLER_PATH, SAMPLER_NVML_DIR, SAMPLER_NVML_PATH  # rigkit.rigside.names
-SAMPLE_HZ = sampler.SAMPLE_HZ
 PROMPT_TOKENS = 2048  # long enough that the SSH forward's latency is a small share of TTFT
 OUTPUT_TOKENS = 256
 REQUEST_TIMEOUT_S = 120
-SAMPLER_START_S = sampler.START_WAIT_S
-SAMPLER_MAX_S = sampler.MAX_S
 COMMAND_TIMEOUT_S = 60  # each short command of the sampler's start and stop
 PROMOTE_TIMEOUT_S = 60  # rigkit-stack promote: a one-token probe (30 s at most) and two file copies
 RESTART_TIMEOUT_S = 240  # rigkit-stack restart: `compose restart` (its own 120 s bound) and the warm-up, plus the ready timeout
 UP_TIMEOUT_S = 1800  # rigkit-stack rollback: `compose up` (its own bound), then the ready timeout
-TELEMETRY_FILES = (SAMPLER, SHIPPED_NVML)  # read in one command
+TELEMETRY_FILES = (SAMPLER_PATH, SAMPLER_NVML_PATH)  # read in one command
 SAMPLER_NAMES = {"nvml-host": "NVML sampler on the rig", "nvml-container": "NVML sampler in a container with GPU access"}
 
 
@@ -100,9 +96,9 @@ def verify(rig: RigConfig, results_dir: Path, always: bool = False, after=(), ro
         paths = TELEMETRY_FILES
         installed = [
             put(name="Install the telemetry sampler", data=module_source("rigkit.verify.telemetry"),
-                dest=SAMPLER, mode="755", batch=paths),
+                dest=SAMPLER_PATH, mode="755", batch=paths),
             put(name="Ship pynvml for rigs without nvidia-ml-py", data=module_source("pynvml"),
-                dest=SHIPPED_NVML, mode="644", batch=paths),
+                dest=SAMPLER_NVML_PATH, mode="644", batch=paths),
         ]
     for model in rig.models:
         rolled = (rollouts or {}).get(model.name)
@@ -369,9 +365,9 @@ def _sampling_on_host(model: ModelConfig):
     """The sampler as a process on the rig (Linux), started and stopped over the deploy's shell;
     yields a dict that holds {"telemetry": ...} after the block."""
     remote_path = f"{RUN_DIR}/telemetry-{model.name}.json"
-    pid = _run(sampler.start_command(SAMPLER, SHIPPED_NVML_DIR, model.spec.gpus, SAMPLE_HZ, remote_path,
-                                     SAMPLER_MAX_S)).strip().splitlines()[-1]
-    _run(sampler.started_command(pid, remote_path, SAMPLER_START_S))
+    pid = _run(sampler.start_command(SAMPLER_PATH, SAMPLER_NVML_DIR, model.spec.gpus, sampler.SAMPLE_HZ, remote_path,
+                                     sampler.MAX_S)).strip().splitlines()[-1]
+    _run(sampler.started_command(pid, remote_path, sampler.START_WAIT_S))
     held: dict = {}
     try:
         yield held
@@ -394,7 +390,7 @@ def _sampling_in_container(model: ModelConfig):
     with rig_engine(host.connector.client.get_transport(), dial_command(host.connector)) as client:
         try:
             with sampling_in_container(client, model.spec.image, f"rigkit-telemetry-{model.name}", gpus,
-                                       SAMPLE_HZ, SAMPLER_MAX_S) as held:
+                                       sampler.SAMPLE_HZ, sampler.MAX_S) as held:
                 yield held
         except SamplerError as exc:
             raise OperationError(f"{model.name}: {exc}") from None

@@ -19,14 +19,14 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from rigkit.config.schema import RigConfig
-from rigkit.rigread import DOCKER_S, bounded
+from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.weights.facts import helpers_left, volume_states
 from rigkit.weights.operation import copy_operations, relay_operations
-from rigkit.weights.relay import CHUNK_BYTES
+from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES
 
 
 @deploy("Weights")
-def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = CHUNK_BYTES) -> dict:
+def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = WEIGHTS_CHUNK_BYTES) -> dict:
     """Returns {model name: the copy operation}, so serving can restart a model whose weights changed.
     `verify`: re-hash every volume against its manifest first (`rigkit deploy --verify-weights`).
     `chunk_bytes`: a copy from another rig's volume is fsynced, journaled and resumed in chunks of this size."""

@@ -14,7 +14,7 @@ The SSH user should be the administrator who logs on at the rig: the logon tasks
 that user (Docker Desktop's context is per user).
 
 With the rig's `api_key_file`, the key's env file goes to C:\\ProgramData\\rigkit\\secrets, readable by
-SYSTEM and Administrators only (rigkit.windows.private_file), and the compose files reference it.
+SYSTEM and Administrators only (rigkit.windows.acl_file), and the compose files reference it.
 The watchdog (rigkit.windows.watchdog) is a third task, LocalLLM-Watchdog, as SYSTEM.
 Before any of it, C:\\ProgramData\\rigkit itself is secured (rigkit.windows.install_dir): owned by
 Administrators, SYSTEM and Administrators only, whoever made it first.
@@ -43,7 +43,7 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
 from rigkit.config.schema import RigConfig
-from rigkit.gpu.gate import accept_gpus, check_policy
+from rigkit.gpu.accept import accept_gpus, check_policy
 from rigkit.gpu.policy import power_drift
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.windows import operations as winops
@@ -69,7 +69,7 @@ from rigkit.windows.preflight import (
     vm_applied,
     wslconfig_text,
 )
-from rigkit.windows.private_file import private_file
+from rigkit.windows.acl_file import private_file
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
 from rigkit.windows.watchdog import TASK_WATCHDOG
 from rigkit.windows.weights import weights_onto_volumes

@@ -28,7 +28,7 @@ TEST_RIG_PORT = int(_port)
 def simrig():
     """One simulated rig for the session (tests that need it pristine call .start() again). Its sshd
     allows 4 sessions per connection, as hardened configs do (OpenSSH's default is 10): what rigkit
-    runs at once over one connection (rigkit.facts_once.read_ahead) must stay within it."""
+    runs at once over one connection (rigkit.plumbing.facts_once.read_ahead) must stay within it."""
     rig = SimRig(name=TEST_RIG_NAME, ssh_port=TEST_RIG_PORT, max_sessions=4)
     rig.start(log=lambda m: print(m, file=sys.stderr))
     rig.used = False  # set once a module has used it: the next module gets it started afresh
@@ -183,7 +183,7 @@ def copy_catalog(tmp_path: Path, **changes: list[tuple[str, str]]) -> Path:
 def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, catalog: Path = TEST_CATALOG,
                entry: str = "deploy.py", inventory: str = "inventory/sim.py", verify: bool = True) -> DeployRun:
     """The real pyinfra CLI against `rig`, started the way `rigkit deploy` starts it
-    (rigkit/pyinfra_start.py; tests/test_deploy_safety.py runs plain `pyinfra`). `verify=False` skips the verification a changing deploy ends
+    (rigkit/plumbing/pyinfra_start.py; tests/test_deploy_safety.py runs plain `pyinfra`). `verify=False` skips the verification a changing deploy ends
     with (`rigkit deploy --no-verify`), for tests about other roles: it saves a benchmark per deploy."""
     extra = extra if verify else ("--data", "rigkit_verify=never", *extra)
     env = dict(
@@ -191,7 +191,7 @@ def run_deploy(rig: SimRig, rig_file: str | Path = POLICY_RIG, *extra: str, cata
         RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS),
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "rigkit.pyinfra_start", "-y", *extra, inventory, entry],
+        [sys.executable, "-m", "rigkit.plumbing.pyinfra_start", "-y", *extra, inventory, entry],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     return DeployRun(proc.returncode, proc.stdout + proc.stderr)

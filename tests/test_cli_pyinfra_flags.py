@@ -92,6 +92,6 @@ def test_pyinfra_takes_the_flags(tmp_path, command):
     out = run.stdout + run.stderr
     assert "Connecting to hosts" in out and "No hosts remaining" in out, out
     assert "No such option" not in out and "Usage:" not in out, out
-    refused = subprocess.run([sys.executable, "-m", "rigkit.pyinfra_start", "--no-such-flag", str(inventory),
+    refused = subprocess.run([sys.executable, "-m", "rigkit.plumbing.pyinfra_start", "--no-such-flag", str(inventory),
                               f"{command}.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "No such option" in refused.stdout + refused.stderr

@@ -45,7 +45,7 @@ def test_deploy_refuses_a_rig_whose_gpus_differ_from_its_file(simrig, tmp_path):
 
 
 def test_runtime_modules_edited_on_the_rig_are_put_back_by_one_operation_and_the_keeper_restarts(simrig):
-    """The rig-side runtime ships as one operation (rigkit.files.put_all): a module edited by hand and
+    """The rig-side runtime ships as one operation (rigkit.plumbing.files.put_all): a module edited by hand and
     one whose mode was changed are both put back, the operation counts as one change, and the GPU
     policy keeper, which imports the runtime, is restarted; the next deploy changes nothing."""
     from rigkit.rigside.names import RUNTIME_DIR

@@ -1,4 +1,4 @@
-"""rigkit.facts_once.read_ahead through the real pyinfra CLI, on its @local connector.
+"""rigkit.plumbing.facts_once.read_ahead through the real pyinfra CLI, on its @local connector.
 
 Nothing is simulated: pyinfra runs tests/data/deploys/read_ahead.py against this machine
 (@local: real shell commands, no SSH), started the way `rigkit deploy` starts it.
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rigkit.facts_once import READ_AHEAD_CHANNELS
+from rigkit.plumbing.facts_once import READ_AHEAD_CHANNELS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def test_facts_read_ahead_are_asked_at_once_and_a_failure_raises_where_asked(tmp
     """Two facts that each wait (at most 10 s) for the other to start both answer "met" only
     when they run at the same time; asked one after the other the first would answer "alone"."""
     run = subprocess.run(
-        [sys.executable, "-m", "rigkit.pyinfra_start", "-y", "@local", "tests/data/deploys/read_ahead.py"],
+        [sys.executable, "-m", "rigkit.plumbing.pyinfra_start", "-y", "@local", "tests/data/deploys/read_ahead.py"],
         cwd=REPO, env={"PATH": "/usr/bin:/bin", "RIGKIT_TEST_MEET_DIR": str(tmp_path)},
         capture_output=True, text=True, timeout=120,
     )

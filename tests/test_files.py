@@ -1,4 +1,4 @@
-"""rigkit.files.FileStates: the mode, owner and SHA-256 of many files in one command.
+"""rigkit.plumbing.files.FileStates: the mode, owner and SHA-256 of many files in one command.
 
 Nothing is simulated: the fact's command runs under /bin/sh on this machine's coreutils, the
 same programs a Debian rig has, and its answer is checked against Python's own reading.
@@ -10,7 +10,7 @@ import os
 import pwd
 import subprocess
 
-from rigkit.files import FileStates
+from rigkit.plumbing.files import FileStates
 
 
 def test_one_command_reads_every_regular_file_and_leaves_out_the_rest(tmp_path):

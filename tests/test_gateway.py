@@ -369,7 +369,7 @@ def test_a_stopped_gateway_does_not_block_a_rollout(fleet, monkeypatch):
     """With the proxy's container stopped nothing is routed through it: the drain step reports
     nothing to drain (the rollout goes on) instead of stopping the rollout that could repair it."""
     from rigkit.cli import NOT_INSTALLED, _gateway, _hosts
-    from rigkit.gateway.topology import gateway_plan
+    from rigkit.gateway.plan import gateway_plan
 
     for key, value in fleet.env().items():
         monkeypatch.setenv(key, value)

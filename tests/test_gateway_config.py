@@ -19,7 +19,7 @@ import yaml
 from rigkit.config.errors import ConfigError
 from rigkit.config.inventory import GATEWAY_HEALTH_CHECK_INTERVAL_S
 from rigkit.config.loader import load_rig
-from rigkit.render import template_path
+from rigkit.plumbing.render import template_path
 from tests.gateway.venv import litellm_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
     """LiteLLM reads the config the role deploys (drain filter beside it) and resolves the key references."""
     from rigkit.config.schema import GatewaySpec
     from rigkit.gateway.config import render_config
-    from rigkit.gateway.topology import RigView, plan as make_plan
+    from rigkit.gateway.plan import RigView, plan as make_plan
 
     text = fleet.read_text()
     catalog = Path(text.split('"catalog_dir": "')[1].split('"')[0])
@@ -241,7 +241,7 @@ def test_compose_file_carries_the_config_inline_with_no_secret_and_no_interpolat
     container, nothing bind-mounted), keys only through the raw env file, every `$` doubled."""
     from rigkit.config.schema import GatewaySpec
     from rigkit.gateway.stack import env_file, render_compose, settings
-    from rigkit.gateway.topology import RigView, plan as make_plan
+    from rigkit.gateway.plan import RigView, plan as make_plan
 
     text = fleet.read_text()
     catalog = Path(text.split('"catalog_dir": "')[1].split('"')[0])
@@ -279,7 +279,7 @@ def test_gateway_config_names_a_missing_or_broken_inventory_in_one_line(tmp_path
 
 
 def test_key_variable_names_are_safe_for_any_host_name():
-    from rigkit.gateway.topology import key_env_name
+    from rigkit.gateway.plan import key_env_name
 
     assert key_env_name("rig-1.lan") == "RIGKIT_KEY_RIG_1_LAN"
     assert key_env_name("Bad Name=1") == "RIGKIT_KEY_BAD_NAME_1"

@@ -1,4 +1,4 @@
-"""Verification through the gateway (rigkit.verify.gateway) against the real LiteLLM proxy
+"""Verification through the gateway (rigkit.gateway.verify) against the real LiteLLM proxy
 (litellm[proxy] from PyPI, tests/gateway/venv.py) run as a local process with the config rigkit
 renders, health checks on, in front of two vLLM stand-ins (local processes, each with an API key).
 
@@ -27,9 +27,9 @@ import pytest
 
 from rigkit.config.schema import GatewaySpec, ModelConfig, ModelSpec, RigConfig, RigSpec
 from rigkit.gateway.config import render_config
-from rigkit.gateway.topology import RigView, plan
-from rigkit.render import template_path
-from rigkit.verify import gateway as gv
+from rigkit.gateway.plan import RigView, plan
+from rigkit.plumbing.render import template_path
+from rigkit.gateway import verify as gv
 from tests.gateway.venv import litellm_python
 from tests.standin import free_port, standin
 

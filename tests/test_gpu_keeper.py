@@ -133,7 +133,7 @@ def test_status_shows_the_repairs_by_cause(rig, tmp_path):
 
 def test_a_tune_session_is_not_disturbed(rig):
     """While tune's dead man's switch is armed (the transient timer `rigkit tune` arms for its whole
-    session, rigkit/tune/rigside.py) a changed limit is tune's: left alone."""
+    session, rigkit/tune/rig_helper.py) a changed limit is tune's: left alone."""
     counts = keeper_state(rig)["counts"]
     assert "rigkit tune" not in (keeper_state(rig).get("holding") or "")  # a hold seen below is this one
     rig.exec(f"systemd-run --unit={TUNE_DEADMAN_UNIT} --on-active=300s /bin/true && nvidia-smi -i 0 -pl 250")

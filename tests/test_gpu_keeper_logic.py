@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from rigkit.gpu.keeper import keeper_summary
-from rigkit.render import template_path
+from rigkit.plumbing.render import template_path
 from tests.conftest import REPO
 
 

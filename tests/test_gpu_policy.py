@@ -110,7 +110,7 @@ def test_drift_is_reported_and_repaired(rig):
 
 
 def test_a_unit_disabled_behind_rigkit_s_back_is_enabled_again(rig):
-    """The converged case is decided from one read while planning (rigkit/units.py); a unit
+    """The converged case is decided from one read while planning (rigkit/plumbing/systemd_units.py); a unit
     found not as wanted goes to pyinfra's systemd.service, which repairs it on the rig."""
     assert run_deploy(rig).changed_operations() == 0
     assert rig.exec("systemctl disable rigkit-gpu-policy.service")[0] == 0

@@ -16,7 +16,7 @@ import yaml
 from rigkit.cli import main
 from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
-from rigkit.render import render
+from rigkit.plumbing.render import render
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_key_file
 from tests.conftest import SERVING_RIG, TEST_CATALOG, copy_catalog
 
@@ -148,7 +148,7 @@ def test_a_key_with_dollars_quotes_hashes_and_spaces_survives_compose_byte_for_b
 
 
 def test_docker_api_forward_is_a_socket_only_its_user_can_open():
-    from rigkit.sshforward import forward_docker
+    from rigkit.plumbing.ssh_forward import forward_docker
 
     with forward_docker(transport=None) as path:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -14,7 +14,7 @@ import paramiko
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from rigkit.ssh import rig_call
+from rigkit.plumbing.ssh import rig_call
 from tests.conftest import REPO
 
 

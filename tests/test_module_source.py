@@ -1,4 +1,4 @@
-"""rigkit.render.module_source: the files rigkit ships to rigs as they are (pynvml, the
+"""rigkit.plumbing.render.module_source: the files rigkit ships to rigs as they are (pynvml, the
 telemetry sampler), read without running the module. Nothing simulated: the installed modules."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rigkit.render import module_source
+from rigkit.plumbing.render import module_source
 
 
 def test_the_source_is_the_modules_file_and_the_module_does_not_run():
-    code = ("import sys; from rigkit.render import module_source; data = module_source('pynvml'); "
+    code = ("import sys; from rigkit.plumbing.render import module_source; data = module_source('pynvml'); "
             "print(len(data), 'pynvml' in sys.modules)")
     size, imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                                     check=True).stdout.split()

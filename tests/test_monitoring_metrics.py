@@ -192,7 +192,7 @@ def test_broken_state_files_leave_their_metrics_out():
 def test_policy_file_parsing_matches_what_the_deploy_renders():
     """The exporter reads the policy file the gpu_policy role renders (templates/gpu_policy/gpu-policy.conf.j2)."""
     from rigkit.config.loader import load_rig
-    from rigkit.render import render
+    from rigkit.plumbing.render import render
 
     rig = load_rig(REPO / "tests/data/rigs/serving.yml", REPO / "tests/data/models")
     text = render("gpu_policy/gpu-policy.conf.j2", rig_name=rig.name, rig_file=rig.file, gpus=rig.spec.gpus)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rigkit.config.schema import RigSpec
 from rigkit.gpu.nvsmi import GpuReport, GpuStatus
 from rigkit.gpu.policy import power_drift, psu_budget, range_problems
-from rigkit.render import render
+from rigkit.plumbing.render import render
 
 
 def rig(caps, psu_w=1200, system_w=200, **extra) -> RigSpec:

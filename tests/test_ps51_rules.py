@@ -199,7 +199,7 @@ def raw_sent_scripts(rig) -> dict[str, str]:
     connector wraps it; and the connector's own: an empty script, and the stager of a long one."""
     from rigkit.windows import facts, install_dir
     from rigkit.windows import operations as winops
-    from rigkit.windows import private_file, upload
+    from rigkit.windows import acl_file, upload
     from rigkit.windows.bundle import (
         LOG_PATH,
         TASK_BOOTSTRAP,
@@ -218,12 +218,12 @@ def raw_sent_scripts(rig) -> dict[str, str]:
             volume=f"rigkit-weights-{HOSTILE}", source=f"C:\\models\\{HOSTILE}", image=f"vllm/{HOSTILE}:1", copier=path),
         "register-task": winops.register_task_script(HOSTILE, path),
         "register-task as SYSTEM": winops.register_task_script(HOSTILE, path, as_connecting_user=False),
-        "private-file-state": private_file.WindowsPrivateFile().command(path=path),
+        "private-file-state": acl_file.WindowsPrivateFile().command(path=path),
         "install-dir-state": install_dir.WindowsInstallDir().command(),
         "secure-install-dir": install_dir.secure_install_script(),
-        "secure-folder": private_file.secure_folder_script(path),
-        "place-private-file": private_file.place_script(private_file.temporary_name(path), path),
-        "protect-file": private_file.protect_script(path),
+        "secure-folder": acl_file.secure_folder_script(path),
+        "place-private-file": acl_file.place_script(acl_file.temporary_name(path), path),
+        "protect-file": acl_file.protect_script(path),
         "place-file": upload.place_script("place-file", upload.temporary_name(path), path),
         "run-task": winops.run_task_script(HOSTILE, path, "ab" * 32, 1320, str(LOG_PATH)),
         "windows-preflight": facts.WindowsPreflightFacts().command(
@@ -237,7 +237,7 @@ def raw_sent_scripts(rig) -> dict[str, str]:
 
 
 def test_every_script_rigkit_renders_or_sends_passes_every_rule(tmp_path):
-    from rigkit.render import ps_quote
+    from rigkit.plumbing.render import ps_quote
     from rigkit.windows.bundle import render_bundle
 
     checked = 0

@@ -1,4 +1,4 @@
-"""rigkit's fast paths for pyinfra's planning give pyinfra's own answers (rigkit/pyinfra_fastpaths.py).
+"""rigkit's fast paths for pyinfra's planning give pyinfra's own answers (rigkit/plumbing/pyinfra_fastpaths.py).
 
 Nothing is simulated: both functions run on this process's real call stack, with the
 installed pyinfra. A pyinfra upgrade that changes either function fails here first.
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pyinfra
 import pytest
 
-from rigkit.pyinfra_fastpaths import (
+from rigkit.plumbing.pyinfra_fastpaths import (
     PYINFRA_GLOBAL_ARGUMENTS,
     PYINFRA_OPERATION_ORDER,
     fast_paths_in_use,

@@ -1,4 +1,4 @@
-"""rigkit/pyinfra_start.py: pyinfra's command line with a shorter start, otherwise the same.
+"""rigkit/plumbing/pyinfra_start.py: pyinfra's command line with a shorter start, otherwise the same.
 
 Nothing is simulated: each check runs a fresh Python process, as `rigkit deploy` does, with the
 installed pyinfra, gevent and paramiko.
@@ -21,7 +21,7 @@ def counting(**params):
     return original(**params)
 metadata.entry_points = counting
 if sys.argv[1] == "rigkit":
-    from rigkit.pyinfra_start import import_on_first_use, read_entry_points_once
+    from rigkit.plumbing.pyinfra_start import import_on_first_use, read_entry_points_once
     read_entry_points_once()
     import_on_first_use("invoke")
 import pyinfra_cli.main  # gevent's patch_all(), as pyinfra's CLI runs it
@@ -51,7 +51,7 @@ def test_answers_from_the_one_scan_are_the_scans_of_each_group():
     code = """
 import importlib.metadata as metadata
 original = metadata.entry_points
-from rigkit.pyinfra_start import read_entry_points_once
+from rigkit.plumbing.pyinfra_start import read_entry_points_once
 read_entry_points_once()
 asked = [{"group": g} for g in ("gevent.plugins.monkey.will_patch_all", "pyinfra.connectors", "pydantic",
                                 "typeguard.checker_lookup", "console_scripts", "no.such.group")]
@@ -65,7 +65,7 @@ def test_ssh_config_match_exec_still_runs_its_command():
     """paramiko needs invoke for one thing: `Match exec` in an OpenSSH config file."""
     code = """
 import sys
-from rigkit.pyinfra_start import import_on_first_use
+from rigkit.plumbing.pyinfra_start import import_on_first_use
 import_on_first_use("invoke")
 import paramiko
 config = paramiko.SSHConfig.from_text('Match exec "test 1 = 1"\\n  User yes-matched\\nMatch exec "false"\\n  Port 2299\\n')
@@ -81,8 +81,8 @@ def test_same_answers_and_exit_codes_as_pyinfra():
                               timeout=120)
         return done.returncode, done.stdout + done.stderr
 
-    assert run("rigkit.pyinfra_start", "--version") == run("pyinfra", "--version")
-    ours, theirs = run("rigkit.pyinfra_start", "--no-such-option"), run("pyinfra", "--no-such-option")
+    assert run("rigkit.plumbing.pyinfra_start", "--version") == run("pyinfra", "--version")
+    ours, theirs = run("rigkit.plumbing.pyinfra_start", "--no-such-option"), run("pyinfra", "--no-such-option")
     assert ours[0] == theirs[0] == 2
     # The same error; click's usage line names the module it was started as.
     assert ours[1].splitlines()[-1] == theirs[1].splitlines()[-1] == "Error: No such option '--no-such-option'."
@@ -94,7 +94,7 @@ def test_a_run_interrupted_by_ctrl_c_exits_130_not_0():
     import signal
     import time
 
-    run = subprocess.Popen([sys.executable, "-m", "rigkit.pyinfra_start", "-y", "@local", "tests/data/deploys/sleep.py"],
+    run = subprocess.Popen([sys.executable, "-m", "rigkit.plumbing.pyinfra_start", "-y", "@local", "tests/data/deploys/sleep.py"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = []
     deadline = time.monotonic() + 60
@@ -129,7 +129,7 @@ def pyinfra_cli_stand_in():
         raise LoopExit("This operation would block forever")  # what pyinfra's disconnect_all raised
 
 pyinfra_cli.main.main = pyinfra_cli_stand_in
-from rigkit.pyinfra_start import main
+from rigkit.plumbing.pyinfra_start import main
 main([])
 """
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -14,7 +14,7 @@ from rigkit.gpu.facts import NvidiaDriverAndGpus
 from rigkit.gpu.nvsmi import parse_query
 from rigkit.preflight.checks import driver_problems
 from rigkit.preflight.facts import DockerDiskFree, NvidiaDriver
-from rigkit.rigread import NVIDIA_SMI_S
+from rigkit.plumbing.rig_reads import NVIDIA_SMI_S
 from rigkit.serving.facts import RigkitStacks
 from rigkit.weights.facts import WeightsVolumeStates
 from tests.test_status_report import RIG, gpus, probe, status, weights

@@ -24,7 +24,7 @@ def rollout(monkeypatch, outcome) -> tuple[int, list, list]:
     deploys, helper = [], []
     monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet, **checks: ["rig-a", "rig-b"])
     monkeypatch.setattr(cli, "_hosts", lambda inventory: [])
-    monkeypatch.setattr("rigkit.gateway.topology.gateway_plan",
+    monkeypatch.setattr("rigkit.gateway.plan.gateway_plan",
                         lambda hosts: SimpleNamespace(host="rig-a", replicas_of=lambda name: [f"{name}.m"]))
     monkeypatch.setattr(cli, "_gateway", lambda inventory, plan, *action: helper.append(action) or 0)
 

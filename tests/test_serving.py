@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from rigkit.config.loader import load_rig
-from rigkit.facts_once import merged_reads
+from rigkit.plumbing.facts_once import merged_reads
 from roles.gpu_policy import gpu_policy_reads
 from roles.gpu_report import gpu_report_reads
 from roles.preflight import preflight_reads
@@ -95,7 +95,7 @@ def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
     # Questions of one kind were asked as one (one FileStates command for every role's files).
     sent = [fact for (fact, _), _ in merged_reads(wanted)]
     assert sorted(loaded) == sorted(f"{fact.__module__}.{fact.__name__}" for fact in sent), second.output
-    assert loaded.count("rigkit.files.FileStates") == 1, second.output
+    assert loaded.count("rigkit.plumbing.files.FileStates") == 1, second.output
 
 
 RUNTIME_USERS = {  # each rig-side script, run so that it stops right after its imports
@@ -115,7 +115,7 @@ def test_each_rig_script_imports_the_runtime_from_the_shipped_copy(rig, script):
     import re
     import shlex
 
-    from rigkit.render import template_text
+    from rigkit.plumbing.render import template_text
     from rigkit.rigside.names import RUNTIME_DIR
 
     command = RUNTIME_USERS[script] or f"python3 -c {shlex.quote(template_text(SOURCES[script]))} '{{}}'"

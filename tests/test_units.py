@@ -1,11 +1,11 @@
-"""rigkit.units: a unit's state read in one `systemctl show`, with pyinfra's meanings.
+"""rigkit.plumbing.systemd_units: a unit's state read in one `systemctl show`, with pyinfra's meanings.
 
 Pure: parses `systemctl show` output as systemd prints it (blocks separated by a blank line;
 a unit that does not exist still gets a block). The deploys over SSH in test_gpu_policy.py
 and test_status.py run the command against the simulated rig's real systemd.
 """
 
-from rigkit.units import UnitStates, _settled
+from rigkit.plumbing.systemd_units import UnitStates, _settled
 
 SHOW = """Id=rigkit-gpu-policy.service
 SubState=exited

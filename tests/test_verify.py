@@ -127,7 +127,7 @@ def test_an_enforced_limit_off_the_policy_fails(rig):
             rig.exec("nvidia-smi -i 1 -pl 330")
     assert run.returncode != 0
     assert "gpu1_enforced_power_limit: enforced limit 300 W, policy 330 W" in run.output
-    # The failure is the operation's one line (rigkit.ssh.rig_call), not pyinfra's callback traceback.
+    # The failure is the operation's one line (rigkit.plumbing.ssh.rig_call), not pyinfra's callback traceback.
     assert "Traceback" not in run.output and "Unexpected error in Python callback" not in run.output
 
 

@@ -4,7 +4,7 @@ the far side (hands it to the user's shell), so the copier's receive and send ru
 two folders, their stdout and stdin joined by the relay's own pipe. What this simulates: the two SSH
 hops (tested for real in test_weights_relay_rigs.py). What is real: the copier, the pipe, the relay's
 waiting and its reading of who failed. Also: the `ssh` command rigkit builds from a host's inventory
-data (rigkit/ssh.py `openssh_command`), and where it declines to build one.
+data (rigkit/plumbing/ssh.py `openssh_command`), and where it declines to build one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from rigkit.config.inventory import ssh_target
 from rigkit.config.schema import ModelConfig, ModelSpec
-from rigkit.ssh import gcm_first_transport, openssh_command
+from rigkit.plumbing.ssh import gcm_first_transport, openssh_command
 from rigkit.weights.relay import RelayError, _join_openssh
 from tests.simrig.rig import ssh_keypair
 from tests.test_weights_relay import CHUNK, journaled_bytes, source_volume

@@ -84,7 +84,7 @@ def fleet(fresh_rig, tmp_path_factory):
     inventory = folder / "inventory.py"
     inventory.write_text(f"rigs = {hosts!r}\n")
     # The same rigs, rig B's connection with a paramiko argument of its own: OpenSSH cannot be told the
-    # same, so the relay joins the two rigs through paramiko's channels (rigkit/ssh.py openssh_command).
+    # same, so the relay joins the two rigs through paramiko's channels (rigkit/plumbing/ssh.py openssh_command).
     hosts[1][1]["ssh_paramiko_connect_kwargs"] = {"banner_timeout": 60}
     (folder / "inventory-paramiko.py").write_text(f"rigs = {hosts!r}\n")
     yield client, inventory, folder, rig_b
@@ -94,7 +94,7 @@ def fleet(fresh_rig, tmp_path_factory):
 
 def start_deploy(inventory: Path, log: Path) -> subprocess.Popen:
     env = dict(os.environ, RIGKIT_STATE=str(STATE_ROOT))
-    return subprocess.Popen([sys.executable, "-m", "rigkit.pyinfra_start", "-y", str(inventory), "deploy.py"],
+    return subprocess.Popen([sys.executable, "-m", "rigkit.plumbing.pyinfra_start", "-y", str(inventory), "deploy.py"],
                             cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 

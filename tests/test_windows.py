@@ -17,7 +17,7 @@ from tree_sitter import Language, Parser
 
 from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
-from rigkit.render import ps_quote
+from rigkit.plumbing.render import ps_quote
 from rigkit.windows.bundle import (
     INSTALL_DIR,
     TASK_BOOTSTRAP,

@@ -109,7 +109,7 @@ def _function(script: str, name: str):
 def test_assert_private_throws_for_an_owner_other_than_system_or_administrators():
     """On the syntax tree of what rigkit sends: the owner is read by SID and a throw is reached
     when it is not an allowed one, before the entries are looked at."""
-    from rigkit.windows.private_file import place_script, protect_script, secure_folder_script
+    from rigkit.windows.acl_file import place_script, protect_script, secure_folder_script
 
     for script in (secure_folder_script("C:\\x"), place_script("C:\\x\\.a", "C:\\x\\a"), protect_script("C:\\x\\a")):
         assert findings(script) == []

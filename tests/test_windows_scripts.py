@@ -14,7 +14,7 @@ from io import BytesIO
 from pyinfra.api import FileUploadCommand
 
 from rigkit.config.loader import load_rig
-from rigkit.render import ps_quote
+from rigkit.plumbing.render import ps_quote
 from rigkit.windows.bundle import render_bundle
 from rigkit.windows.upload import move_function, place_script, temporary_name, upload
 from tests.conftest import DATA, REPO, TEST_CATALOG
@@ -79,7 +79,7 @@ def test_move_into_place_replaces_in_one_step_and_moves_a_leftover_complete_file
 
 
 def test_the_private_key_and_install_ps1_use_the_same_move():
-    from rigkit.windows.private_file import place_script as private_place
+    from rigkit.windows.acl_file import place_script as private_place
 
     key = private_place("C:\\s\\.k.rigkit-upload", "C:\\s\\k")
     assert move_function() in key and "Move-Item" not in key

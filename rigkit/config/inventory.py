@@ -291,7 +291,7 @@ def select_hosts(inventory, path: str, limit: str | None, option: str = "--limit
 
 @dataclass(frozen=True)
 class SshTarget:
-    """How `rigkit tune` and the weights relay's `ssh` (rigkit.ssh.openssh_command) reach a rig outside
+    """How `rigkit tune` and the weights relay's `ssh` (rigkit.plumbing.ssh.openssh_command) reach a rig outside
     pyinfra's connection: pyinfra's own `ssh_*` host data."""
 
     hostname: str
@@ -368,7 +368,7 @@ def gateway_spec(host) -> GatewaySpec | None:
 
 @dataclass(frozen=True)
 class RigView:
-    """One inventory host, as the gateway needs it (rigkit.gateway.topology plans from these)."""
+    """One inventory host, as the gateway needs it (rigkit.gateway.plan plans from these)."""
 
     host: str  # inventory name
     rig: RigConfig
@@ -379,7 +379,7 @@ class RigView:
 
 def gateway_views(inventory, rigs: dict[str, RigConfig] | None = None) -> list[RigView]:
     """Every host of the inventory as the gateway sees it, active or not: a rollout limited to one
-    rig keeps the others (rigkit.gateway.topology.gateway_plan turns them into the gateway)."""
+    rig keeps the others (rigkit.gateway.plan.gateway_plan turns them into the gateway)."""
     views = []
     for host in inventory:
         rig = (rigs or {}).get(host.name) or rig_config(host)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import yaml
 
-from rigkit.gateway.topology import GatewayPlan
+from rigkit.gateway.plan import GatewayPlan
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 NO_KEY = "no-key"  # vLLM without --api-key ignores it; the OpenAI client refuses an empty one

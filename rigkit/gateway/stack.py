@@ -12,20 +12,16 @@ from __future__ import annotations
 import json
 
 from rigkit.gateway.config import MASTER_KEY_ENV, render_config
-from rigkit.gateway.topology import GatewayPlan
-from rigkit.render import template_text
+from rigkit.gateway.plan import GatewayPlan
+from rigkit.plumbing.render import template_text
 
 from rigkit.rigside.names import (
     GATEWAY_DIR,
-    GATEWAY_HELPER_PATH,
     GATEWAY_PROJECT,
     GATEWAY_SECRETS_ENV_FILE,
-    GATEWAY_SETTINGS_PATH,
 )
 
-PROJECT, HELPER_PATH, SECRETS_ENV_FILE = GATEWAY_PROJECT, GATEWAY_HELPER_PATH, GATEWAY_SECRETS_ENV_FILE
 COMPOSE_PATH = f"{GATEWAY_DIR}/compose.yml"
-SETTINGS_PATH = GATEWAY_SETTINGS_PATH
 CONTAINER_DIR = "/etc/litellm"  # config.yaml, rigkit_drain.py and drained.json inside the container
 DRAINED_FILE = f"{CONTAINER_DIR}/drained.json"
 
@@ -57,7 +53,7 @@ def render_compose(plan: GatewayPlan, image: str | None = None) -> str:
     """The compose file (JSON, which is YAML). `image`: tests give a locally built one."""
     spec = plan.spec
     document = {
-        "name": PROJECT,
+        "name": GATEWAY_PROJECT,
         "services": {"litellm": {
             "image": image or spec.image,
             # The official image's entrypoint is `litellm`; these are its options.
@@ -66,7 +62,7 @@ def render_compose(plan: GatewayPlan, image: str | None = None) -> str:
             # Host networking: the proxy reaches replicas on this rig's 127.0.0.1 and listens on bind_address.
             "network_mode": "host",
             "restart": "unless-stopped",
-            "env_file": [{"path": SECRETS_ENV_FILE, "format": "raw"}],
+            "env_file": [{"path": GATEWAY_SECRETS_ENV_FILE, "format": "raw"}],
             "environment": {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"},
             "configs": [
                 {"source": "litellm_config", "target": f"{CONTAINER_DIR}/config.yaml"},
@@ -101,10 +97,10 @@ def route_timeout_s(spec) -> int:
 def settings(plan: GatewayPlan) -> str:
     """What the rig-side helper needs: where to probe, how long to wait, each replica's /metrics."""
     return json.dumps({
-        "project": PROJECT,
+        "project": GATEWAY_PROJECT,
         "compose": COMPOSE_PATH,
         "url": f"http://{probe_host(plan)}:{plan.spec.port}",
-        "env_file": SECRETS_ENV_FILE,
+        "env_file": GATEWAY_SECRETS_ENV_FILE,
         "master_key_env": MASTER_KEY_ENV,
         "ready_timeout_s": plan.spec.ready_timeout_s,
         "drain_timeout_s": plan.spec.drain_timeout_s,

@@ -9,7 +9,7 @@ from pyinfra.api import FactBase
 
 from rigkit.gpu.driver import DriverState, GpuArch
 from rigkit.gpu.nvsmi import EXIT_MARK, QUERY_FIELDS, GpuReport, parse_query, query_arguments, query_command
-from rigkit.rigread import NVIDIA_SMI_S, TIMED_OUT_CODES, bounded, no_answer
+from rigkit.plumbing.rig_reads import NVIDIA_SMI_S, TIMED_OUT_CODES, bounded, no_answer
 
 _EXIT = "rigkit-exit="
 NVSMI = bounded("nvidia-smi", NVIDIA_SMI_S)

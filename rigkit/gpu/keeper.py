@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rigkit.rigside.names import GPU_KEEPER_DRIVER_UNIT as DRIVER_UNIT
-from rigkit.rigside.names import GPU_KEEPER_PATH as KEEPER_PATH
-from rigkit.rigside.names import GPU_KEEPER_RESUME_UNIT as RESUME_UNIT
-from rigkit.rigside.names import GPU_KEEPER_STATE_PATH as KEEPER_STATE_PATH
-from rigkit.rigside.names import GPU_KEEPER_UNIT as KEEPER_UNIT
+from rigkit.rigside.names import GPU_KEEPER_DRIVER_UNIT, GPU_KEEPER_RESUME_UNIT, GPU_KEEPER_UNIT
 
-KEEPER_UNITS = (KEEPER_UNIT, RESUME_UNIT, DRIVER_UNIT)
+
+KEEPER_UNITS = (GPU_KEEPER_UNIT, GPU_KEEPER_RESUME_UNIT, GPU_KEEPER_DRIVER_UNIT)
 SLEEP_TARGETS = ("suspend.target", "hibernate.target", "hybrid-sleep.target", "suspend-then-hibernate.target")
 CAUSES = ("resume", "driver", "reset", "changed-by-hand")
 EVENTS_SHOWN = 5

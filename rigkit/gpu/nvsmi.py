@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rigkit.rigread import NVIDIA_SMI_S, TIMED_OUT_CODES, bounded, no_answer
+from rigkit.plumbing.rig_reads import NVIDIA_SMI_S, TIMED_OUT_CODES, bounded, no_answer
 
 QUERY_FIELDS = (
     "index",
@@ -39,7 +39,7 @@ def query_command() -> str:
 
 
 def timed_out(exit_code: int) -> bool:
-    """nvidia-smi ran out of time (`rigkit.rigread.bounded`): a wedged GPU or driver, not an error it printed."""
+    """nvidia-smi ran out of time (`rigkit.plumbing.rig_reads.bounded`): a wedged GPU or driver, not an error it printed."""
     return exit_code in TIMED_OUT_CODES
 
 

@@ -134,7 +134,7 @@ def dashboard_files() -> dict[str, str]:
 
 
 def main() -> int:
-    from rigkit.render import TEMPLATES
+    from rigkit.plumbing.render import TEMPLATES
 
     for name, text in dashboard_files().items():
         Path(TEMPLATES, name).write_text(text)

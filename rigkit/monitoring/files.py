@@ -16,7 +16,7 @@ import yaml
 
 from rigkit.config.schema import RigConfig
 from rigkit.monitoring.fleet import ScrapedRig, exporter_on_lan, own_rig
-from rigkit.render import render
+from rigkit.plumbing.render import render
 from rigkit.rigside.names import (
     EXPORTER_CONFIG_PATH,
     EXPORTER_KEY_PATH,

@@ -3,7 +3,7 @@ whole fleet's (every rig of the inventory: its exporter where its rig file turns
 every model's vLLM /metrics).
 
 The fleet's Prometheus reaches each rig where the gateway reaches its models
-(rigkit.gateway.topology.backend_host): its own rig on 127.0.0.1, another rig at its inventory
+(rigkit.gateway.plan.backend_host): its own rig on 127.0.0.1, another rig at its inventory
 address when it serves on every interface, or at its `gateway_address`. A rig that serves on every
 interface does so with an API key (rigkit.config.loader); its exporter then listens there too and
 wants that key, which Prometheus sends from a file only it can read (one per rig, under
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from rigkit.config.inventory import RigConfigError, RigView, gateway_views
 from rigkit.config.schema import RigConfig
-from rigkit.gateway.topology import GatewayConfigError, backend_host
+from rigkit.gateway.plan import GatewayConfigError, backend_host
 from rigkit.rigside.names import PROMETHEUS_KEYS_DIR
 
 LOOPBACK = "127.0.0.1"
@@ -94,7 +94,7 @@ def fleet(views: list[RigView], gateway_host: str) -> list[ScrapedRig]:
 def fleet_of(inventory, rigs: dict[str, RigConfig], plan) -> list[ScrapedRig] | None:
     """What the gateway rig's Prometheus scrapes, or None where there is none: no gateway, or the
     gateway's rig file does not turn monitoring (with Prometheus) on. `plan`: the inventory's
-    GatewayPlan (rigkit.gateway.topology.gateway_plan)."""
+    GatewayPlan (rigkit.gateway.plan.gateway_plan)."""
     if plan is None:
         return None
     views = gateway_views(inventory, rigs)

@@ -2,7 +2,7 @@
 
 pyinfra 3 keeps no fact cache: every `host.get_fact` is a command and a round trip. While a
 deploy file is loaded (pyinfra's planning phase, before anything changes on the rig), several
-operations ask the same question -- each `rigkit.files.put` of a role asks for the state of
+operations ask the same question -- each `rigkit.plumbing.files.put` of a role asks for the state of
 the role's whole batch, and preflight and the weights role both ask for each volume's state --
 so the demo rig's converged deploy sent 15 FileStates commands for 4 distinct batches. Within
 planning the answers cannot differ, so `read_once` answers repeats from memory.

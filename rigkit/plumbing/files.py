@@ -4,9 +4,9 @@ file a role manages, in one command; `put` compares against it.
 pyinfra's `files.put` reads three facts per file (the folder, the file, its SHA-1), each a
 command and a round trip: 30 round trips for the demo rig's 10 files, before anything is
 known to differ. `put` takes the role's whole list of paths (`batch`): one `FileStates`
-question per role, and read ahead, every role's questions are one command (rigkit.facts_once).
+question per role, and read ahead, every role's questions are one command (rigkit.plumbing.facts_once).
 Under `--diff` it shows what changes, as files.put does; secrets go through
-rigkit.private_file instead, which never shows them.
+rigkit.plumbing.private_file instead, which never shows them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pyinfra.api import FactBase, FileUploadCommand, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 
-from rigkit.facts_once import read_once
+from rigkit.plumbing.facts_once import read_once
 
 
 class FileStates(FactBase):
@@ -29,7 +29,7 @@ class FileStates(FactBase):
     in one command of three processes whatever the number of files (a `stat` and a
     `sha256sum` per file cost the rig two process starts each)."""
 
-    merged_over = "paths"  # read ahead, the roles' path lists are read as one (rigkit.facts_once)
+    merged_over = "paths"  # read ahead, the roles' path lists are read as one (rigkit.plumbing.facts_once)
 
     @staticmethod
     def default() -> dict:
@@ -60,7 +60,7 @@ def put(dest: str, data: str | bytes, mode: str = "644", batch: tuple[str, ...] 
     puts (the same tuple for each call), read in one command; `dest` must be among them."""
     data = data.encode() if isinstance(data, str) else data
     state = read_once(FileStates, paths=tuple(batch) or (dest,)).get(dest)
-    # This body can run twice: while planning, when rigkit.units asks whether the put will
+    # This body can run twice: while planning, when rigkit.plumbing.systemd_units asks whether the put will
     # change, and when pyinfra executes it. What it tells the user, it tells once.
     first_time = _first_time(dest)
     commands = list(_put_commands(dest, data, mode, state, first_time))

@@ -17,8 +17,8 @@ from pathlib import PurePosixPath
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, operation
 
-from rigkit.facts_once import read_once
-from rigkit.files import FileStates
+from rigkit.plumbing.facts_once import read_once
+from rigkit.plumbing.files import FileStates
 
 
 @operation()

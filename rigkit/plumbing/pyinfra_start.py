@@ -1,4 +1,4 @@
-"""pyinfra's command line with a shorter start: `python -m rigkit.pyinfra_start ARGS` = `pyinfra ARGS`.
+"""pyinfra's command line with a shorter start: `python -m rigkit.plumbing.pyinfra_start ARGS` = `pyinfra ARGS`.
 
 `rigkit deploy`, `verify`, `status` and `rollout` run pyinfra through this module. A converged
 deploy is mostly pyinfra starting up, and two parts of that start repeat work whose answer
@@ -115,7 +115,7 @@ def _name_connect_waits() -> None:
     instead, in pyinfra's one line, and keep paramiko's traceback off stderr."""
     import pyinfra.connectors.ssh as ssh_connector
 
-    from rigkit.ssh import named_connect_error, quiet_paramiko
+    from rigkit.plumbing.ssh import named_connect_error, quiet_paramiko
 
     quiet_paramiko()
     original = ssh_connector.raise_connect_error
@@ -144,7 +144,7 @@ def _name_lost_connections() -> None:
     import pyinfra.connectors.ssh as ssh_connector
     from pyinfra import logger
 
-    from rigkit.ssh import LOST_CONNECTION_ERRORS, lost_connection_text
+    from rigkit.plumbing.ssh import LOST_CONNECTION_ERRORS, lost_connection_text
 
     original = ssh_connector.SSHConnector.run_shell_command
     if getattr(original, "rigkit", False):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import jinja2
 
-_CHECKOUT_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-_INSTALLED_TEMPLATES = Path(__file__).resolve().parent / "_templates"
+_CHECKOUT_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+_INSTALLED_TEMPLATES = Path(__file__).resolve().parents[1] / "_templates"
 TEMPLATES = _INSTALLED_TEMPLATES if _INSTALLED_TEMPLATES.is_dir() else _CHECKOUT_TEMPLATES
 
 _env = jinja2.Environment(

@@ -3,7 +3,7 @@
 pyinfra's `systemd.service` reads two facts (`SystemdStatus`, `SystemdEnabled`) when it runs,
 each a command and a round trip, for every unit it manages, also when nothing is to change.
 `service` reads the state of all of a role's units in one `systemctl show` while the deploy
-is planned (`UnitStates`, asked once per run: rigkit.facts_once) and reports "already so"
+is planned (`UnitStates`, asked once per run: rigkit.plumbing.facts_once) and reports "already so"
 when the unit is as wanted and nothing it depends on changes in this run. In every other
 case (a unit file about to change, a state the read does not settle) it hands over to
 `systemd.service`, which decides on the rig at run time as before.
@@ -18,7 +18,7 @@ from pyinfra.api import FactBase
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import systemd
 
-from rigkit.facts_once import read_once
+from rigkit.plumbing.facts_once import read_once
 
 
 class UnitStates(FactBase):
@@ -26,7 +26,7 @@ class UnitStates(FactBase):
     "enabled" mean what they mean to pyinfra's own facts (the same SubState and UnitFileState
     values), so a unit found settled here is one `systemd.service` would leave alone too."""
 
-    # Read ahead, the roles' unit lists are read as one (rigkit.facts_once), each answered with the
+    # Read ahead, the roles' unit lists are read as one (rigkit.plumbing.facts_once), each answered with the
     # units it named: so units are named in full ("x.service"), as systemd's Id answers them.
     merged_over = "units"
 

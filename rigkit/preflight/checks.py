@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from rigkit.config import gpu_models
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.gpu.driver import DriverState, GpuArch
-from rigkit.rigread import TIMED_OUT_CODES
+from rigkit.plumbing.rig_reads import TIMED_OUT_CODES
 
 NVML_MISMATCH_EXIT = 18  # nvidia-smi: "Failed to initialize NVML: Driver/library version mismatch"
 

@@ -8,7 +8,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigkit.gpu.facts import NvidiaDriver  # noqa: F401 (the driver fact lives with the GPU facts)
-from rigkit.rigread import DOCKER_S, bounded
+from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 
 
 class DockerDiskFree(FactBase):

@@ -66,7 +66,7 @@ TUNE_HELPER_PATH = f"{TUNE_DIR}/rigkit-tune.py"
 TUNE_SAMPLER_PATH = f"{TUNE_DIR}/rigkit-telemetry.py"
 TUNE_NVML_DIR = f"{TUNE_DIR}/nvml"
 # Tune's dead man's switch, a transient unit armed for the whole session: the keeper holds off
-# while its timer is active (rigkit/tune/rigside.py, shipped alone, spells it out; a test keeps them equal)
+# while its timer is active (rigkit/tune/rig_helper.py, shipped alone, spells it out; a test keeps them equal)
 TUNE_DEADMAN_UNIT = "rigkit-tune-deadman"
 
 # The gateway

@@ -12,7 +12,6 @@ from rigkit.config.schema import RigConfig
 from rigkit.config.yamlfile import read_small_file
 from rigkit.rigside.keyfile import API_KEY_ENV_NAME
 
-ENV_NAME = API_KEY_ENV_NAME  # the rig side reads it by this name (rigkit.rigside.keyfile)
 MAX_KEY_FILE_BYTES = 4096  # one key on one line; /dev/zero or a log file is not a key file
 
 
@@ -75,4 +74,4 @@ def read_api_key(rig: RigConfig) -> str | None:
 def api_key_env_file(key: str) -> bytes:
     """The rig's env file. Compose reads it with `format: raw` (see compose.yml.j2): the value
     is the rest of the line, never interpolated or unquoted; rigkit-stack reads it the same way."""
-    return f"{ENV_NAME}={key}\n".encode()
+    return f"{API_KEY_ENV_NAME}={key}\n".encode()

@@ -9,7 +9,7 @@ import re
 
 from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
-from rigkit.render import render
+from rigkit.plumbing.render import render
 from rigkit.rigside.names import SECRETS_ENV_FILE, project_name, served_name, volume_name
 
 MODELS_MOUNT = "/models"

@@ -6,7 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from rigkit.rigread import DOCKER_S, bounded
+from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.rigside.names import PROJECT_PREFIX
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from rigkit.config.schema import RigConfig
-from rigkit.render import render
-from rigkit.serving.api_key import ENV_NAME
+from rigkit.plumbing.render import render
+from rigkit.rigside.keyfile import API_KEY_ENV_NAME
 from rigkit.rigside.names import (
     SECRETS_ENV_FILE,
     WATCHDOG_CONFIG_PATH,
@@ -20,15 +20,13 @@ from rigkit.rigside.names import (
     served_name,
 )
 
-STATE_DIR = WATCHDOG_STATE_DIR
-
 
 def watched(rig: RigConfig) -> list:
     return [m for m in rig.models if m.spec.watchdog.enabled]
 
 
 def watchdog_config(rig: RigConfig, with_api_key: bool, api_key_env_file: str = SECRETS_ENV_FILE,
-                    state_dir: str = STATE_DIR) -> str:
+                    state_dir: str = WATCHDOG_STATE_DIR) -> str:
     """The settings file the watchdog reads on every pass (JSON). A Windows rig's watchdog reads the
     same file, with its own paths (rigkit.windows.watchdog)."""
     models = []
@@ -48,7 +46,7 @@ def watchdog_config(rig: RigConfig, with_api_key: bool, api_key_env_file: str = 
     document = {
         "rig": rig.name,
         "api_key_env_file": api_key_env_file if with_api_key else None,
-        "api_key_env_name": ENV_NAME,
+        "api_key_env_name": API_KEY_ENV_NAME,
         "state_dir": state_dir,
         "models": models,
     }

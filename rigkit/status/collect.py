@@ -16,9 +16,9 @@ from pyinfra import host
 
 from rigkit.config.schema import RigConfig
 from rigkit.gpu.facts import NvidiaGpus
-from rigkit.gpu.keeper import KEEPER_STATE_PATH, KEEPER_UNIT
+from rigkit.rigside.names import GPU_KEEPER_STATE_PATH, GPU_KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport
-from rigkit.rigread import TIMED_OUT_CODES
+from rigkit.plumbing.rig_reads import TIMED_OUT_CODES
 from rigkit.rigside.names import (
     GPU_POLICY_UNIT,
     STACK_HELPER_PATH,
@@ -79,7 +79,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
     commands = Commands(inventory, host.name)
     args = probe_args(
         stacks_dir=STACKS_DIR, gpu_unit=GPU_POLICY_UNIT, watchdog_timer=WATCHDOG_TIMER, watchdog_state_dir=WATCHDOG_STATE_DIR,
-        gpu_keeper_unit=KEEPER_UNIT, gpu_keeper_state=KEEPER_STATE_PATH,
+        gpu_keeper_unit=GPU_KEEPER_UNIT, gpu_keeper_state=GPU_KEEPER_STATE_PATH,
         deadline_s=READY_DEADLINE_S,
         models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
                  "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}

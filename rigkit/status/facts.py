@@ -10,7 +10,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from rigkit.render import template_text
+from rigkit.plumbing.render import template_text
 
 PROBE_TIMEOUT_S = 40
 

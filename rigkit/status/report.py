@@ -16,7 +16,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 from rigkit.config.schema import RigConfig
-from rigkit.gpu.keeper import KEEPER_STATE_PATH, KEEPER_UNIT, keeper_summary
+from rigkit.gpu.keeper import keeper_summary
+from rigkit.rigside.names import GPU_KEEPER_STATE_PATH, GPU_KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
@@ -165,20 +166,20 @@ def _keeper(doc, rig, keeper, now, commands, drift):
     summary = keeper_summary(keeper.get("unit"), state, now)
     doc["gpu_keeper"] = summary
     if keeper.get("state_unreadable"):
-        doc["notes"].append(f"GPU policy keeper: its state file {KEEPER_STATE_PATH} is not readable (cut off, "
+        doc["notes"].append(f"GPU policy keeper: its state file {GPU_KEEPER_STATE_PATH} is not readable (cut off, "
                             "garbage or empty): its repairs are unknown, not zero; the keeper writes it anew at "
                             "its next repair")
     unit = keeper.get("unit") or {}
     if rig.spec.gpu_policy == "remove":
         if unit.get("load") == "loaded":
-            drift(KEEPER_UNIT, "installed", "removed (gpu_policy: remove)", commands.deploy)
+            drift(GPU_KEEPER_UNIT, "installed", "removed (gpu_policy: remove)", commands.deploy)
         return
     if (doc.get("gpu_policy_unit") or {}).get("enabled") is None:
         return  # no policy installed: the policy unit's own drift says so
     if unit.get("load") != "loaded":
-        drift(KEEPER_UNIT, "not installed", "installed, enabled and running", commands.deploy)
+        drift(GPU_KEEPER_UNIT, "not installed", "installed, enabled and running", commands.deploy)
     elif unit.get("active") != "active" or unit.get("enabled") != "enabled":
-        drift(KEEPER_UNIT, f"{unit.get('enabled')}, {unit.get('active')}", "enabled, active", commands.deploy)
+        drift(GPU_KEEPER_UNIT, f"{unit.get('enabled')}, {unit.get('active')}", "enabled, active", commands.deploy)
     for event in summary["events"]:
         if event["age_s"] is not None and event["age_s"] < 86400:
             doc["notes"].append(f"GPU policy keeper: {'re-applied' if event['ok'] else 'FAILED to re-apply'} the "

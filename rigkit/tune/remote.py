@@ -1,6 +1,6 @@
 """The rig side of a sweep, reached over SSH: follows `rigkit.tune.sweep.Rig`.
 
-Ships three files to a root-only folder on the rig (the helper `rigkit.tune.rigside`, the NVML
+Ships three files to a root-only folder on the rig (the helper `rigkit.tune.rig_helper`, the NVML
 sampler and a pynvml copy for rigs without nvidia-ml-py), then per cell: `apply` (which arms the
 dead man's switch first), read back what the driver enforces, and measure through an SSH port
 forward with the sampler running on the rig. `restore` puts the offsets found before the sweep
@@ -18,24 +18,19 @@ from pathlib import Path
 import paramiko
 
 from rigkit.config.inventory import SshTarget
-from rigkit.render import module_source
+from rigkit.plumbing.render import module_source
 from rigkit.rigside import sampler
 from rigkit.rigside.names import GPU_POLICY_UNIT, RUN_DIR, TUNE_HELPER_PATH, TUNE_NVML_DIR, TUNE_SAMPLER_PATH
-from rigkit.ssh import named_connect_error, quiet_paramiko
-from rigkit.sshforward import forward
+from rigkit.plumbing.ssh import named_connect_error, quiet_paramiko
+from rigkit.plumbing.ssh_forward import forward
 from rigkit.tune.cells import Cell, Enforced, Figures
 from rigkit.tune.measure import BenchSettings, MeasurementError, measure_once
-from rigkit.tune.rigside import DEADMAN_UNIT
+from rigkit.tune.rig_helper import DEADMAN_UNIT
 from rigkit.tune.safety import OffsetRange
 
-HELPER, SAMPLER, NVML_DIR = TUNE_HELPER_PATH, TUNE_SAMPLER_PATH, TUNE_NVML_DIR  # rigkit.rigside.names
-POLICY_UNIT = GPU_POLICY_UNIT
-SAMPLE_HZ = sampler.SAMPLE_HZ
 COMMAND_TIMEOUT_S = 60
-SAMPLER_START_S = sampler.START_WAIT_S
-SAMPLER_MAX_S = sampler.MAX_S
 # Prefer the rig's own nvidia-ml-py; fall back to the copy shipped here.
-PY = sampler.python_with_nvml(NVML_DIR)
+PY = sampler.python_with_nvml(TUNE_NVML_DIR)
 
 
 class RigError(Exception):
@@ -59,7 +54,7 @@ def connect(target: SshTarget, timeout_s: float = 10.0) -> paramiko.SSHClient:
         named = named_connect_error(f"{target.hostname}:{target.port}", timeout_s, exc)
         raise RigError(named or f"cannot reach {target.user + '@' if target.user else ''}{target.hostname}:"
                                 f"{target.port} over SSH: {exc}") from None
-    client.get_transport().sock.setsockopt(6, 1, 1)  # TCP_NODELAY (rigkit/ssh.py says why)
+    client.get_transport().sock.setsockopt(6, 1, 1)  # TCP_NODELAY (rigkit/plumbing/ssh.py says why)
     return client
 
 
@@ -93,9 +88,9 @@ class Shell:
 
 
 def install(shell: Shell) -> None:
-    shell.run(f"mkdir -p -m 755 {NVML_DIR} && mkdir -p -m 700 {RUN_DIR}")
-    for module, path in (("rigkit.tune.rigside", HELPER), ("rigkit.verify.telemetry", SAMPLER), ("pynvml", f"{NVML_DIR}/pynvml.py")):
-        shell.put(module_source(module), path, 0o755 if path != f"{NVML_DIR}/pynvml.py" else 0o644)
+    shell.run(f"mkdir -p -m 755 {TUNE_NVML_DIR} && mkdir -p -m 700 {RUN_DIR}")
+    for module, path in (("rigkit.tune.rig_helper", TUNE_HELPER_PATH), ("rigkit.verify.telemetry", TUNE_SAMPLER_PATH), ("pynvml", f"{TUNE_NVML_DIR}/pynvml.py")):
+        shell.put(module_source(module), path, 0o755 if path != f"{TUNE_NVML_DIR}/pynvml.py" else 0o644)
 
 
 class RemoteSampling:
@@ -121,9 +116,9 @@ class RemoteSampling:
             self.spent_s += time.monotonic() - started
 
     def _start(self) -> None:
-        self.pid = self.shell.run(sampler.start_command(SAMPLER, NVML_DIR, self.gpus, SAMPLE_HZ, self.out,
-                                                        SAMPLER_MAX_S)).strip().splitlines()[-1]
-        self.shell.run(sampler.started_command(self.pid, self.out, SAMPLER_START_S))
+        self.pid = self.shell.run(sampler.start_command(TUNE_SAMPLER_PATH, TUNE_NVML_DIR, self.gpus, sampler.SAMPLE_HZ, self.out,
+                                                        sampler.MAX_S)).strip().splitlines()[-1]
+        self.shell.run(sampler.started_command(self.pid, self.out, sampler.START_WAIT_S))
 
     def _stop(self) -> dict:
         self.shell.run(sampler.stop_command(self.pid, self.out))
@@ -146,13 +141,13 @@ class SshTuneRig:
 
     def _helper(self, action: str, *args: str) -> dict:
         gpus = ",".join(str(i) for i in self.gpus)
-        out = self.shell.run(f"{PY} {HELPER} {action} --gpus {gpus} " + " ".join(shlex.quote(a) for a in args))
+        out = self.shell.run(f"{PY} {TUNE_HELPER_PATH} {action} --gpus {gpus} " + " ".join(shlex.quote(a) for a in args))
         return json.loads(out.strip().splitlines()[-1])
 
     def check_ready(self) -> None:
-        state = self.shell.run(f"systemctl is-enabled {POLICY_UNIT}", check=False).strip()
+        state = self.shell.run(f"systemctl is-enabled {GPU_POLICY_UNIT}", check=False).strip()
         if state != "enabled":
-            raise RigError(f"the GPU policy unit {POLICY_UNIT} is not installed and enabled on the rig ({state or 'absent'}): "
+            raise RigError(f"the GPU policy unit {GPU_POLICY_UNIT} is not installed and enabled on the rig ({state or 'absent'}): "
                            "it is what the dead man's switch restores; deploy the rig first (rigkit deploy)")
 
     def read(self) -> dict:
@@ -170,7 +165,7 @@ class SshTuneRig:
             "apply", "--power-limit", str(cell.power_limit_w), "--lock", lock, "--mem", str(cell.mem_offset_mhz),
             "--core", str(cell.core_offset_mhz), "--deadman-s", str(self.deadman_s),
             "--restore-mem", str(self.start.mem_offset_mhz), "--restore-core", str(self.start.core_offset_mhz),
-            "--policy-unit", POLICY_UNIT)
+            "--policy-unit", GPU_POLICY_UNIT)
         self.spent_applying_s += time.monotonic() - started
 
     def read_enforced(self) -> tuple[Enforced, ...]:
@@ -202,5 +197,5 @@ class SshTuneRig:
 
     def restore(self) -> None:
         self.restored = self._helper("restore", "--mem", str(self.start.mem_offset_mhz),
-                                     "--core", str(self.start.core_offset_mhz), "--policy-unit", POLICY_UNIT)
+                                     "--core", str(self.start.core_offset_mhz), "--policy-unit", GPU_POLICY_UNIT)
         self.last_apply = None

@@ -109,7 +109,7 @@ def _restored_text(tune_rig: SshTuneRig) -> str:
 
 
 def _hold(client, shell, gpus, model, bench, repeats, out, context, started) -> int:
-    from rigkit.sshforward import forward
+    from rigkit.plumbing.ssh_forward import forward
 
     _say(f"rigkit tune --hold: {repeats} measurements of the setting in force; nothing is changed")
     with forward(client.get_transport(), model.spec.port) as port:

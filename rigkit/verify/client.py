@@ -80,7 +80,7 @@ NO_DELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 def http_client(headers: dict, timeout_s: float, connections: int = 1) -> httpx.Client:
-    """The client every benchmark request goes through (also rigkit.verify.gateway's), with TCP_NODELAY. It
+    """The client every benchmark request goes through (also rigkit.gateway.verify's), with TCP_NODELAY. It
     asks for bodies as they are (`Accept-Encoding: identity`): a compressed body is decoded before any bound
     applies, and a gzip of zeros grows a thousandfold (rigkit.verify.untrusted)."""
     transport = httpx.HTTPTransport(socket_options=NO_DELAY, limits=httpx.Limits(max_connections=connections))

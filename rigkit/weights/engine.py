@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from rigkit.sshforward import DOCKER_DIAL_COMMAND, forward_docker
+from rigkit.plumbing.ssh_forward import DOCKER_DIAL_COMMAND, forward_docker
 
 DOCKER_API_TIMEOUT_S = 60  # one Engine API call (a copy's own wait is longer: volumes.COPY_TIMEOUT_S)
 

@@ -19,9 +19,9 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigkit.config.schema import RigConfig
-from rigkit.facts_once import Read, read_once
-from rigkit.render import template_text
-from rigkit.rigread import DOCKER_S, bounded, no_answer
+from rigkit.plumbing.facts_once import Read, read_once
+from rigkit.plumbing.render import template_text
+from rigkit.plumbing.rig_reads import DOCKER_S, bounded, no_answer
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name
 from rigkit.weights.layout import source_layout
 

@@ -11,7 +11,7 @@ from pyinfra.operations import python
 from rigkit.config.inventory import ssh_target
 from rigkit.config.schema import ModelConfig
 from rigkit.weights.engine import dial_command, rig_engine
-from rigkit.ssh import openssh_command, rig_call
+from rigkit.plumbing.ssh import openssh_command, rig_call
 
 
 class CopyFailed(NestedOperationError):

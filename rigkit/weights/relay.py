@@ -10,9 +10,9 @@ the fast path: a container's stdin and stdout cross dockerd, which cost most of 
 source's manifest into the receiver, hands the receiver's plan (which files, from which byte) to
 the sender, and joins the sender's stdout to the receiver's stdin: nothing is staged on the
 controller's disk, and the rigs need no SSH trust between them. The receiver fsyncs and journals
-fixed-size chunks (CHUNK_BYTES), so a copy cut off resumes at its last journaled chunk.
+fixed-size chunks (WEIGHTS_CHUNK_BYTES), so a copy cut off resumes at its last journaled chunk.
 
-The join: where OpenSSH's `ssh` can reach both rigs as the deploy's connections do (rigkit/ssh.py),
+The join: where OpenSSH's `ssh` can reach both rigs as the deploy's connections do (rigkit/plumbing/ssh.py),
 the sender's `ssh` writes into a pipe the receiver's `ssh` reads, and no byte crosses Python;
 else the deploy's own paramiko channels, pumped here (Python handles every 32 KiB packet twice:
 it carries about 0.7 of what the pipe of two `ssh` does, measured in bench/weights_copy.py).
@@ -28,10 +28,10 @@ import shlex
 import subprocess
 import time
 
-from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES as CHUNK_BYTES
+from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES
 from rigkit.config.schema import ModelConfig
-from rigkit.render import template_text
-from rigkit.rigread import DOCKER_S, bounded
+from rigkit.plumbing.render import template_text
+from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name, weights_helper_name
 
 WINDOW_BYTES = 32 * 1024 * 1024  # SSH channel window: paramiko's 2 MiB default stalls a fast stream
@@ -130,12 +130,12 @@ def read_manifest(transport, model: ModelConfig, rig: str) -> dict:
     return answer
 
 
-def relay(source_transport, target_transport, model: ModelConfig, rig: str, chunk_bytes: int = CHUNK_BYTES,
+def relay(source_transport, target_transport, model: ModelConfig, rig: str, chunk_bytes: int = WEIGHTS_CHUNK_BYTES,
           openssh: tuple[list[str], list[str]] | None = None) -> dict:
     """Copy the source rig's volume into the target's; the receiver's report (copied, received_bytes,
     rehashed_bytes, resent_bytes, volume_path, ...) with the sender's read_bytes and folder (sent_from:
     "/v" in a helper container), the relay's seconds and what joined the two (`joined_by`). `openssh`:
-    the `ssh` commands reaching the source and the target rig (rigkit.ssh.openssh_command), else
+    the `ssh` commands reaching the source and the target rig (rigkit.plumbing.ssh.openssh_command), else
     paramiko's channels."""
     started = time.monotonic()
     manifest = read_manifest(source_transport, model, rig)

@@ -18,7 +18,7 @@ import requests
 from docker.types import Mount
 
 from rigkit.config.schema import ModelConfig
-from rigkit.render import template_text
+from rigkit.plumbing.render import template_text
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name, weights_helper_name
 from rigkit.weights.layout import helper_image, source_layout
 

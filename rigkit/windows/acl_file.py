@@ -1,5 +1,5 @@
 """A secret on a Windows rig (the API key's env file): `private_file`, the Windows counterpart of
-rigkit/private_file.py, and the fact it compares with.
+rigkit/plumbing/private_file.py, and the fact it compares with.
 
 The file lives in a folder whose ACL grants only SYSTEM and Administrators, without inherited
 entries (C:\\ProgramData grants Users read, and a new folder inherits that), owned by Administrators
@@ -20,7 +20,7 @@ from pathlib import PureWindowsPath
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 
-from rigkit.render import ps_quote
+from rigkit.plumbing.render import ps_quote
 from rigkit.windows.facts import ABSENT
 from rigkit.windows.upload import place_script as upload_place_script
 from rigkit.windows.upload import temporary_name, upload

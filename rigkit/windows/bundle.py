@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path, PureWindowsPath
 
 from rigkit.config.schema import RigConfig
-from rigkit.render import render
+from rigkit.plumbing.render import render
 from rigkit.rigside.keyfile import API_KEY_ENV_NAME
 from rigkit.rigside.names import served_name
 from rigkit.serving.compose import render_compose
@@ -31,7 +31,7 @@ TASK_POWER = "GPU-PowerPolicy"
 TASK_BOOTSTRAP = "LocalLLM-Bootstrap"
 TASKS = (TASK_POWER, TASK_BOOTSTRAP, TASK_WATCHDOG)
 # The API key's env file (Compose reads it raw, as on Linux); SYSTEM and Administrators only
-# (rigkit.windows.private_file). Not in the bundle: a deploy puts it, install.ps1 requires it.
+# (rigkit.windows.acl_file). Not in the bundle: a deploy puts it, install.ps1 requires it.
 API_KEY_FILE = INSTALL_DIR / "secrets" / "vllm-api-key.env"
 # recreate\<model>.txt: the deploy copied the model's weights again; the bootstrap's next `docker
 # compose up` recreates that stack (a running container still serves the old ones), then removes it.

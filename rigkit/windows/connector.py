@@ -26,7 +26,7 @@ from typing import Callable
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import read_output_buffers
 
-from rigkit.render import ps_quote
+from rigkit.plumbing.render import ps_quote
 
 # Progress records would arrive on stderr as CLIXML; output must be UTF-8 (redirected, Windows
 # PowerShell writes the OEM code page, which would mangle non-ASCII text such as an exported

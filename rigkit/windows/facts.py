@@ -15,7 +15,7 @@ from pathlib import PureWindowsPath
 from pyinfra.api import FactBase
 
 from rigkit.gpu.nvsmi import EXIT_MARK, GpuReport, parse_query, query_arguments
-from rigkit.render import ps_quote
+from rigkit.plumbing.render import ps_quote
 from rigkit.weights.layout import source_layout
 from rigkit.windows.preflight import PreflightFacts, parse_preflight
 

@@ -32,10 +32,10 @@ from pathlib import PureWindowsPath
 from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 
-from rigkit.facts_once import read_once
-from rigkit.render import ps_quote
+from rigkit.plumbing.facts_once import read_once
+from rigkit.plumbing.render import ps_quote
 from rigkit.windows.facts import ABSENT
-from rigkit.windows.private_file import ADMINISTRATORS_SID, ALLOWED_SIDS, ICACLS_FUNCTION
+from rigkit.windows.acl_file import ADMINISTRATORS_SID, ALLOWED_SIDS, ICACLS_FUNCTION
 
 INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")  # everything rigkit puts on a Windows rig
 # Every folder rigkit puts something in, relative to INSTALL_DIR (tests/test_windows_install_dir.py

@@ -22,9 +22,9 @@ from pathlib import PureWindowsPath
 from pyinfra import host
 from pyinfra.api import operation
 
-from rigkit.render import ps_quote
+from rigkit.plumbing.render import ps_quote
 from rigkit.windows.bundle import INSTALL_DIR, same_task
-from rigkit.facts_once import read_once
+from rigkit.plumbing.facts_once import read_once
 from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
 from rigkit.windows.install_dir import WindowsInstallDir
 from rigkit.windows.upload import upload

@@ -31,7 +31,7 @@ from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.rigside.names import project_name, served_name
 from rigkit.rigside.probe import NoAnswer, one_token
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
-from rigkit.sshforward import forward
+from rigkit.plumbing.ssh_forward import forward
 from rigkit.status.collect import READY_DEADLINE_S, document_path, latest_results
 from rigkit.status.report import Commands, build_status
 from rigkit.weights.engine import dial_command, rig_engine

@@ -2,7 +2,7 @@
 place in one step, so nothing on the rig (the SYSTEM watchdog starts its script every minute, a logon
 task its own) ever runs or reads a half-written file. The one way rigkit puts files there: scripts,
 the tasks' XML, compose files and settings (`rigkit.windows.operations.file`) and the API key
-(`rigkit.windows.private_file`, which sets the temporary file's ACL before the move).
+(`rigkit.windows.acl_file`, which sets the temporary file's ACL before the move).
 
 The move is `Move-IntoPlace` (templates/windows/_replace.ps1.j2, the same function the watchdog's
 state uses): [IO.File]::Replace over an existing file, [IO.File]::Move where there is none; never
@@ -18,7 +18,7 @@ from pathlib import PureWindowsPath
 
 from pyinfra.api import FileUploadCommand
 
-from rigkit.render import ps_quote, render
+from rigkit.plumbing.render import ps_quote, render
 
 UPLOAD_SUFFIX = ".rigkit-upload"
 

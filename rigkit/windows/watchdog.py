@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PureWindowsPath
 
 from rigkit.config.schema import RigConfig
-from rigkit.render import render
+from rigkit.plumbing.render import render
 from rigkit.serving.watchdog import timer_interval_s, watched, watchdog_config
 from rigkit.windows.timing import bootstrap_budget
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pyinfra import host, logger
 
 from rigkit.config.schema import RigConfig
-from rigkit.render import template_text
+from rigkit.plumbing.render import template_text
 from rigkit.rigside.names import volume_name
 from rigkit.weights.layout import helper_image
 from rigkit.weights.operation import copy_operations

@@ -39,7 +39,7 @@ STACK_FILES = ("compose.yml", "compose.next.yml", "stack.json", "stack.next.json
 
 # A wedged GPU or engine hangs every nvidia-smi or docker call: each has a short limit, and once
 # one call to a tool ran out of time the others are not started (`hung`), so a rig with a hung
-# GPU or engine answers in about one limit, not one limit per call (rigkit.rigread).
+# GPU or engine answers in about one limit, not one limit per call (rigkit.plumbing.rig_reads).
 TOOL_TIMEOUT_S = {"nvidia-smi": 6, "docker": 6}
 hung = {}  # tool: "TOOL did not answer within N s"
 

@@ -11,7 +11,7 @@ import shlex
 from pyinfra import logger
 from pyinfra.api import FactBase
 
-from rigkit.facts_once import read_ahead, read_once
+from rigkit.plumbing.facts_once import read_ahead, read_once
 
 MEET_DIR = shlex.quote(os.environ["RIGKIT_TEST_MEET_DIR"])
 
