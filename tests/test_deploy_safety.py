@@ -104,7 +104,9 @@ def test_a_dry_run_reads_and_changes_nothing(rig):
 def test_a_rollout_killed_mid_readiness_is_pending_and_the_next_deploy_serves_the_last_good_config(rig, tmp_path):
     good = copy_catalog(tmp_path / "good")
     assert run_deploy(rig, SERVING_RIG, catalog=good).returncode == 0
-    hanging = copy_catalog(tmp_path / "hang", test_alpha=[HANG])
+    # The hanging config's ready timeout (15 s) is waited out once, by the second deploy; the first is killed
+    # within a second or two of the new container starting, well inside it.
+    hanging = copy_catalog(tmp_path / "hang", test_alpha=[HANG, ("ready_timeout_s: 30\n", "ready_timeout_s: 15\n")])
     env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(SERVING_RIG),
                RIGKIT_CATALOG_DIR=str(hanging), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS))
     deploy = subprocess.Popen([sys.executable, "-m", "pyinfra", "-y", "inventory/sim.py", "deploy.py"],

@@ -86,8 +86,10 @@ def test_the_first_rollout_establishes_the_proven_result(history, tmp_path):
 SEED_FAULTS = {
     # The stand-in decodes at 1000 tok/s, 7x slower eager; measured by the client on a loaded machine, the
     # proven figure has come out at 989 (900-1099 accepted; the seven-fold drop is what is asserted).
+    # The allowance is 10% widened by the runs' own noise (3x their CV): a fresh-clone run read the eager
+    # runs at CV 3.7% and allowed 11.0%; 85% slower is refused whatever the noise.
     "eager": ([EAGER], {"decode"}, set(), r"FAIL  decode: proven (9\d\d|10\d\d)\.\d tok/s, candidate 1[34]\d\.\d tok/s "
-                                   r"\(mean of 3\): 8[4-7]\.\d% slower; 10\.0% allowed"),
+                                   r"\(mean of 3\): 8[4-7]\.\d% slower; \d+\.\d% allowed"),
     "half_dtype_draft": ([HALF_DTYPE_DRAFT], {"decode", "acceptance"}, set(),
                          r"FAIL  acceptance: mean acceptance length proven 2\.[34]\d, candidate 1\.00: accepted tokens "
                          r"per draft 1\.[34]\d -> 0\.00 \(0% of the proven"),

@@ -145,12 +145,14 @@ def test_changing_one_model_restarts_only_that_stack(rig, tmp_path):
 def test_a_hang_with_health_200_is_caught_and_rolled_back(rig, tmp_path):
     good = copy_catalog(tmp_path / "good")
     assert run_deploy(rig, SERVING_RIG, catalog=good).returncode == 0
-    hanging = copy_catalog(tmp_path / "hang", test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n")])
+    # The hanging config's own ready timeout is the one waited out: 10 s, the schema's least.
+    hanging = copy_catalog(tmp_path / "hang", test_alpha=[("env:\n", "env:\n  STANDIN_FAULT: hang\n"),
+                                                         ("ready_timeout_s: 30\n", "ready_timeout_s: 10\n")])
 
     run = run_deploy(rig, SERVING_RIG, catalog=hanging)
 
     assert run.returncode != 0
-    assert "test-alpha not ready within 30 s" in run.output
+    assert "test-alpha not ready within 10 s" in run.output
     assert "ROLLED BACK: rigkit-test-alpha serves the previous config again" in run.output
     assert "last 40 log lines of rigkit-test-alpha" in run.output
     assert httpx.get("http://127.0.0.1:18101/health", timeout=5).status_code == 200

@@ -438,7 +438,9 @@ class ModelSpec(_Strict):
     expected_min_decode_tok_s: float | None = Field(default=None, gt=0)
     weight_bytes: int | None = Field(default=None, gt=0)  # checkpoint size, for "fits on one card"
     active_weight_bytes: int | None = Field(default=None, gt=0)  # bytes read per decoded token
-    ready_timeout_s: int = Field(default=900, ge=30, le=7200)
+    # At least 10 s: less is no start at all (vLLM's API server alone takes seconds); a tiny model on a fast rig
+    # (and the simulated rig's hang tests) may want a short one, a big one minutes.
+    ready_timeout_s: int = Field(default=900, ge=10, le=7200)
     # The container's memory limit in GiB (Compose `deploy.resources.limits.memory`): host RAM a model may take
     # (vLLM's CPU-side buffers, a CPU build's KV cache) before the kernel stops it, not the rig. None: no limit.
     memory_limit_gb: int | None = Field(default=None, ge=1, le=4096)
