@@ -232,7 +232,7 @@ NAMES_HOME = "rigkit/rigside/names.py"
 RIG_LITERALS = (
     "/etc/rigkit", "/usr/local/sbin/rigkit", "/usr/local/lib/rigkit", "/var/lib/rigkit", "/run/rigkit",
     "/run/lock", "rigkit-gpu-policy.service", "rigkit-watchdog.service", "rigkit-watchdog.timer",
-    "rigkit-stack-", "rigkit-weights-{",
+    "rigkit-stack-", "rigkit-weights-{", "changed-by-hand",
 )
 
 
@@ -267,6 +267,7 @@ def test_rig_paths_and_names_live_in_one_module():
     'UNIT = "rigkit-gpu-policy.service"',
     'HELPER = f"/usr/local/sbin/rigkit-stack {name}"',
     'def volume(m):\n    return f"rigkit-weights-{m.name}"',
+    'CAUSES = ("resume", "driver", "reset", "changed-by-hand")',
 ])
 def test_the_names_rule_sees_a_planted_copy(planted):
     assert retyped_rig_names(f'"""Docstrings may say /etc/rigkit/stacks."""\n{planted}\n')
