@@ -27,9 +27,7 @@ SECRETS_DIR = f"{ETC_DIR}/secrets"
 SECRETS_ENV_FILE = f"{SECRETS_DIR}/vllm-api-key.env"
 STACK_HELPER_PATH = f"{SBIN_DIR}/rigkit-stack"
 PROJECT_PREFIX = "rigkit-"
-# In a stack's folder: the candidate held un-promoted for the rollout gate (`rigkit-stack rollout NAME
-# gate` writes the SHA-256 of its wanted files there; promote or rollback removes it)
-GATE_PENDING_FILE = "gate.pending"
+# What is in a stack's folder, and rigkit-stack's command line: its contract, rigkit/rigside/stack.py
 
 # The watchdog
 WATCHDOG_PATH = f"{SBIN_DIR}/rigkit-watchdog"
