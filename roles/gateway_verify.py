@@ -23,8 +23,9 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from rigkit.gateway.facts import GatewayRunning
-from rigkit.gateway.stack import PROJECT, probe_host
+from rigkit.gateway.stack import probe_host
 from rigkit.gateway.plan import GatewayPlan, Replica
+from rigkit.rigside.names import GATEWAY_PROJECT
 from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
 from rigkit.plumbing.ssh_forward import forward
 from rigkit.plumbing.ssh import rig_call
@@ -61,8 +62,8 @@ def _verify(plan: GatewayPlan, rigs: dict, results_dir: Path) -> None:
         master = read_key_file(plan.spec.master_key_file, f"host {plan.host}: gateway.master_key_file")
     except SecretFileError as exc:
         raise OperationError(str(exc)) from None
-    if host.get_fact(GatewayRunning, project=PROJECT) == 0:
-        raise OperationError(f"the gateway is not running on {plan.host} (compose project {PROJECT}): nothing to "
+    if host.get_fact(GatewayRunning, project=GATEWAY_PROJECT) == 0:
+        raise OperationError(f"the gateway is not running on {plan.host} (compose project {GATEWAY_PROJECT}): nothing to "
                              "verify through; `rigkit deploy` brings it up")
     transport = host.connector.client.get_transport()
     gateway_host = probe_host(plan)

@@ -11,12 +11,12 @@ non-zero so the deploy reports the rollback. Stacks of models no longer in the r
 are taken down and removed. Then the watchdog (rigkit.serving.watchdog, below the stacks):
 a timer that restarts a model wedged by both of its signals, capped, never during a rollout.
 The API key goes into a root-only env file that Compose
-reads raw (no interpolation), and never through --diff.
+reads raw (no interpolation), and never through --diff. The stack's file names and each
+rigkit-stack command line come from its contract, rigkit.rigside.stack.
 """
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from pyinfra import host, logger
@@ -30,6 +30,7 @@ from rigkit.plumbing.facts_once import Read, read_once
 from rigkit.plumbing.files import FileStates, put
 from rigkit.plumbing.private_file import private_file
 from rigkit.plumbing.render import template_text
+from rigkit.rigside import stack
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.rigside.names import (
     P2P_PROBE_SCRIPT_PATH,
@@ -44,7 +45,7 @@ from rigkit.rigside.names import (
     WATCHDOG_TIMER,
 )
 from rigkit.serving.compose import render_compose, stack_settings
-from rigkit.topology.probe import probe_command, probe_key
+from rigkit.topology.probe import probe_key
 from rigkit.topology.rig import compose_additions, needs_topology, spans_gpus
 from rigkit.serving.facts import P2pVerdicts, RigkitStacks
 from rigkit.plumbing.systemd_units import UnitStates
@@ -62,8 +63,8 @@ WATCHDOG_FILES = (WATCHDOG_PATH, WATCHDOG_CONFIG_PATH, f"{UNIT_DIR}/{WATCHDOG_SE
 
 def _stack_files(rig: RigConfig) -> dict[str, tuple[str, str]]:
     """{model: (its wanted compose file, its readiness settings)} on the rig."""
-    return {m.name: (f"{STACKS_DIR}/{m.name}/compose.next.yml", f"{STACKS_DIR}/{m.name}/stack.next.json")
-            for m in rig.models}
+    return {m.name: (stack.stack_file(m.name, stack.WANTED_COMPOSE_FILE),
+                     stack.stack_file(m.name, stack.WANTED_SETTINGS_FILE)) for m in rig.models}
 
 
 def _role_files(rig: RigConfig) -> tuple[str, ...]:
@@ -79,14 +80,14 @@ def serving_reads(rig: RigConfig) -> list[Read]:
             (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (WATCHDOG_TIMER,)}), *volume_states_reads(rig)]
 
 
-def weights_completed_after_start(stack: dict | None, volume: dict | None) -> bool:
+def weights_completed_after_start(state: dict | None, volume: dict | None) -> bool:
     """Whether a running stack's container was created before its weights volume's completion marker was
     written (rigkit.serving.facts.RigkitStacks, rigkit.weights.facts): one second of slack for the clocks'
     rounding. A container restarted since (the watchdog's `docker restart`) keeps its creation time, so it
     may be restarted once more than needed; never one too few."""
-    created = (stack or {}).get("created")
+    created = (state or {}).get("created")
     completed = (volume or {}).get("completed_at")
-    return bool((stack or {}).get("running")) and isinstance(created, (int, float)) and \
+    return bool((state or {}).get("running")) and isinstance(created, (int, float)) and \
         isinstance(completed, (int, float)) and completed > created + 1
 
 
@@ -140,13 +141,14 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
             # Fails the deploy before the rollout (vLLM not started, nothing promoted) on a hang or wrong bytes.
             server.shell(name=f"P2P check of {model.name} (GPUs {', '.join(map(str, model.spec.gpus))}): a copy "
                               "per pair and an all-reduce, before vLLM starts on them",
-                         commands=[probe_command(model, check_key, rig.spec.p2p_check_timeout_s)])
+                         commands=[stack.probe_command(model.name, check_key, rig.spec.p2p_check_timeout_s,
+                                                       model.spec.gpus)])
         state = stacks.get(model.name, {"pending": True, "running": 0})
         if not state["pending"] and not state["running"]:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
         rollout = server.shell(
             name=f"Roll out {model.name}",
-            commands=[f"{STACK_HELPER_PATH} rollout {shlex.quote(model.name)}{' gate' if gate else ''}"],
+            commands=[stack.rollout_command(model.name, gate=gate)],
             # A new key changes no file here but the container's environment: roll out on it too.
             _if=lambda c=compose, s=settings, st=state: (c.did_change() or s.did_change() or st["pending"]
                                                          or not st["running"] or bool(key and key.did_change())),
@@ -157,7 +159,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         if model.name in weights_ops:
             changes.append(server.shell(
                 name=f"Restart {model.name} on its new weights",
-                commands=[f"{STACK_HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
+                commands=[stack.rollout_command(model.name, recreate=True)],
                 _if=lambda w=weights_ops[model.name], r=rollout: w.did_change() and not r.did_change(),
             ))
         if weights_completed_after_start(state, volumes.get(model.name)):
@@ -166,7 +168,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
             weights = weights_ops.get(model.name)
             changes.append(server.shell(
                 name=f"Restart {model.name}: its weights were completed after it started",
-                commands=[f"{STACK_HELPER_PATH} rollout {shlex.quote(model.name)} recreate"],
+                commands=[stack.rollout_command(model.name, recreate=True)],
                 _if=lambda w=weights, r=rollout: not r.did_change() and not (w is not None and w.did_change()),
             ))
 
@@ -174,7 +176,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
     for name in sorted(set(stacks) - wanted):
         changes.append(
             server.shell(name=f"Take down {name} (no longer in the rig file)",
-                         commands=[f"{STACK_HELPER_PATH} down {shlex.quote(name)}"])
+                         commands=[stack.down_command(name)])
         )
     _watchdog(rig, with_key)
     return changes

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import shlex
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,16 +31,13 @@ from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.plumbing.facts_once import Read
 from rigkit.plumbing.files import FileStates, put
 from rigkit.plumbing.render import module_source
-from rigkit.rigside import sampler
+from rigkit.rigside import sampler, stack
 from rigkit.rigside.metrics import verification_summary
 from rigkit.rigside.names import (
-    GATE_PENDING_FILE,
     RUN_DIR,
     SAMPLER_NVML_DIR,
     SAMPLER_NVML_PATH,
     SAMPLER_PATH,
-    STACK_HELPER_PATH,
-    STACKS_DIR,
     VERIFY_SUMMARY_DIR,
 )
 from rigkit.serving.api_key import read_api_key
@@ -216,13 +212,15 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     )
     from rigkit.verify.result import results_folder
 
-    stack_dir = f"{STACKS_DIR}/{model.name}"
+    def in_stack(file_name: str) -> str:
+        return shlex.quote(stack.stack_file(model.name, file_name))
+
     # The held candidate's sha, then whether the rig holds a proven config of the model (rigkit-stack's files).
-    said = _run(f"cat {shlex.quote(f'{stack_dir}/{GATE_PENDING_FILE}')} 2>/dev/null; echo; "
-                f"test -f {shlex.quote(f'{stack_dir}/compose.yml')} && test -f {shlex.quote(f'{stack_dir}/stack.json')} "
+    said = _run(f"cat {in_stack(stack.GATE_PENDING_FILE)} 2>/dev/null; echo; "
+                f"test -f {in_stack(stack.PROVEN_COMPOSE_FILE)} && test -f {in_stack(stack.PROVEN_SETTINGS_FILE)} "
                 "&& echo proven-on-rig || true").split()
     held = said[0] if said else ""
-    if not re.fullmatch(r"[0-9a-f]{64}", held):
+    if not stack.is_sha256(held):
         logger.info(f"{host.print_prefix}{model.name}: no new config held for the gate (the proven one was "
                     "restarted); verification follows")
         return
@@ -248,14 +246,13 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
                       caps, accept_slower=accept_slower, anchor=from_result(anchor) if anchor else None,
                       anchor_label=f"{anchor.get('kind') or 'verification'} of {anchor.get('time')}" if anchor else "",
                       starts=starts)
-    helper = f"{STACK_HELPER_PATH} {{}} {shlex.quote(model.name)} {held}"
     verdict, runs, telemetries = _judged(rig, model, folder, workload, topology_verdict, judge,
-                                         helper.format("restart"), "the candidate")
+                                         stack.restart_command(model.name, held), "the candidate")
     if verdict.waived:  # promoted slower on purpose: recorded in the provenance of what is saved
         runs = [replace(r, provenance={**r.provenance, "accepted_slower": True}) for r in runs]
     documents = [r.to_json() for r in runs]
     if verdict.promote:
-        ok, output = host.run_shell_command(command=helper.format("promote"), _timeout=PROMOTE_TIMEOUT_S)
+        ok, output = host.run_shell_command(command=stack.promote_command(model.name, held), _timeout=PROMOTE_TIMEOUT_S)
         said = "\n".join(output.stdout_lines + output.stderr_lines)
         document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, ok,
                                  bool(verdict.waived), held, {"said": said.strip()} if not ok else None)
@@ -268,10 +265,10 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
         _save_and_judge(rig, model, folder, replace(runs[at], runs=run_summary(documents)), telemetries[at], fail=False)
         logger.info(f"{host.print_prefix}rollout gate of {model.name}:\n{verdict.reason}\n(details: {path})")
         return
-    ok, output = host.run_shell_command(command=helper.format("rollback"),
+    ok, output = host.run_shell_command(command=stack.rollback_command(model.name, held),
                                         _timeout=UP_TIMEOUT_S + model.spec.ready_timeout_s + COMMAND_TIMEOUT_S)
     said = _stack_said(output)
-    rolled_back = any(line.startswith("ROLLED BACK") for line in said)
+    rolled_back = any(line.startswith(stack.ROLLED_BACK) for line in said)
     rollback = {"said": said[-1] if said else "rigkit-stack said nothing", "rolled_back": rolled_back}
     if rolled_back:
         # The rollback verified the same way: the restored config's runs against the proven result.
@@ -279,7 +276,7 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
             rig, model, folder, workload, topology_verdict,
             lambda measured, starts: decide(from_result(baseline) if baseline else None,
                                             [from_result(r.to_json()) for r in measured], caps, starts=starts),
-            f"{STACK_HELPER_PATH} restart {shlex.quote(model.name)} proven", "the restored config")
+            stack.restart_command(model.name, stack.PROVEN), "the restored config")
         restored = run_summary([r.to_json() for r in again])
         rollback.update(verified=check.promote, reason=check.reason, runs=restored)
         failed = ", ".join(c.name for c in check.failed)
@@ -292,14 +289,13 @@ def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_sl
     document = gate_document(rig.name, model.name, baseline, workload, documents, verdict, False, False, held,
                              rollback)
     path = save_gate(folder, document)
-    logger.info(f"{host.print_prefix}{refusal_screen(model.name, document, path, stack_dir)}")
+    logger.info(f"{host.print_prefix}{refusal_screen(model.name, document, path, stack.stack_dir(model.name))}")
     refusals.append({"model": model.name, "rolled_back": rolled_back, "verified": bool(rollback.get("verified"))})
 
 
 def _stack_said(output) -> list[str]:
     """What rigkit-stack said (its `rigkit-stack: ...` lines, the prefix off), in order."""
-    return [line.split("rigkit-stack:", 1)[1].strip() for line in output.stdout_lines + output.stderr_lines
-            if "rigkit-stack:" in line]
+    return stack.said_lines(output.stdout_lines + output.stderr_lines)
 
 
 def _judged(rig: RigConfig, model: ModelConfig, folder: Path, workload: dict, topology_verdict: Verdict | None,

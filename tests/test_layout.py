@@ -6,13 +6,16 @@
   rigkit.windows, except the command-line front door (`rigkit windows-bundle` is one of its
   commands, as deploy.py picks the Windows role);
 - pyinfra's host.data is read in one module only (rigkit/config/inventory.py);
-- every role module defines exactly one @deploy function.
+- every role module defines exactly one @deploy function;
+- rig paths and names live in rigkit/rigside/names.py, rigkit-stack's files and command lines in
+  rigkit/rigside/stack.py: no other code spells them.
 Simulates nothing.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -232,7 +235,7 @@ NAMES_HOME = "rigkit/rigside/names.py"
 RIG_LITERALS = (
     "/etc/rigkit", "/usr/local/sbin/rigkit", "/usr/local/lib/rigkit", "/var/lib/rigkit", "/run/rigkit",
     "/run/lock", "rigkit-gpu-policy.service", "rigkit-watchdog.service", "rigkit-watchdog.timer",
-    "rigkit-stack-", "rigkit-weights-{",
+    "rigkit-stack-", "rigkit-weights-{", "changed-by-hand",
 )
 
 
@@ -267,10 +270,79 @@ def test_rig_paths_and_names_live_in_one_module():
     'UNIT = "rigkit-gpu-policy.service"',
     'HELPER = f"/usr/local/sbin/rigkit-stack {name}"',
     'def volume(m):\n    return f"rigkit-weights-{m.name}"',
+    'CAUSES = ("resume", "driver", "reset", "changed-by-hand")',
 ])
 def test_the_names_rule_sees_a_planted_copy(planted):
     assert retyped_rig_names(f'"""Docstrings may say /etc/rigkit/stacks."""\n{planted}\n')
     assert not retyped_rig_names('"""Installs /usr/local/sbin/rigkit-stack (rigkit-gpu-policy.service)."""\n')
+
+
+# rigkit-stack's contract has one home too: its stack files, verbs and arguments are declared in
+# rigkit/rigside/stack.py, whose functions build each command line on the controller and parse it in the
+# program. Nothing else spells a stack file or a `rigkit-stack VERB` command in code: rigkit/, roles/ and
+# the rig's Python scripts under templates/ (rigkit-stack itself included). compose.yml is not among the
+# names: the gateway's stack (rigkit/gateway/stack.py) and a Windows rig's stacks have files of that name.
+CONTRACT_HOME = "rigkit/rigside/stack.py"
+STACK_FILE_NAMES = ("compose.next.yml", "stack.next.json", "compose.failed.yml", "gate.pending", "stack.json")
+STACK_VERBS = ("rollout", "promote", "rollback", "restart", "down", "probe")
+STACK_COMMAND = re.compile(rf"rigkit-stack +({'|'.join(STACK_VERBS)})\b")
+HELPER_NAME = "STACK_HELPER_PATH"
+
+
+def rig_python_scripts() -> list[Path]:
+    """The Python programs under templates/ (a .py file, or a python shebang): what runs on the rig."""
+    def python(path: Path) -> bool:
+        first = path.read_text(errors="replace").partition("\n")[0]
+        return path.suffix == ".py" or first.startswith("#!") and "python" in first
+
+    return sorted(p for p in (REPO / "templates").rglob("*") if p.is_file() and p.suffix != ".j2" and python(p))
+
+
+def _names_the_helper(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == HELPER_NAME or isinstance(n, ast.Attribute) and n.attr == HELPER_NAME
+               for n in ast.walk(node))
+
+
+def spelled_stack_contract(source: str) -> list[str]:
+    """A stack file name or a `rigkit-stack VERB` command in a code string, or the helper's path built into a
+    command by hand (an f-string, a `+` or a list with a verb), line by line."""
+    found = [f"line {line}: {text[:80]!r}" for line, text in code_strings(source)
+             if any(name in text for name in STACK_FILE_NAMES) or STACK_COMMAND.search(text)]
+    for node in ast.walk(ast.parse(source)):
+        built = isinstance(node, (ast.JoinedStr, ast.BinOp)) and _names_the_helper(node)
+        listed = isinstance(node, (ast.List, ast.Tuple)) and _names_the_helper(node) and any(
+            isinstance(e, ast.Constant) and e.value in STACK_VERBS for e in node.elts)
+        if built or listed:
+            found.append(f"line {node.lineno}: {HELPER_NAME} in a command built by hand")
+    return found
+
+
+def test_the_stack_contract_is_spelled_in_one_module():
+    files = [*sources().values(), *rig_python_scripts()]
+    assert REPO / "templates/serving/rigkit-stack" in files and REPO / "roles/verify.py" in files
+    found = {str(path.relative_to(REPO)): hits for path in files
+             if str(path.relative_to(REPO)) != CONTRACT_HOME and (hits := spelled_stack_contract(path.read_text()))}
+    assert not found, f"take these from {CONTRACT_HOME} (its names, its *_command functions) instead: {found}"
+
+
+@pytest.mark.parametrize("planted", [
+    'WANTED = f"{stacks}/{name}/compose.next.yml"',
+    'SETTINGS = os.path.join(folder, "stack.json")',
+    'open(os.path.join(folder, "gate.pending"))',
+    'KEPT = "compose.failed.yml"',
+    'CMD = f"{STACK_HELPER_PATH} rollout {shlex.quote(name)}"',
+    'CMD = f"{names.STACK_HELPER_PATH} {{}} {name} {sha}".format("promote")',
+    'CMD = STACK_HELPER_PATH + " down " + name',
+    'CMD = [STACK_HELPER_PATH, "restart", name, "proven"]',
+    'CMD = "/usr/local/sbin/rigkit-stack probe m " + key',
+])
+def test_the_stack_contract_rule_sees_a_planted_copy(planted):
+    assert spelled_stack_contract(f'"""Docstrings may say compose.next.yml and `rigkit-stack rollout NAME gate`."""\n{planted}\n')
+    assert not spelled_stack_contract('"""Writes stack.json; run `rigkit-stack promote NAME SHA256`."""\n'
+                                      '# a comment may too: gate.pending\n'
+                                      'GATEWAY_COMPOSE = f"{GATEWAY_DIR}/compose.yml"\n'
+                                      'FILES = (STACK_HELPER_PATH, P2P_PROBE_SCRIPT_PATH)\n'
+                                      'print(f"stack {name} rollout", "restart(s)")\n')
 
 
 # The rig's own Python scripts import the shipped runtime (rigkit/rigside) from names.LIB_DIR: that

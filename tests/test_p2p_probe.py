@@ -1,13 +1,15 @@
-"""The active P2P check without Docker: its key (rigkit.topology.probe), and the script that runs in the
-model's container (templates/serving/rigkit-p2p-probe.py) run here with the torch stand-in
-(tests/vllm_standin/torch: TEST INFRASTRUCTURE; it simulates the GPUs of NVIDIA_VISIBLE_DEVICES and the
-faults of a gpus.json's topology.p2p_faults: a copy that never returns, one byte changed). The deploy's
-own runs are in tests/test_serving.py; the rig side's reading of the script's output is tested here too."""
+"""The active P2P check without Docker: its key (rigkit.topology.probe), its command line
+(rigkit.rigside.stack), and the script that runs in the model's container
+(templates/serving/rigkit-p2p-probe.py) run here with the torch stand-in (tests/vllm_standin/torch: TEST
+INFRASTRUCTURE; it simulates the GPUs of NVIDIA_VISIBLE_DEVICES and the faults of a gpus.json's
+topology.p2p_faults: a copy that never returns, one byte changed). The deploy's own runs are in
+tests/test_serving.py; the rig side's reading of the script's output is tested here too."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -16,9 +18,9 @@ from dataclasses import replace
 import pytest
 
 from rigkit.config.loader import load_rig
-from rigkit.rigside import p2p
+from rigkit.rigside import p2p, stack
 from rigkit.topology.decide import PairRow, Verdict
-from rigkit.topology.probe import probe_command, probe_key
+from rigkit.topology.probe import probe_key
 from tests.conftest import REPO, SERVING_RIG, copy_catalog
 
 SCRIPT = REPO / "templates" / "serving" / "rigkit-p2p-probe.py"
@@ -94,29 +96,20 @@ def test_the_key_follows_the_topology_image_and_nccl_environment_only(tmp_path):
     assert probe_key(model, None) != key  # topology not read: a key of its own
 
 
-def test_the_command_line_is_the_one_rigkit_stack_accepts(tmp_path, monkeypatch):
+def test_the_command_line_is_the_one_rigkit_stack_accepts(tmp_path):
+    """The controller builds it and rigkit-stack parses it with the one contract (rigkit.rigside.stack)."""
     model = _tp2(tmp_path)
-    command = probe_command(model, "a" * 64, 90)
+    command = stack.probe_command(model.name, "a" * 64, 90, model.spec.gpus)
     assert command == f"/usr/local/sbin/rigkit-stack probe test-alpha {'a' * 64} 90 0,1"
-    stack = _rigkit_stack(monkeypatch)
-    assert stack.usage(["rigkit-stack", *command.split()[1:]]) is None
+    parsed = stack.parse_command(shlex.split(command)[1:])
+    assert parsed == stack.StackCommand("probe", "test-alpha", key="a" * 64, timeout_s=90, gpus=(0, 1))
     for bad in (["0;reboot"], ["0,1", "x"]):
-        assert stack.usage(["rigkit-stack", "probe", "test-alpha", "a" * 64, "90", *bad]) is not None
-    assert stack.usage(["rigkit-stack", "probe", "test-alpha", "a" * 64, "9999", "0,1"]) is not None
-
-
-def _rigkit_stack(monkeypatch):
-    """The rig's rigkit-stack as a module, importing the runtime from this checkout (RIGKIT_LIB_DIR)."""
-    import importlib.machinery
-    import importlib.util
-
-    monkeypatch.setenv("RIGKIT_LIB_DIR", str(REPO / "rigkit"))
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
-    loader = importlib.machinery.SourceFileLoader("rigkit_stack", str(REPO / "templates" / "serving" / "rigkit-stack"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("rigkit_stack", loader))
-    loader.exec_module(module)
-    return module
+        with pytest.raises(stack.BadCommandLine):
+            stack.parse_command(["probe", "test-alpha", "a" * 64, "90", *bad])
+    with pytest.raises(stack.BadCommandLine):
+        stack.parse_command(["probe", "test-alpha", "a" * 64, "9999", "0,1"])
+    with pytest.raises(ValueError):  # the controller never builds what the rig would refuse
+        stack.probe_command(model.name, "a" * 64, 9999, model.spec.gpus)
 
 
 def test_the_rig_side_reads_the_last_step_and_the_verdict():

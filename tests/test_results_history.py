@@ -129,7 +129,7 @@ def test_status_after_tune_reports_the_last_verification(tmp_path):
     assert {m: r["time"] for m, r in results.items()} == {m.name: verification(1)["time"] for m in RIG.models}
     doc = build_status(
         RIG, "rig1", COMMANDS, gpus(), probe(), weights(), wanted_files(RIG), results, NOW,
-        "rigkit-gpu-policy.service", "/usr/local/sbin/rigkit-stack", history_notes=skipped)
+        "rigkit-gpu-policy.service", history_notes=skipped)
     assert doc["failures"] == [] and doc["ok"], doc["failures"]
     assert [v["passed"] for v in doc["verification"]] == [True, True]
     assert doc["gpus"] and doc["stacks"] and doc["weights"]  # nothing lost to one bad file

@@ -56,8 +56,7 @@ def results(passed=True, rig=RIG) -> dict:
 
 def status(report=None, facts=None, volume_states=None, verified=None) -> dict:
     return build_status(RIG, "rig1", COMMANDS, report or gpus(), facts or probe(), volume_states or weights(),
-                        wanted_files(RIG), verified or results(), NOW, "rigkit-gpu-policy.service",
-                        "/usr/local/sbin/rigkit-stack")
+                        wanted_files(RIG), verified or results(), NOW, "rigkit-gpu-policy.service")
 
 
 def test_a_rig_as_deployed_is_ok():
@@ -127,7 +126,7 @@ def test_a_windows_rigs_scheduled_tasks_stand_for_the_units():
              "LocalLLM-Watchdog": {"registered": False, "as_rendered": False, "applied": None}}
     windows = Commands("inv.py", "@winssh/rig1", admin="an elevated administrator (PowerShell)")
     doc = build_status(win, "rig1", windows, gpus(persistence=False), facts, weights(rig=win), wanted_files(win),
-                       results(rig=win), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks,
+                       results(rig=win), NOW, "GPU-PowerPolicy", scheduled_tasks=tasks,
                        recreate=lambda name: windows.on_rig(f"recreate {name}"))
     assert [(d["what"], d["found"]) for d in doc["drift"]] == [
         ("scheduled task LocalLLM-Bootstrap", "differs from the rendered task (edited in Task Scheduler?)"),
@@ -140,7 +139,7 @@ def test_a_windows_rigs_scheduled_tasks_stand_for_the_units():
     assert not doc["ok"]
     removed = win.spec.model_copy(update={"gpu_policy": "remove"})
     gone = build_status(type(win)(win.name, removed, win.models, win.file), "rig1", windows, gpus(), facts, weights(rig=win),
-                        wanted_files(win), results(rig=win), NOW, "GPU-PowerPolicy", "", scheduled_tasks=tasks)
+                        wanted_files(win), results(rig=win), NOW, "GPU-PowerPolicy", scheduled_tasks=tasks)
     assert [d["found"] for d in gone["drift"] if d["what"].startswith("scheduled task")] == ["registered", "registered"]
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rigkit.rigside.names import GPU_KEEPER_DRIVER_UNIT, GPU_KEEPER_RESUME_UNIT, GPU_KEEPER_UNIT
+from rigkit.rigside.names import GPU_KEEPER_CAUSES, GPU_KEEPER_DRIVER_UNIT, GPU_KEEPER_RESUME_UNIT, GPU_KEEPER_UNIT
 
 
 KEEPER_UNITS = (GPU_KEEPER_UNIT, GPU_KEEPER_RESUME_UNIT, GPU_KEEPER_DRIVER_UNIT)
 SLEEP_TARGETS = ("suspend.target", "hibernate.target", "hybrid-sleep.target", "suspend-then-hibernate.target")
-CAUSES = ("resume", "driver", "reset", "changed-by-hand")
 EVENTS_SHOWN = 5
 
 
@@ -27,5 +26,5 @@ def keeper_summary(unit: dict | None, state: dict | None, now: datetime) -> dict
                        "seconds": event.get("seconds"), "detail": event.get("detail")})
     counts = state.get("counts") or {}
     return {"enabled": (unit or {}).get("enabled"), "active": (unit or {}).get("active"),
-            "counts": {cause: int(counts.get(cause, 0)) for cause in CAUSES}, "events": events,
+            "counts": {cause: int(counts.get(cause, 0)) for cause in GPU_KEEPER_CAUSES}, "events": events,
             "holding": state.get("holding")}

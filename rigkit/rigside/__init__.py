@@ -6,6 +6,8 @@ control-side package may import it.
 
 - names.py: every path, unit name, project, volume and served-name rule both sides use (the one
   home of these literals; tests/test_layout.py checks that nothing else retypes them);
+- stack.py: rigkit-stack's contract: its stack files, each verb's command line (built by the roles,
+  parsed by the program), its exit codes (the one home of these; a layout test checks that too);
 - keyfile.py: reading a key from an env file as Compose reads it (raw: the rest of the line);
 - probe.py: a real completion with a deadline (the one-token readiness probe);
 - lock.py: a stack's rollout lock (one folder, one rule);

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .names import GPU_KEEPER_CAUSES
+
 # name: (type, help). DCGM field numbers in the help where the name is DCGM's.
 GPU_METRICS = {
     "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W), NVML's power usage (a 1 s average on Ampere and newer) (DCGM field 155)."),
@@ -44,7 +46,7 @@ POLICY_METRICS = {
     "rigkit_gpu_policy_drift": ("gauge", "1 while the enforced power limit differs from the configured one by 0.5 W or more."),
 }
 RIG_METRICS = {
-    "rigkit_gpu_policy_repairs_total": ("counter", "Repairs of the GPU policy by the keeper, by cause (resume, driver, reset, changed-by-hand)."),
+    "rigkit_gpu_policy_repairs_total": ("counter", f"Repairs of the GPU policy by the keeper, by cause ({', '.join(GPU_KEEPER_CAUSES)})."),
     "rigkit_gpu_policy_last_repair_timestamp_seconds": ("gauge", "When the keeper last repaired the GPU policy (Unix time)."),
     "rigkit_gpu_policy_last_repair_ok": ("gauge", "1 when the keeper's last repair held, 0 when it did not."),
     "rigkit_gpu_policy_keeper_holding": ("gauge", "1 while the keeper holds off repairs (a tune session, a deploy applying a policy)."),
@@ -197,7 +199,7 @@ def build(readings: list[dict] | None, policy: dict[int, dict], keeper_state: di
 
     if keeper_state is not None:
         counts = keeper_state.get("counts") or {}
-        for cause in ("resume", "driver", "reset", "changed-by-hand"):
+        for cause in GPU_KEEPER_CAUSES:
             add("rigkit_gpu_policy_repairs_total", {"cause": cause}, _num(counts.get(cause, 0)))
         events = [e for e in keeper_state.get("events") or [] if isinstance(e, dict)]
         if events:

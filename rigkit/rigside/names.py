@@ -27,9 +27,7 @@ SECRETS_DIR = f"{ETC_DIR}/secrets"
 SECRETS_ENV_FILE = f"{SECRETS_DIR}/vllm-api-key.env"
 STACK_HELPER_PATH = f"{SBIN_DIR}/rigkit-stack"
 PROJECT_PREFIX = "rigkit-"
-# In a stack's folder: the candidate held un-promoted for the rollout gate (`rigkit-stack rollout NAME
-# gate` writes the SHA-256 of its wanted files there; promote or rollback removes it)
-GATE_PENDING_FILE = "gate.pending"
+# What is in a stack's folder, and rigkit-stack's command line: its contract, rigkit/rigside/stack.py
 
 # The watchdog
 WATCHDOG_PATH = f"{SBIN_DIR}/rigkit-watchdog"
@@ -54,6 +52,10 @@ GPU_KEEPER_RESUME_UNIT = "rigkit-gpu-keeper-resume.service"  # pulled in by the 
 GPU_KEEPER_DRIVER_UNIT = "rigkit-gpu-keeper-driver.service"  # part of nvidia-persistenced.service
 GPU_KEEPER_STATE_PATH = "/var/lib/rigkit/gpu-keeper.json"
 GPU_KEEPER_LOCK_PATH = f"{RUN_DIR}/gpu-keeper.lock"  # one repair at a time
+# Its repair causes, the keys of its state file's counts and events (`rigkit status` and the exporter read
+# them): a resume from sleep, a driver (re)load (the two a unit passes as `repair CAUSE`), a limit found back
+# at the GPU's default (what a GPU reset leaves), any other limit
+GPU_KEEPER_CAUSES = ("resume", "driver", "reset", "changed-by-hand")
 
 # The NVML sampler of verification (and the pynvml copy for rigs without nvidia-ml-py)
 SAMPLER_PATH = f"{LIB_DIR}/rigkit-telemetry.py"

@@ -8,6 +8,7 @@ from pyinfra.api import FactBase
 
 from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.rigside.names import PROJECT_PREFIX
+from rigkit.rigside.stack import PROVEN_COMPOSE_FILE, PROVEN_SETTINGS_FILE, WANTED_COMPOSE_FILE, WANTED_SETTINGS_FILE
 
 
 class RigkitStacks(FactBase):
@@ -27,10 +28,11 @@ class RigkitStacks(FactBase):
         return (
             "asked=0; "
             f"for d in {shlex.quote(stacks_dir)}/*/; do "
-            '[ -f "$d/stack.next.json" ] || [ -f "$d/stack.json" ] || continue; n=$(basename "$d"); '
+            f'[ -f "$d/{WANTED_SETTINGS_FILE}" ] || [ -f "$d/{PROVEN_SETTINGS_FILE}" ] || continue; n=$(basename "$d"); '
             '[ "$asked" = 1 ] || { asked=1; running=$(' + bounded('docker', DOCKER_S) + ' ps --filter label=com.docker.compose.project '
             "--format '{{.Label \"com.docker.compose.project\"}} {{.CreatedAt}}' 2>/dev/null); }; "
-            'p=0; { cmp -s "$d/compose.yml" "$d/compose.next.yml" && cmp -s "$d/stack.json" "$d/stack.next.json"; } '
+            f'p=0; {{ cmp -s "$d/{PROVEN_COMPOSE_FILE}" "$d/{WANTED_COMPOSE_FILE}" '
+            f'&& cmp -s "$d/{PROVEN_SETTINGS_FILE}" "$d/{WANTED_SETTINGS_FILE}"; }} '
             "2>/dev/null || p=1; "
             f'mine=$(printf "%s\\n" "$running" | grep "^{PROJECT_PREFIX}$n "); '
             'r=$(printf "%s" "$mine" | grep -c .); c=$(printf "%s\\n" "$mine" | sort -k2 | head -n 1 | cut -d" " -f2-); '

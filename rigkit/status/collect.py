@@ -21,7 +21,6 @@ from rigkit.gpu.nvsmi import GpuReport
 from rigkit.plumbing.rig_reads import TIMED_OUT_CODES
 from rigkit.rigside.names import (
     GPU_POLICY_UNIT,
-    STACK_HELPER_PATH,
     STACKS_DIR,
     WATCHDOG_STATE_DIR,
     WATCHDOG_TIMER,
@@ -29,6 +28,7 @@ from rigkit.rigside.names import (
     served_name,
     volume_name,
 )
+from rigkit.rigside.stack import PROVEN_COMPOSE_FILE, PROVEN_SETTINGS_FILE
 from rigkit.serving.api_key import SecretFileError, read_api_key
 from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.status.facts import RigStatusProbe, probe_args
@@ -47,15 +47,16 @@ def document_path(status_dir: Path, host_name: str) -> Path:
 
 
 def wanted_files(rig: RigConfig, topology: dict | None = None) -> dict[str, dict[str, str]]:
-    """`topology`: {model: Verdict} of the models spanning GPUs, whose compose files carry its flags."""
+    """{model: {stack file: the SHA-256 of what the catalog renders for it}}: the proven files a deployed rig
+    holds. `topology`: {model: Verdict} of the models spanning GPUs, whose compose files carry its flags."""
     try:
         with_key = read_api_key(rig) is not None
     except SecretFileError:
         with_key = True  # the deploy refuses such a key file; the files are judged as if it were fixed
     topology = topology or {}
-    return {m.name: {"compose.yml": sha256(render_compose(m, with_key, host=rig.spec.serve_address,
-                                                          **compose_additions(topology.get(m.name)))),
-                     "stack.json": sha256(stack_settings(m, with_key))}
+    return {m.name: {PROVEN_COMPOSE_FILE: sha256(render_compose(m, with_key, host=rig.spec.serve_address,
+                                                                **compose_additions(topology.get(m.name)))),
+                     PROVEN_SETTINGS_FILE: sha256(stack_settings(m, with_key))}
             for m in rig.models}
 
 
@@ -100,7 +101,8 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
         weights = volume_states(rig)
     results, skipped = latest_results(rig, results_dir)
     doc = build_status(rig, host.name, commands, gpus, probe,
-                       weights, wanted_files(rig, topology_verdicts(rig)), results, now, GPU_POLICY_UNIT, STACK_HELPER_PATH, history_notes=skipped)
+                       weights, wanted_files(rig, topology_verdicts(rig)), results, now, GPU_POLICY_UNIT,
+                       history_notes=skipped)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

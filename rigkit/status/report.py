@@ -21,6 +21,7 @@ from rigkit.rigside.names import GPU_KEEPER_STATE_PATH, GPU_KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
+from rigkit.rigside.stack import FAILED_COMPOSE_FILE, PROVEN_COMPOSE_FILE, rollout_command
 
 ENFORCED_TOLERANCE_W = 0.5
 
@@ -45,7 +46,7 @@ class Commands:
 
 def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuReport | None, probe: dict,
                  weights: dict[str, dict], wanted_files: dict[str, dict[str, str]],
-                 results: dict[str, dict | None], now: datetime, gpu_unit: str, helper_path: str,
+                 results: dict[str, dict | None], now: datetime, gpu_unit: str,
                  history_notes: list[str] = (), scheduled_tasks: dict[str, dict] | None = None,
                  recreate: Callable[[str], str] | None = None) -> dict:
     """`weights`: {model: WeightsVolumeState}; `wanted_files`: {model: {file name: sha256 of what the
@@ -53,7 +54,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     result files skipped as unreadable while finding them (rigkit.verify.history), one line each.
     A Windows rig (rigkit.windows.status) has no systemd units: `scheduled_tasks` {task: {"registered",
     "as_rendered", "applied" (None: not a task the deploy runs)}} stands for them, and `recreate(model)`
-    is the command that recreates a model's container there."""
+    is the command that recreates a model's container there (on Linux: `rigkit-stack rollout NAME recreate`)."""
     doc = {"rig": host_name, "rig_name": rig.name, "rig_file": str(rig.file), "reachable": True,
            "checked_at": now.isoformat(timespec="seconds"), "gpus": [], "gpu_policy_unit": None, "stacks": [],
            "weights": [], "verification": [], "watchdog": None, "gpu_keeper": None, "drift": [], "failures": [], "notes": []}
@@ -72,7 +73,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     _keeper(doc, rig, probe.get("gpu_keeper"), now, commands, drift)
     if scheduled_tasks is not None:
         _tasks(doc, rig, scheduled_tasks, commands, drift, failure)
-    recreate = recreate or (lambda name: commands.on_rig(f"{helper_path} rollout {name} recreate"))
+    recreate = recreate or (lambda name: commands.on_rig(rollout_command(name, recreate=True)))
     _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate)
     _weights(doc, rig, weights, probe.get("volumes", {}), commands, drift, failure)
     _weights_after_start(rig, weights, probe.get("stacks", {}), commands, drift)
@@ -225,8 +226,8 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
         # for the gate and serving un-promoted, or the config the catalog renders refused (by the gate, or
         # it did not get ready) and kept as compose.failed.yml while the last proven one serves.
         gate = ("held" if found.get("held") else
-                "refused" if not compose_as_rendered and files.get("compose.failed.yml") is not None
-                and files.get("compose.failed.yml") == wanted.get("compose.yml") else None)
+                "refused" if not compose_as_rendered and files.get(FAILED_COMPOSE_FILE) is not None
+                and files.get(FAILED_COMPOSE_FILE) == wanted.get(PROVEN_COMPOSE_FILE) else None)
         entry = {
             # Not known when docker could not be asked: None, shown as "?", never "NO" beside a model that answers.
             "model": model.name, "deployed": found.get("deployed"),
@@ -257,7 +258,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
                   f"{commands.deploy} (the gate judges the held config again from the start)")
         elif gate == "refused":
             drift(f"stack {model.name} rollout", "the config the catalog renders was refused (by the rollout gate, "
-                  "or it did not get ready) and is compose.failed.yml on the rig; the last proven config serves",
+                  f"or it did not get ready) and is {FAILED_COMPOSE_FILE} on the rig; the last proven config serves",
                   f"as rendered from {model.file}",
                   f"change {model.file}: a deploy of it as it is is refused again (see its last gate-*.json "
                   f"under results); a slower config meant on purpose: {commands.deploy} --accept-slower {model.name}")

@@ -1,5 +1,6 @@
-"""The active P2P check's key and command line (control side, pure). The check itself runs on the rig
-(rigkit/rigside/p2p.py, templates/serving/rigkit-p2p-probe.py; docs/topology.md).
+"""The active P2P check's key (control side, pure). The check itself runs on the rig (rigkit/rigside/p2p.py,
+templates/serving/rigkit-p2p-probe.py; docs/topology.md), started by `rigkit-stack probe`, whose command
+line rigkit.rigside.stack.probe_command builds.
 
 A passed check is kept on the rig under a key: the SHA-256 of what it proved, so a deploy runs it again
 only when that changes: the model's image, its GPUs, the links and P2P status between them (from the
@@ -11,10 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 
 from rigkit.config.schema import ModelConfig
-from rigkit.rigside.names import STACK_HELPER_PATH
 from rigkit.topology.decide import ALLOW_RISKY_P2P, Verdict
 
 # What the check's environment can change: NCCL's and CUDA's variables (catalog `env` or rigkit's own).
@@ -33,8 +32,3 @@ def probe_key(model: ModelConfig, verdict: Verdict | None) -> str:
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
-
-def probe_command(model: ModelConfig, key: str, timeout_s: int) -> str:
-    """`rigkit-stack probe NAME KEY TIMEOUT_S GPUS` (every part validated: a catalog name, hex, ints)."""
-    gpus = ",".join(str(g) for g in sorted(model.spec.gpus))
-    return f"{STACK_HELPER_PATH} probe {shlex.quote(model.name)} {key} {int(timeout_s)} {gpus}"

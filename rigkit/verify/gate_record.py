@@ -14,6 +14,7 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rigkit.rigside.stack import FAILED_COMPOSE_FILE
 from rigkit.verify.gate import Verdict, allowance
 from rigkit.verify.history import Warn, document_time, read_history, stderr_warning, write_document
 
@@ -143,7 +144,8 @@ def summary_line(summary: dict) -> str:
 
 
 def refusal_screen(model: str, document: dict, path: Path, stack_dir: str) -> str:
-    """One screen: which checks refused the candidate, old and new figures, what became of the rollback."""
+    """One screen: which checks refused the candidate, old and new figures, what became of the rollback.
+    `stack_dir`: the model's stack folder on the rig, where rigkit-stack kept the refused config."""
     base = document["baseline"]
     lines = [f"rollout gate REFUSED {model}: {', '.join(c['name'] for c in document['checks'] if not c['passed'])}"]
     if base:
@@ -157,6 +159,6 @@ def refusal_screen(model: str, document: dict, path: Path, stack_dir: str) -> st
     lines += [f"  {line}" for line in document["reason"].splitlines()[1:]]
     rollback = document.get("rollback") or {}
     lines.append(f"  {rollback.get('said') or 'no rollback'}")
-    lines.append(f"details: {path}; the refused config: {stack_dir}/compose.failed.yml")
+    lines.append(f"details: {path}; the refused config: {stack_dir}/{FAILED_COMPOSE_FILE}")
     lines.append(f"a slower config meant on purpose: rigkit deploy INVENTORY --accept-slower {model}")
     return "\n".join(lines)

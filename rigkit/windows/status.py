@@ -136,7 +136,7 @@ def collect_windows(rig: RigConfig, status_dir: Path, inventory: str, results_di
     probe = {"stacks": stacks(rig, installed_sha, key), "volumes": {}}
     results, skipped = latest_results(rig, results_dir)
     doc = build_status(rig, host.name, commands, host.get_fact(WindowsNvidiaGpus), probe, volume_states(rig), wanted,
-                       results, now, "GPU-PowerPolicy", "", history_notes=skipped,
+                       results, now, "GPU-PowerPolicy", history_notes=skipped,
                        scheduled_tasks=task_states(rig, bundle, installed, key_file),
                        recreate=lambda name: commands.on_rig(recreate_command(name)))
     if rig.spec.gpu_policy == "apply":

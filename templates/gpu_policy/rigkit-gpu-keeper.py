@@ -59,7 +59,8 @@ GPU_WAIT_S = 30  # how long the policy script waits for GPUs after a driver relo
 RETRY_AFTER_S = (30, 60, 120, 300, 600)  # a limit that did not hold after a repair: back off
 EVENTS_KEPT = 20
 TOLERANCE_W = 0.5
-CAUSES = ("resume", "driver", "reset", "changed-by-hand")
+CAUSES = names.GPU_KEEPER_CAUSES  # the keys of the state file's counts (status and the exporter read them)
+RESUME, DRIVER, RESET, CHANGED_BY_HAND = CAUSES
 
 try:
     import pynvml
@@ -292,8 +293,8 @@ def wanted_w_after(after, index, fallback):
 def classify(before, found):
     """A limit back at the GPU's default is what a GPU reset or driver reload leaves."""
     if found and all(abs(found[i][0] - found[i][1]) < TOLERANCE_W for i in before):
-        return "reset"
-    return "changed-by-hand"
+        return RESET
+    return CHANGED_BY_HAND
 
 
 def watch():
@@ -319,7 +320,7 @@ def watch():
                 before = differing(wanted, found)
                 if was_lost:  # NVML came back: a driver reload; locks are gone whatever the limits say
                     time.sleep(GRACE_S)
-                    failed = repair(gpus, "driver", before, always=True)
+                    failed = repair(gpus, DRIVER, before, always=True)
                 elif before and time.monotonic() >= retry_at:
                     time.sleep(GRACE_S)
                     failed = repair(gpus, classify(before, found), before, always=False)
@@ -336,7 +337,7 @@ def watch():
 
 
 def repair_now(cause):
-    if cause == "driver" and not driver_restarted_since_apply():
+    if cause == DRIVER and not driver_restarted_since_apply():
         say("nvidia-persistenced started before the policy was last applied (a boot): nothing to repair")
         return 0
     failed = repair(Gpus(), cause, {}, always=True)
@@ -357,7 +358,7 @@ def driver_restarted_since_apply():
 def main(argv):
     if argv[1:2] == ["watch"]:
         watch()
-    elif len(argv) == 3 and argv[1] == "repair" and argv[2] in ("resume", "driver"):
+    elif len(argv) == 3 and argv[1] == "repair" and argv[2] in (RESUME, DRIVER):
         return repair_now(argv[2])
     print(__doc__, file=sys.stderr)
     return 2

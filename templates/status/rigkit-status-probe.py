@@ -26,15 +26,15 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 try:
-    from rigside import atomic, keyfile, names
+    from rigside import atomic, keyfile
     from rigside.probe import NoAnswer, one_token
+    from rigside.stack import GATE_PENDING_FILE, PROVEN_SETTINGS_FILE, STACK_FILES, is_sha256
 except ImportError as exc:  # a rig rigkit has not deployed yet
     print(json.dumps({"error": f"rigkit's rig-side runtime is not on this rig ({exc}): deploy the rig first"}))
     sys.exit(0)
 
 COMMAND_TIMEOUT_S = 30
 JOURNAL_LINES = 15
-STACK_FILES = ("compose.yml", "compose.next.yml", "stack.json", "stack.next.json", "compose.failed.yml")
 
 
 # A wedged GPU or engine hangs every nvidia-smi or docker call: each has a short limit, and once
@@ -139,15 +139,15 @@ def held_candidate(path):
             text = f.read(100).strip()
     except OSError:
         return None
-    return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
+    return text if is_sha256(text) else None
 
 
 def stack(args, model):
     folder = os.path.join(args["stacks_dir"], model["name"])
-    settings = load_json(os.path.join(folder, "stack.json"))
+    settings = load_json(os.path.join(folder, PROVEN_SETTINGS_FILE))
     found = {"deployed": os.path.isdir(folder),
              "files": {name: atomic.sha256(os.path.join(folder, name)) for name in STACK_FILES},
-             "held": held_candidate(os.path.join(folder, names.GATE_PENDING_FILE))}
+             "held": held_candidate(os.path.join(folder, GATE_PENDING_FILE))}
     found["containers"], found["containers_error"] = containers(model["project"])
     found["catalog_image"] = image(model["image"])
     port = (settings or {}).get("port", model["port"])
