@@ -2,11 +2,11 @@
 
 - no import cycle between rigkit's modules;
 - no role imports another role (shared code lives in rigkit/);
+- the command line stays thin: rigkit/cli.py parses and dispatches, under CLI_MAX_LINES lines;
 - Windows-only code stays in rigkit/windows/ and roles/windows.py: nothing else imports
   rigkit.windows, except the command-line front door (`rigkit windows-bundle` is one of its
   commands, as deploy.py picks the Windows role);
 - pyinfra's host.data is read in one module only (rigkit/config/inventory.py);
-- the command line stays thin: rigkit/cli.py parses and dispatches, under CLI_MAX_LINES lines;
 - every role module defines exactly one @deploy function.
 Simulates nothing.
 """
