@@ -11,6 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from rigkit import cli
+from rigkit.gateway import rollout
+from rigkit.plumbing import pyinfra_command
+from rigkit.preflight import inventory_check
 from tests.conftest import REPO
 
 FLAGS = [
@@ -29,8 +32,9 @@ FLAGS = [
 def pyinfra_argv(monkeypatch):
     """The argv `rigkit deploy`/`verify` hand to pyinfra, instead of running it."""
     seen: list[list[str]] = []
-    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet, **checks: ["rig1"])  # offline checks
-    monkeypatch.setattr(cli, "_pyinfra_here", lambda argv, command: seen.append(argv) or 0)
+    monkeypatch.setattr(inventory_check, "reached_rigs",  # the offline checks
+                        lambda command, inventory, limit, whole_fleet, **checks: ["rig1"])
+    monkeypatch.setattr(pyinfra_command, "run_here", lambda argv, command: seen.append(argv) or 0)
     return seen
 
 
@@ -54,13 +58,14 @@ def test_dry_and_the_run_switches_keep_their_place(pyinfra_argv):
 @pytest.mark.parametrize(("given", "passed"), FLAGS)
 def test_rollout_passes_pyinfra_flags_to_each_rig_s_deploy(monkeypatch, given, passed):
     ran: list[list[str]] = []
-    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet, **checks: ["rig-a", "rig-b"])
-    monkeypatch.setattr(cli, "_hosts", lambda inventory: [])  # no host has `gateway`: nothing to drain
-    monkeypatch.setattr(cli.subprocess, "run", lambda command: ran.append(command) or SimpleNamespace(returncode=0))
+    monkeypatch.setattr(inventory_check, "reached_rigs",
+                        lambda command, inventory, limit, whole_fleet, **checks: ["rig-a", "rig-b"])
+    monkeypatch.setattr(rollout, "load_inventory", lambda inventory: [])  # no host has `gateway`: nothing to drain
+    monkeypatch.setattr(rollout.subprocess, "run", lambda command: ran.append(command) or SimpleNamespace(returncode=0))
     assert cli.main(["rollout", "inv.py", *given]) == 0
     outcomes = [command[command.index("--data") + 1] for command in ran]
     assert all(o.startswith("rigkit_rollout_outcome=") for o in outcomes) and len(set(outcomes)) == 2
-    assert ran == [[*cli.PYINFRA, "-y", "--data", outcome, *passed, "--limit", rig, "inv.py", "deploy.py"]
+    assert ran == [[*pyinfra_command.PYINFRA, "-y", "--data", outcome, *passed, "--limit", rig, "inv.py", "deploy.py"]
                    for rig, outcome in zip(("rig-a", "rig-b"), outcomes)]
 
 

@@ -183,6 +183,7 @@ def test_a_refusal_fits_one_screen_with_old_and_new_figures(tmp_path):
 def test_accept_slower_must_name_a_model_the_deployed_rigs_serve(tmp_path, monkeypatch, capsys):
     """`rigkit deploy --accept-slower MODEL`, checked offline before pyinfra starts (no rig is reached)."""
     import rigkit.cli
+    import rigkit.plumbing.pyinfra_command
     from tests.test_hostile_inputs import inventory, workspace
 
     rig, catalog = workspace(tmp_path)  # serves test-alpha only
@@ -191,7 +192,7 @@ def test_accept_slower_must_name_a_model_the_deployed_rigs_serve(tmp_path, monke
     key.chmod(0o600)
     inv = str(inventory(tmp_path, rig, catalog, key=key))
     asked = []
-    monkeypatch.setattr(rigkit.cli, "_pyinfra_here", lambda argv, command: asked.append(argv) or 0)
+    monkeypatch.setattr(rigkit.plumbing.pyinfra_command, "run_here", lambda argv, command: asked.append(argv) or 0)
     assert rigkit.cli.main(["deploy", inv, "--accept-slower", "test-beta"]) == 2
     err = capsys.readouterr().err
     assert "--accept-slower 'test-beta': no rig this deploy reaches serves a model of that name; " \

@@ -368,17 +368,18 @@ def test_a_rig_that_fails_its_rollout_stays_out_of_the_gateway_and_the_rollout_s
 def test_a_stopped_gateway_does_not_block_a_rollout(fleet, monkeypatch):
     """With the proxy's container stopped nothing is routed through it: the drain step reports
     nothing to drain (the rollout goes on) instead of stopping the rollout that could repair it."""
-    from rigkit.cli import NOT_INSTALLED, _gateway, _hosts
+    from rigkit.config.inventory import load_inventory
+    from rigkit.gateway.drain import NOT_INSTALLED, gateway_helper
     from rigkit.gateway.plan import gateway_plan
 
     for key, value in fleet.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(REPO)
-    plan = gateway_plan(_hosts(str(fleet.inventory)))
+    plan = gateway_plan(list(load_inventory(str(fleet.inventory))))
     [proxy] = docker.from_env().containers.list(filters={"label": "com.docker.compose.project=rigkit-gateway"})
     proxy.stop(timeout=10)
     try:
-        assert _gateway(str(fleet.inventory), plan, "drain", "rig-b") == NOT_INSTALLED
+        assert gateway_helper(str(fleet.inventory), plan, "drain", "rig-b") == NOT_INSTALLED
     finally:
         proxy.start()
         wait_gateway_ready()  # the tests after this one route through it

@@ -167,12 +167,13 @@ def test_deploy_refuses_an_inventory_file_that_is_not_there(capsys):
 
 def test_deploy_dry_keeps_pyinfra_s_change_detection(monkeypatch):
     """`-y` skips pyinfra's prompt and, with it, the change table a dry run is for."""
-    import rigkit.cli
+    from rigkit.plumbing import pyinfra_command
+    from rigkit.preflight import inventory_check
 
     asked = []
-    monkeypatch.setattr(rigkit.cli, "_pyinfra_here", lambda argv, command: asked.append(argv) or 0)
+    monkeypatch.setattr(pyinfra_command, "run_here", lambda argv, command: asked.append(argv) or 0)
     # the offline checks before pyinfra (tests/test_hostile_inputs.py) need the rig's SSH key; not this test
-    monkeypatch.setattr(rigkit.cli, "_refused", lambda *args, **kwargs: ["sim-rig"])
+    monkeypatch.setattr(inventory_check, "reached_rigs", lambda *args, **kwargs: ["sim-rig"])
     assert main(["deploy", "--dry", "inventory/sim.py"]) == 0
     assert main(["deploy", "inventory/sim.py"]) == 0
     assert asked == [["--dry", "inventory/sim.py", "deploy.py"], ["-y", "inventory/sim.py", "deploy.py"]]

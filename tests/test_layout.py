@@ -2,6 +2,7 @@
 
 - no import cycle between rigkit's modules;
 - no role imports another role (shared code lives in rigkit/);
+- the command line stays thin: rigkit/cli.py parses and dispatches, under CLI_MAX_LINES lines;
 - Windows-only code stays in rigkit/windows/ and roles/windows.py: nothing else imports
   rigkit.windows, except the command-line front door (`rigkit windows-bundle` is one of its
   commands, as deploy.py picks the Windows role);
@@ -143,6 +144,25 @@ def test_only_the_command_line_sits_at_the_top_of_rigkit():
     the front door."""
     loose = sorted(p.name for p in (REPO / "rigkit").glob("*.py"))
     assert loose == ["__init__.py", "cli.py"], f"move these into their feature's package or rigkit/plumbing: {loose}"
+
+
+# The command line only parses and dispatches (STYLE.md); what a command does lives in its feature's
+# package. cli.py once grew from 439 to ~700 lines of rollout, status and bundle work (issue #53).
+CLI_MAX_LINES = 300
+
+
+def line_count(text: str) -> int:
+    """Every line, as `wc -l` counts them (a last line without its newline counts too): docstrings,
+    comments and blank lines included."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def test_the_command_line_only_parses_and_dispatches():
+    lines = line_count((REPO / "rigkit" / "cli.py").read_text())
+    assert lines < CLI_MAX_LINES, (f"rigkit/cli.py has {lines} lines; keep it under {CLI_MAX_LINES}: move what a "
+                                   "command does into its feature's package, keep the parser and the dispatch here")
+    assert not line_count("x = 1\n" * CLI_MAX_LINES) < CLI_MAX_LINES  # a planted file at the limit fails
+    assert line_count('"""a\n\nb"""\n\n# c\nd') == 6  # docstring, blank lines, comment, unended last line
 
 
 def test_the_rig_side_runtime_imports_nothing_of_rigkit():

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from rigkit import cli
+from rigkit.gateway import rollout as rollout_module
+from rigkit.preflight import inventory_check
 
 PUT_BACK = ("STOPPED: the rollout gate refused m-a on rig-a, rolled back to the last proven config and verified; "
             "it is back in the gateway; rigs not started: rig-b")
@@ -22,11 +24,12 @@ def rollout(monkeypatch, outcome) -> tuple[int, list, list]:
     """A two-rig rollout with a gateway whose first rig's deploy fails, having written `outcome` (JSON, or
     text as it is; None: nothing)."""
     deploys, helper = [], []
-    monkeypatch.setattr(cli, "_refused", lambda command, inventory, limit, whole_fleet, **checks: ["rig-a", "rig-b"])
-    monkeypatch.setattr(cli, "_hosts", lambda inventory: [])
-    monkeypatch.setattr("rigkit.gateway.plan.gateway_plan",
+    monkeypatch.setattr(inventory_check, "reached_rigs",
+                        lambda command, inventory, limit, whole_fleet, **checks: ["rig-a", "rig-b"])
+    monkeypatch.setattr(rollout_module, "load_inventory", lambda inventory: [])
+    monkeypatch.setattr(rollout_module, "gateway_plan",
                         lambda hosts: SimpleNamespace(host="rig-a", replicas_of=lambda name: [f"{name}.m"]))
-    monkeypatch.setattr(cli, "_gateway", lambda inventory, plan, *action: helper.append(action) or 0)
+    monkeypatch.setattr(rollout_module, "gateway_helper", lambda inventory, plan, *action: helper.append(action) or 0)
 
     def deploy(command):
         deploys.append(command)
@@ -34,7 +37,7 @@ def rollout(monkeypatch, outcome) -> tuple[int, list, list]:
         if outcome is not None:
             path.write_text(outcome if isinstance(outcome, str) else json.dumps(outcome))
         return SimpleNamespace(returncode=1)
-    monkeypatch.setattr(cli.subprocess, "run", deploy)
+    monkeypatch.setattr(rollout_module.subprocess, "run", deploy)
     return cli.main(["rollout", "inv.py"]), deploys, helper
 
 

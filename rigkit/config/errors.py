@@ -24,6 +24,10 @@ class Problem:
         return f"{where}: {what}{value}{self.message}"
 
 
+# The exit code of every command given bad input (a flag, a rig, catalog or inventory file): one line
+# per problem on stderr, nothing done, no rig reached (docs/configuration.md, "Bad input").
+CONFIG_ERROR = 2
+
 VALUE_SHOWN_CHARS = 80  # a value longer than this is cut in messages (a 50 MB scalar is not echoed)
 
 

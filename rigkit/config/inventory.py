@@ -147,6 +147,12 @@ def accept_slower_models(host) -> frozenset[str]:
     return frozenset(names)
 
 
+def accept_slower_data(models: list[str] | None) -> list[str]:
+    """pyinfra's `--data` that tells every rig of a run the models of `--accept-slower` (as
+    accept_slower_models reads it back); nothing when there are none."""
+    return ["--data", f"rigkit_accept_slower={','.join(sorted(set(models)))}"] if models else []
+
+
 def connector_os(host) -> str:
     """The OS a host's connector speaks to: rigkit's Windows connector says `windows`
     through its `target_os`; every other connector is taken as a POSIX shell."""

@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
+from rigkit.config.defaults import DEFAULT_CATALOG_DIR
 from rigkit.config.errors import ConfigError, Problem
 from rigkit.config.lint import serving_findings
 from rigkit.config.names import name_problem
@@ -72,6 +73,13 @@ def _serve_address_problems(spec: RigSpec, rig_file: Path) -> list[Problem]:
                         "models listening on every interface need an API key: set api_key_file (a file of mode 600 "
                         "holding the key), or serve_address: 127.0.0.1")]
     return []
+
+
+def default_catalog_dir(rig_file: Path) -> Path:
+    """The catalog beside the rig file's folder (inventory/rigs/x.yml -> inventory/models), so
+    `rigkit check` works from any directory; else the deploy's default, from the current one."""
+    beside = rig_file.resolve().parent.parent / "models"
+    return beside if rig_file.resolve().parent.name == "rigs" and beside.is_dir() else Path(DEFAULT_CATALOG_DIR)
 
 
 def load_model(model_file: Path | str) -> ModelConfig:

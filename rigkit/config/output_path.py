@@ -1,5 +1,6 @@
 """Files a command writes its result to (`--json`), checked before the run, so that a run is never
-lost to a path it cannot write. Shared by every command's parser (rigkit.cli, rigkit.tune)."""
+lost to a path it cannot write. Shared by every command that writes one (rigkit.cli for `status`,
+rigkit.verify.bench_command, rigkit.tune)."""
 
 from __future__ import annotations
 

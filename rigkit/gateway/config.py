@@ -1,4 +1,5 @@
-"""The LiteLLM proxy's config.yaml, rendered from a GatewayPlan. Pure functions.
+"""The LiteLLM proxy's config.yaml, rendered from a GatewayPlan. Pure functions, except
+`inventory_config` (`rigkit gateway-config`), which reads the inventory file first.
 
 Every replica of a model on every rig is one deployment of the same `model_name` (its served name),
 `openai/<served name>` at the replica's api_base. Secrets are never in the file: each rig's key and
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import yaml
 
-from rigkit.gateway.plan import GatewayPlan
+from rigkit.config.inventory import load_inventory
+from rigkit.gateway.plan import GatewayPlan, gateway_plan
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 NO_KEY = "no-key"  # vLLM without --api-key ignores it; the OpenAI client refuses an empty one
@@ -88,3 +90,10 @@ def render_config(plan: GatewayPlan, drain: bool = True) -> str:
     header = ("# LiteLLM proxy config rendered by rigkit (docs/gateway.md); edits are overwritten.\n"
               f"# Gateway host: {plan.host}; {len(plan.replicas)} replica(s).\n")
     return header + yaml.safe_dump(litellm_config(plan, drain), sort_keys=False, default_flow_style=False)
+
+
+def inventory_config(inventory: str) -> str | None:
+    """The config of the gateway of the inventory file `inventory`, without the drain filter, offline (no
+    rig is reached); None when no host has `gateway` data. Its errors: RigConfigError."""
+    plan = gateway_plan(list(load_inventory(inventory)))
+    return None if plan is None else render_config(plan, drain=False)
