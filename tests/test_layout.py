@@ -13,6 +13,7 @@ Simulates nothing.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -252,9 +253,9 @@ def code_strings(source: str) -> list[tuple[int, str]]:
     return found
 
 
-def retyped_rig_names(source: str) -> list[str]:
+def retyped_rig_names(source: str, literals: tuple[str, ...] = RIG_LITERALS) -> list[str]:
     return [f"line {line}: {literal!r} in {text[:80]!r}" for line, text in code_strings(source)
-            for literal in RIG_LITERALS if literal in text and not text.endswith(".j2")]  # a template's name
+            for literal in literals if literal in text and not text.endswith(".j2")]  # a template's name
 
 
 def test_rig_paths_and_names_live_in_one_module():
@@ -271,6 +272,74 @@ def test_rig_paths_and_names_live_in_one_module():
 def test_the_names_rule_sees_a_planted_copy(planted):
     assert retyped_rig_names(f'"""Docstrings may say /etc/rigkit/stacks."""\n{planted}\n')
     assert not retyped_rig_names('"""Installs /usr/local/sbin/rigkit-stack (rigkit-gpu-policy.service)."""\n')
+
+
+# A Windows rig's paths and names have their home too: rigkit/windows/names.py. These are the literals
+# that were once spread over the bundle, the role, its operations, watchdog, status and timing (status
+# retyped GPU-PowerPolicy). Linux's names.py spells two of the same file names for its own paths.
+WINDOWS_NAMES_HOME = "rigkit/windows/names.py"
+WINDOWS_TASKS = ("GPU-PowerPolicy", "LocalLLM-Bootstrap", "LocalLLM-Watchdog")
+WINDOWS_RIG_LITERALS = (
+    "ProgramData", *WINDOWS_TASKS, "gpu-power-policy.ps1", "llm-bootstrap.ps1", "rigkit-watchdog.ps1",
+    "watchdog.json", "rollout.lock", "vllm-api-key.env", "rigkit.log", "watchdog.log", "Docker Desktop.exe",
+    ".rigkit-commands",
+)
+
+
+def test_windows_rig_paths_and_names_live_in_one_module():
+    homes = {WINDOWS_NAMES_HOME, NAMES_HOME}
+    found = {str(path.relative_to(REPO)): hits for path in sources().values()
+             if str(path.relative_to(REPO)) not in homes
+             and (hits := retyped_rig_names(path.read_text(), WINDOWS_RIG_LITERALS))}
+    assert not found, f"import these from {WINDOWS_NAMES_HOME} instead: {found}"
+
+
+@pytest.mark.parametrize("planted", [
+    'API_KEY_FILE = INSTALL_DIR / "secrets" / "vllm-api-key.env"',
+    'INSTALL_DIR = PureWindowsPath(r"C:\\ProgramData\\rigkit")',
+    'doc = build_status(rig, now, "GPU-PowerPolicy", "")',
+    'def log(rig):\n    return f"{rig.file}: LocalLLM-Bootstrap may run {budget}"',
+    'files = {"scripts/rigkit-watchdog.ps1": render("windows/rigkit-watchdog.ps1.j2")}',
+])
+def test_the_windows_names_rule_sees_a_planted_copy(planted):
+    assert retyped_rig_names(f'r"""Puts C:\\ProgramData\\rigkit\\rollout.lock."""\n{planted}\n', WINDOWS_RIG_LITERALS)
+    clean = ('r"""Registers LocalLLM-Bootstrap (C:\\ProgramData\\rigkit\\llm-bootstrap.ps1)."""\n'
+             'SCRIPT = render("windows/llm-bootstrap.ps1.j2")  # GPU-PowerPolicy runs first\n')
+    assert not retyped_rig_names(clean, WINDOWS_RIG_LITERALS)
+
+
+def template_code(text: str) -> str:
+    """A Windows template without its comments: Jinja's {# #}, XML's <!-- -->, and PowerShell's from a #
+    outside a single-quoted string to the line's end (the templates quote with single quotes only)."""
+    text = re.sub(r"\{#.*?#\}|<!--.*?-->", "", text, flags=re.S)
+    code = []
+    for line in text.splitlines():
+        quoted = False
+        for at, char in enumerate(line):
+            quoted ^= char == "'"
+            if char == "#" and not quoted:
+                line = line[:at]
+                break
+        code.append(line)
+    return "\n".join(code)
+
+
+def windows_names_in_template(text: str) -> list[str]:
+    return [literal for literal in WINDOWS_RIG_LITERALS if literal in template_code(text)]
+
+
+def test_windows_templates_take_rig_paths_and_task_names_as_values():
+    """The scripts and task XML get every path and task name from rigkit.windows.names, rendered in (the
+    log sources and the bootstrap's line about GPU-PowerPolicy too); their comments may name them."""
+    found = {path.name: hits for path in (REPO / "templates" / "windows").glob("*.j2")
+             if (hits := windows_names_in_template(path.read_text()))}
+    assert not found, f"render these from {WINDOWS_NAMES_HOME} instead: {found}"
+    assert windows_names_in_template("$LogSource = 'LocalLLM-Bootstrap'\n") == ["LocalLLM-Bootstrap"]
+    assert windows_names_in_template("$KeyFile = 'C:\\ProgramData\\rigkit\\secrets\\vllm-api-key.env'  # x\n") == [
+        "ProgramData", "vllm-api-key.env"]
+    assert not windows_names_in_template("{#- GPU-PowerPolicy -#}\n# LocalLLM-Bootstrap's lock\n"
+                                         "$RolloutMaxS = 60  # LocalLLM-Bootstrap's limit\n<!-- rollout.lock -->\n"
+                                         "Write-Log ('{0}: a # in a string' -f $x)  # rigkit.log\n")
 
 
 # The rig's own Python scripts import the shipped runtime (rigkit/rigside) from names.LIB_DIR: that

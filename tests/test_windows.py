@@ -18,15 +18,8 @@ from tree_sitter import Language, Parser
 from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
 from rigkit.plumbing.render import ps_quote
-from rigkit.windows.bundle import (
-    INSTALL_DIR,
-    TASK_BOOTSTRAP,
-    TASK_POWER,
-    installed_files,
-    render_bundle,
-    same_task,
-    task_xml_path,
-)
+from rigkit.windows.bundle import installed_files, render_bundle, same_task
+from rigkit.windows.names import INSTALL_DIR, TASK_BOOTSTRAP, TASK_POWER, task_xml_path
 from tests.conftest import REPO
 
 NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
@@ -184,7 +177,8 @@ def test_a_keyed_rigs_bundle_names_the_key_file_but_never_carries_the_key(tmp_pa
     bootstrap sends it as a header, install.ps1 refuses to run without it; the key is in no file."""
     import os
 
-    from rigkit.windows.bundle import API_KEY_FILE, write_bundle
+    from rigkit.windows.bundle import write_bundle
+    from rigkit.windows.names import API_KEY_FILE
 
     key_file = tmp_path / "key"
     key_file.write_text("rk-bundle-secret-0042\n")

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from rigkit.windows.bundle import API_KEY_FILE, INSTALL_DIR, TASK_BOOTSTRAP
+from rigkit.windows.names import API_KEY_FILE, INSTALL_DIR, TASK_BOOTSTRAP
 from rigkit.windows.upload import temporary_name
 from tests.conftest import DATA, REPO, TEST_CATALOG, copy_catalog, run_deploy
 from tests.ps51_rules import findings

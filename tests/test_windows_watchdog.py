@@ -17,8 +17,9 @@ import pytest
 
 from rigkit.config.loader import load_rig
 from rigkit.serving.watchdog import watchdog_config
-from rigkit.windows.bundle import API_KEY_FILE, ROLLOUT_LOCK, render_bundle
-from rigkit.windows.watchdog import LOAD_NAMES, PROGRESS_NAMES, TASK_WATCHDOG, schedule
+from rigkit.windows.bundle import render_bundle
+from rigkit.windows.names import API_KEY_FILE, ROLLOUT_LOCK, TASK_WATCHDOG
+from rigkit.windows.watchdog import LOAD_NAMES, PROGRESS_NAMES, schedule
 from tests.conftest import DATA, TEST_CATALOG
 from tests.ps51_rules import PARSER, _Script, findings
 from tests.test_watchdog import load_watchdog
