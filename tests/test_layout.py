@@ -383,6 +383,64 @@ def test_the_windows_helpers_are_written_once_and_included_by_each_script():
         assert '{% include "windows/_helpers.ps1.j2" %}' in (folder / name).read_text(), name
 
 
+# The Windows scripts' protocols, each written once in the include (as rigkit/rigside holds Linux's): the
+# one-token probe (Invoke-OneToken) and the rollout lock's one attempt (Enter-RolloutLock). Each caller keeps
+# its own waiting: the bootstrap waits for a holder and retries the probe up to its bounds, the watchdog
+# judges each answer. What each protocol's code says, whitespace, case and `System.` aside: a completion
+# request, and a file opened without sharing by [IO.File]::Open (Write-FileAtomically's FileStream is no lock).
+WINDOWS_PROTOCOLS = {
+    "the one-token probe": re.compile(r"/v1/completions|max_tokens"),
+    "the rollout lock's open": re.compile(r"\[io\.file\]::open\([^)]*\[io\.fileshare\]::none"),
+}
+WINDOWS_PROTOCOL_FUNCTIONS = ("function Invoke-OneToken", "function Enter-RolloutLock")
+
+
+def windows_protocols_written(text: str) -> list[str]:
+    flat = re.sub(r"\s|system\.", "", text.lower())
+    return [name for name, pattern in WINDOWS_PROTOCOLS.items() if pattern.search(flat)]
+
+
+def test_the_windows_probe_and_lock_are_written_once_in_the_include():
+    folder = REPO / "templates" / "windows"
+    include = (folder / "_helpers.ps1.j2").read_text()
+    assert windows_protocols_written(include) == list(WINDOWS_PROTOCOLS)
+    assert all(function in include for function in WINDOWS_PROTOCOL_FUNCTIONS)
+    again = {path.relative_to(REPO).as_posix(): found
+             for path in [*folder.glob("*.j2"), *(REPO / "rigkit" / "windows").glob("*.py")]
+             if path.name != "_helpers.ps1.j2" and (found := windows_protocols_written(path.read_text()))}
+    assert not again, f"written again: {again}; use templates/windows/_helpers.ps1.j2's Invoke-OneToken, Enter-RolloutLock"
+    for name in ("llm-bootstrap.ps1.j2", "rigkit-watchdog.ps1.j2"):
+        script = (folder / name).read_text()
+        assert "Invoke-OneToken " in script and "Enter-RolloutLock" in script, f"{name} does not use the include's"
+
+
+def test_the_windows_protocol_rule_sees_a_planted_copy():
+    probe = ("$body = @{ model = $stack.Model; prompt = 'ping'; MAX_TOKENS = 1 } | ConvertTo-Json -Compress\n"
+             "Invoke-RestMethod -Method Post -Uri ('http://127.0.0.1:{0}/v1/completions' -f $port) -Body $body\n")
+    lock = "$RolloutLock = [IO.File]::Open($LockFile, 'OpenOrCreate', 'ReadWrite', [System.IO.FileShare]:: None)\n"
+    assert windows_protocols_written(probe) == ["the one-token probe"]
+    assert windows_protocols_written(lock) == ["the rollout lock's open"]
+    # The connector's stager opens its script file shared for reading, Write-FileAtomically writes its state
+    # through an unshared stream: neither is the lock.
+    stager = "$hold = [IO.File]::Open($path, [IO.FileMode]::Open, [IO.FileAccess]::Read, [IO.FileShare]::Read)\n"
+    state = ("$stream = New-Object IO.FileStream($temporary, [IO.FileMode]::Create, [IO.FileAccess]::Write, "
+             "[IO.FileShare]::None, 4096, [IO.FileOptions]::WriteThrough)\n")
+    for other in (stager, state, "Invoke-OneToken $p $m $k 30 | Out-Null\n"):
+        assert windows_protocols_written(other) == [], other
+
+
+def test_each_rendered_windows_script_has_the_probe_and_the_lock_once():
+    from rigkit.config.loader import load_rig
+    from rigkit.windows.bundle import render_bundle
+    from rigkit.windows.names import BOOTSTRAP_SCRIPT, WATCHDOG_SCRIPT
+
+    bundle = render_bundle(load_rig(REPO / "tests/data/rigs/windows.yml", REPO / "tests/data/models"))
+    for script in (BOOTSTRAP_SCRIPT, WATCHDOG_SCRIPT):
+        text = bundle[f"scripts/{script.name}"]
+        assert [text.count(function) for function in WINDOWS_PROTOCOL_FUNCTIONS] == [1, 1], script.name
+        assert text.count("/v1/completions") == 1 and text.count("[IO.File]::Open(") == 1, script.name
+
+
 def test_names_spelled_out_where_the_runtime_cannot_be_imported_agree_with_it():
     """Two rig-side programs cannot import the runtime: the policy script is shell, and tune's helper
     is shipped as one file to run before any deploy. What they spell out must equal names.py's."""

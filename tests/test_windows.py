@@ -110,7 +110,9 @@ def test_bootstrap_script_does_what_the_field_notes_ask():
     assert "& $PowerScript\n" in script and "$PowerScript = 'C:\\ProgramData\\rigkit\\gpu-power-policy.ps1'" in script
     assert "'-pl'" not in script and "'-lgc'" not in script  # GPU-PowerPolicy's script alone sets them
     assert "Start-Process -FilePath $DockerDesktop" in script
-    assert "max_tokens = 1" in script and "-TimeoutSec 30" in script
+    # Each warm-up is the one-token probe (max_tokens 1), 30 s at most, retried up to the model's ready_timeout_s.
+    assert "max_tokens = 1" in script and "$ProbeTimeoutS = 30 " in script
+    assert "Invoke-OneToken $stack.Port $stack.Model $ApiKey $ProbeTimeoutS | Out-Null" in script
 
 
 def test_power_policy_script_is_declarative_like_linux():
@@ -191,7 +193,10 @@ def test_a_keyed_rigs_bundle_names_the_key_file_but_never_carries_the_key(tmp_pa
     assert '"format": "raw"' in compose and str(API_KEY_FILE).replace("\\", "\\\\") in compose
     install = (tmp_path / "bundle/install.ps1").read_text(encoding="utf-8-sig")
     assert f"$KeyFile = '{API_KEY_FILE}'" in install and "if (-not (Test-Path -LiteralPath $KeyFile -PathType Leaf))" in install
-    assert "-Headers $Headers" in (tmp_path / "bundle/scripts/llm-bootstrap.ps1").read_text(encoding="utf-8-sig")
+    bootstrap = (tmp_path / "bundle/scripts/llm-bootstrap.ps1").read_text(encoding="utf-8-sig")
+    assert "$ApiKey = Read-ApiKey @{ api_key_env_file = $KeyFile" in bootstrap  # read on the rig, from its file
+    assert "Invoke-OneToken $stack.Port $stack.Model $ApiKey" in bootstrap  # sent by the probe, as a header:
+    assert "if ($Key) { $headers['Authorization'] = 'Bearer ' + $Key }" in bootstrap
     unkeyed = render_bundle(load_rig(WIN_RIG, CATALOG))
     assert "$KeyFile" not in unkeyed["install.ps1"] and "env_file" not in unkeyed["scripts/stacks/qwen3-27b-awq/compose.yml"]
 
