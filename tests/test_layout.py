@@ -274,6 +274,47 @@ def test_the_names_rule_sees_a_planted_copy(planted):
     assert not retyped_rig_names('"""Installs /usr/local/sbin/rigkit-stack (rigkit-gpu-policy.service)."""\n')
 
 
+# The rig's own Python scripts import the shipped runtime (rigkit/rigside) from names.LIB_DIR: that
+# one folder is the only rig path they may spell, in the line that finds the runtime.
+RIG_SCRIPTS = ("templates/serving/rigkit-stack", "templates/serving/rigkit-watchdog",
+               "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway",
+               "templates/gpu_policy/rigkit-gpu-keeper.py", "templates/monitoring/rigkit-exporter.py")
+
+
+@pytest.mark.parametrize("script", RIG_SCRIPTS)
+def test_each_rig_script_takes_names_and_protocols_from_the_runtime(script):
+    from rigkit.rigside.names import LIB_DIR
+
+    source = (REPO / script).read_text()
+    tree = ast.parse(source)
+    runtime = {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "rigside" in runtime, f"{script} does not import the rig-side runtime"
+    hits = [hit for hit in retyped_rig_names(source) if f"{LIB_DIR!r} in {LIB_DIR!r}" not in hit]
+    assert not hits, f"{script}: take these from rigside.names: {hits}"
+    assert f'os.environ.get("RIGKIT_LIB_DIR", "{LIB_DIR}")' in source, f"{script} looks for the runtime elsewhere"
+    for protocol in ("fcntl.flock", "/v1/completions", "os.fsync", '"VLLM_API_KEY', "hashlib.sha256"):
+        assert protocol not in source, f"{script} writes {protocol} again: use the runtime's"
+
+
+# On Windows one PowerShell include plays the runtime's part: the helpers every script needs
+# (the log line, a native call under 'Stop', the API key's env file) are written once, in
+# templates/windows/_helpers.ps1.j2, and rendered into each script (a task runs one file).
+WINDOWS_HELPERS = ("function Write-Log", "function Invoke-Native", "function Read-ApiKey")
+WINDOWS_SCRIPTS = ("llm-bootstrap.ps1.j2", "rigkit-watchdog.ps1.j2", "gpu-power-policy.ps1.j2")
+
+
+def test_the_windows_helpers_are_written_once_and_included_by_each_script():
+    folder = REPO / "templates" / "windows"
+    include = (folder / "_helpers.ps1.j2").read_text()
+    assert all(helper in include for helper in WINDOWS_HELPERS)
+    for path in folder.glob("*.j2"):
+        if path.name != "_helpers.ps1.j2":
+            again = [h for h in WINDOWS_HELPERS if h in path.read_text()]
+            assert not again, f"{path.name} defines {again} again: use templates/windows/_helpers.ps1.j2"
+    for name in WINDOWS_SCRIPTS:
+        assert '{% include "windows/_helpers.ps1.j2" %}' in (folder / name).read_text(), name
+
+
 # A Windows rig's paths and names have their home too: rigkit/windows/names.py. These are the literals
 # that were once spread over the bundle, the role, its operations, watchdog, status and timing (status
 # retyped GPU-PowerPolicy). Linux's names.py spells two of the same file names for its own paths.
@@ -340,47 +381,6 @@ def test_windows_templates_take_rig_paths_and_task_names_as_values():
     assert not windows_names_in_template("{#- GPU-PowerPolicy -#}\n# LocalLLM-Bootstrap's lock\n"
                                          "$RolloutMaxS = 60  # LocalLLM-Bootstrap's limit\n<!-- rollout.lock -->\n"
                                          "Write-Log ('{0}: a # in a string' -f $x)  # rigkit.log\n")
-
-
-# The rig's own Python scripts import the shipped runtime (rigkit/rigside) from names.LIB_DIR: that
-# one folder is the only rig path they may spell, in the line that finds the runtime.
-RIG_SCRIPTS = ("templates/serving/rigkit-stack", "templates/serving/rigkit-watchdog",
-               "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway",
-               "templates/gpu_policy/rigkit-gpu-keeper.py", "templates/monitoring/rigkit-exporter.py")
-
-
-@pytest.mark.parametrize("script", RIG_SCRIPTS)
-def test_each_rig_script_takes_names_and_protocols_from_the_runtime(script):
-    from rigkit.rigside.names import LIB_DIR
-
-    source = (REPO / script).read_text()
-    tree = ast.parse(source)
-    runtime = {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert "rigside" in runtime, f"{script} does not import the rig-side runtime"
-    hits = [hit for hit in retyped_rig_names(source) if f"{LIB_DIR!r} in {LIB_DIR!r}" not in hit]
-    assert not hits, f"{script}: take these from rigside.names: {hits}"
-    assert f'os.environ.get("RIGKIT_LIB_DIR", "{LIB_DIR}")' in source, f"{script} looks for the runtime elsewhere"
-    for protocol in ("fcntl.flock", "/v1/completions", "os.fsync", '"VLLM_API_KEY', "hashlib.sha256"):
-        assert protocol not in source, f"{script} writes {protocol} again: use the runtime's"
-
-
-# On Windows one PowerShell include plays the runtime's part: the helpers every script needs
-# (the log line, a native call under 'Stop', the API key's env file) are written once, in
-# templates/windows/_helpers.ps1.j2, and rendered into each script (a task runs one file).
-WINDOWS_HELPERS = ("function Write-Log", "function Invoke-Native", "function Read-ApiKey")
-WINDOWS_SCRIPTS = ("llm-bootstrap.ps1.j2", "rigkit-watchdog.ps1.j2", "gpu-power-policy.ps1.j2")
-
-
-def test_the_windows_helpers_are_written_once_and_included_by_each_script():
-    folder = REPO / "templates" / "windows"
-    include = (folder / "_helpers.ps1.j2").read_text()
-    assert all(helper in include for helper in WINDOWS_HELPERS)
-    for path in folder.glob("*.j2"):
-        if path.name != "_helpers.ps1.j2":
-            again = [h for h in WINDOWS_HELPERS if h in path.read_text()]
-            assert not again, f"{path.name} defines {again} again: use templates/windows/_helpers.ps1.j2"
-    for name in WINDOWS_SCRIPTS:
-        assert '{% include "windows/_helpers.ps1.j2" %}' in (folder / name).read_text(), name
 
 
 # The Windows scripts' protocols, each written once in the include (as rigkit/rigside holds Linux's): the
