@@ -4,7 +4,8 @@ offline bundle a person installs with one elevated `install.ps1` (and removes wi
 rendering; nothing here talks to a rig.
 
 Values reach PowerShell only as single-quoted literals (`ps_quote`) or validated integers,
-and XML only through Jinja's XML autoescaping.
+and XML only through Jinja's XML autoescaping. Every path and task name on the rig is
+rigkit.windows.names'; the bundle's scripts/ folder is laid out as INSTALL_DIR is.
 """
 
 from __future__ import annotations
