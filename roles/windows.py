@@ -47,21 +47,22 @@ from rigkit.gpu.accept import accept_gpus, check_policy
 from rigkit.gpu.policy import power_drift
 from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
 from rigkit.windows import operations as winops
-from rigkit.windows.bundle import (
+from rigkit.windows.bundle import installed_files, render_bundle
+from rigkit.windows.facts import WindowsNvidiaGpus, WindowsPreflightFacts
+from rigkit.windows.install_dir import secure_install_dir
+from rigkit.windows.names import (
     API_KEY_FILE,
     INSTALL_DIR,
     LOG_PATH,
     POWER_SCRIPT,
     TASK_BOOTSTRAP,
     TASK_POWER,
+    TASK_WATCHDOG,
     TASKS,
-    installed_files,
+    WSLCONFIG_NAME,
     recreate_marker,
-    render_bundle,
     task_xml_path,
 )
-from rigkit.windows.facts import WindowsNvidiaGpus, WindowsPreflightFacts
-from rigkit.windows.install_dir import secure_install_dir
 from rigkit.windows.preflight import (
     docker_desktop_version,
     preflight_problems,
@@ -71,7 +72,6 @@ from rigkit.windows.preflight import (
 )
 from rigkit.windows.acl_file import private_file
 from rigkit.windows.timing import POWER_TASK_WAIT_S, bootstrap_budget, timing_findings
-from rigkit.windows.watchdog import TASK_WATCHDOG
 from rigkit.windows.weights import weights_onto_volumes
 
 SECURE_NAME = f"Secure {INSTALL_DIR}: owned by Administrators, SYSTEM and Administrators only"
@@ -170,7 +170,7 @@ def _preflight(rig: RigConfig) -> tuple[tuple[str, str] | None, bool]:
     memory = facts.info_json().get("MemTotal")
     logger.info(f"{host.print_prefix}preflight: Docker Desktop {docker_desktop_version(facts)} on WSL2, "
                 + (f"VM memory {memory / 1024 ** 3:.1f} GB" if isinstance(memory, int) else "VM memory unknown"))
-    path = f"{facts.user_profile}\\.wslconfig"
+    path = f"{facts.user_profile}\\{WSLCONFIG_NAME}"
     return ((path, wanted) if wanted is not None and facts.user_profile else None), pending and not serving
 
 
@@ -184,6 +184,6 @@ def _remove(bundle: dict[str, str], installed: dict[str, bytes]) -> None:
     secure_install_dir(name=SECURE_NAME)  # the reset script runs elevated: nobody else may swap it
     winops.file(name=f"Put {POWER_SCRIPT} for the reset", dest=str(POWER_SCRIPT), data=installed[str(POWER_SCRIPT)])
     winops.uninstall(
-        name="Reset GPUs to default limits and clocks, unregister the tasks, remove C:\\ProgramData\\rigkit",
+        name=f"Reset GPUs to default limits and clocks, unregister the tasks, remove {INSTALL_DIR}",
         script=bundle["uninstall.ps1"], task_names=tasks,
     )

@@ -275,9 +275,9 @@ def code_strings(source: str) -> list[tuple[int, str]]:
     return found
 
 
-def retyped_rig_names(source: str) -> list[str]:
+def retyped_rig_names(source: str, literals: tuple[str, ...] = RIG_LITERALS) -> list[str]:
     return [f"line {line}: {literal!r} in {text[:80]!r}" for line, text in code_strings(source)
-            for literal in RIG_LITERALS if literal in text and not text.endswith(".j2")]  # a template's name
+            for literal in literals if literal in text and not text.endswith(".j2")]  # a template's name
 
 
 def test_rig_paths_and_names_live_in_one_module():
@@ -404,6 +404,132 @@ def test_the_windows_helpers_are_written_once_and_included_by_each_script():
             assert not again, f"{path.name} defines {again} again: use templates/windows/_helpers.ps1.j2"
     for name in WINDOWS_SCRIPTS:
         assert '{% include "windows/_helpers.ps1.j2" %}' in (folder / name).read_text(), name
+
+
+# A Windows rig's paths and names have their home too: rigkit/windows/names.py. These are the literals
+# that were once spread over the bundle, the role, its operations, watchdog, status and timing (status
+# retyped GPU-PowerPolicy). Linux's names.py spells two of the same file names for its own paths.
+WINDOWS_NAMES_HOME = "rigkit/windows/names.py"
+WINDOWS_TASKS = ("GPU-PowerPolicy", "LocalLLM-Bootstrap", "LocalLLM-Watchdog")
+WINDOWS_RIG_LITERALS = (
+    "ProgramData", *WINDOWS_TASKS, "gpu-power-policy.ps1", "llm-bootstrap.ps1", "rigkit-watchdog.ps1",
+    "watchdog.json", "rollout.lock", "vllm-api-key.env", "rigkit.log", "watchdog.log", "Docker Desktop.exe",
+    ".rigkit-commands",
+)
+
+
+def test_windows_rig_paths_and_names_live_in_one_module():
+    homes = {WINDOWS_NAMES_HOME, NAMES_HOME}
+    found = {str(path.relative_to(REPO)): hits for path in sources().values()
+             if str(path.relative_to(REPO)) not in homes
+             and (hits := retyped_rig_names(path.read_text(), WINDOWS_RIG_LITERALS))}
+    assert not found, f"import these from {WINDOWS_NAMES_HOME} instead: {found}"
+
+
+@pytest.mark.parametrize("planted", [
+    'API_KEY_FILE = INSTALL_DIR / "secrets" / "vllm-api-key.env"',
+    'INSTALL_DIR = PureWindowsPath(r"C:\\ProgramData\\rigkit")',
+    'doc = build_status(rig, now, "GPU-PowerPolicy", "")',
+    'def log(rig):\n    return f"{rig.file}: LocalLLM-Bootstrap may run {budget}"',
+    'files = {"scripts/rigkit-watchdog.ps1": render("windows/rigkit-watchdog.ps1.j2")}',
+])
+def test_the_windows_names_rule_sees_a_planted_copy(planted):
+    assert retyped_rig_names(f'r"""Puts C:\\ProgramData\\rigkit\\rollout.lock."""\n{planted}\n', WINDOWS_RIG_LITERALS)
+    clean = ('r"""Registers LocalLLM-Bootstrap (C:\\ProgramData\\rigkit\\llm-bootstrap.ps1)."""\n'
+             'SCRIPT = render("windows/llm-bootstrap.ps1.j2")  # GPU-PowerPolicy runs first\n')
+    assert not retyped_rig_names(clean, WINDOWS_RIG_LITERALS)
+
+
+def template_code(text: str) -> str:
+    """A Windows template without its comments: Jinja's {# #}, XML's <!-- -->, and PowerShell's from a #
+    outside a single-quoted string to the line's end (the templates quote with single quotes only)."""
+    text = re.sub(r"\{#.*?#\}|<!--.*?-->", "", text, flags=re.S)
+    code = []
+    for line in text.splitlines():
+        quoted = False
+        for at, char in enumerate(line):
+            quoted ^= char == "'"
+            if char == "#" and not quoted:
+                line = line[:at]
+                break
+        code.append(line)
+    return "\n".join(code)
+
+
+def windows_names_in_template(text: str) -> list[str]:
+    return [literal for literal in WINDOWS_RIG_LITERALS if literal in template_code(text)]
+
+
+def test_windows_templates_take_rig_paths_and_task_names_as_values():
+    """The scripts and task XML get every path and task name from rigkit.windows.names, rendered in (the
+    log sources and the bootstrap's line about GPU-PowerPolicy too); their comments may name them."""
+    found = {path.name: hits for path in (REPO / "templates" / "windows").glob("*.j2")
+             if (hits := windows_names_in_template(path.read_text()))}
+    assert not found, f"render these from {WINDOWS_NAMES_HOME} instead: {found}"
+    assert windows_names_in_template("$LogSource = 'LocalLLM-Bootstrap'\n") == ["LocalLLM-Bootstrap"]
+    assert windows_names_in_template("$KeyFile = 'C:\\ProgramData\\rigkit\\secrets\\vllm-api-key.env'  # x\n") == [
+        "ProgramData", "vllm-api-key.env"]
+    assert not windows_names_in_template("{#- GPU-PowerPolicy -#}\n# LocalLLM-Bootstrap's lock\n"
+                                         "$RolloutMaxS = 60  # LocalLLM-Bootstrap's limit\n<!-- rollout.lock -->\n"
+                                         "Write-Log ('{0}: a # in a string' -f $x)  # rigkit.log\n")
+
+
+# The Windows scripts' protocols, each written once in the include (as rigkit/rigside holds Linux's): the
+# one-token probe (Invoke-OneToken) and the rollout lock's one attempt (Enter-RolloutLock). Each caller keeps
+# its own waiting: the bootstrap waits for a holder and retries the probe up to its bounds, the watchdog
+# judges each answer. What each protocol's code says, whitespace, case and `System.` aside: a completion
+# request, and a file opened without sharing by [IO.File]::Open (Write-FileAtomically's FileStream is no lock).
+WINDOWS_PROTOCOLS = {
+    "the one-token probe": re.compile(r"/v1/completions|max_tokens"),
+    "the rollout lock's open": re.compile(r"\[io\.file\]::open\([^)]*\[io\.fileshare\]::none"),
+}
+WINDOWS_PROTOCOL_FUNCTIONS = ("function Invoke-OneToken", "function Enter-RolloutLock")
+
+
+def windows_protocols_written(text: str) -> list[str]:
+    flat = re.sub(r"\s|system\.", "", text.lower())
+    return [name for name, pattern in WINDOWS_PROTOCOLS.items() if pattern.search(flat)]
+
+
+def test_the_windows_probe_and_lock_are_written_once_in_the_include():
+    folder = REPO / "templates" / "windows"
+    include = (folder / "_helpers.ps1.j2").read_text()
+    assert windows_protocols_written(include) == list(WINDOWS_PROTOCOLS)
+    assert all(function in include for function in WINDOWS_PROTOCOL_FUNCTIONS)
+    again = {path.relative_to(REPO).as_posix(): found
+             for path in [*folder.glob("*.j2"), *(REPO / "rigkit" / "windows").glob("*.py")]
+             if path.name != "_helpers.ps1.j2" and (found := windows_protocols_written(path.read_text()))}
+    assert not again, f"written again: {again}; use templates/windows/_helpers.ps1.j2's Invoke-OneToken, Enter-RolloutLock"
+    for name in ("llm-bootstrap.ps1.j2", "rigkit-watchdog.ps1.j2"):
+        script = (folder / name).read_text()
+        assert "Invoke-OneToken " in script and "Enter-RolloutLock" in script, f"{name} does not use the include's"
+
+
+def test_the_windows_protocol_rule_sees_a_planted_copy():
+    probe = ("$body = @{ model = $stack.Model; prompt = 'ping'; MAX_TOKENS = 1 } | ConvertTo-Json -Compress\n"
+             "Invoke-RestMethod -Method Post -Uri ('http://127.0.0.1:{0}/v1/completions' -f $port) -Body $body\n")
+    lock = "$RolloutLock = [IO.File]::Open($LockFile, 'OpenOrCreate', 'ReadWrite', [System.IO.FileShare]:: None)\n"
+    assert windows_protocols_written(probe) == ["the one-token probe"]
+    assert windows_protocols_written(lock) == ["the rollout lock's open"]
+    # The connector's stager opens its script file shared for reading, Write-FileAtomically writes its state
+    # through an unshared stream: neither is the lock.
+    stager = "$hold = [IO.File]::Open($path, [IO.FileMode]::Open, [IO.FileAccess]::Read, [IO.FileShare]::Read)\n"
+    state = ("$stream = New-Object IO.FileStream($temporary, [IO.FileMode]::Create, [IO.FileAccess]::Write, "
+             "[IO.FileShare]::None, 4096, [IO.FileOptions]::WriteThrough)\n")
+    for other in (stager, state, "Invoke-OneToken $p $m $k 30 | Out-Null\n"):
+        assert windows_protocols_written(other) == [], other
+
+
+def test_each_rendered_windows_script_has_the_probe_and_the_lock_once():
+    from rigkit.config.loader import load_rig
+    from rigkit.windows.bundle import render_bundle
+    from rigkit.windows.names import BOOTSTRAP_SCRIPT, WATCHDOG_SCRIPT
+
+    bundle = render_bundle(load_rig(REPO / "tests/data/rigs/windows.yml", REPO / "tests/data/models"))
+    for script in (BOOTSTRAP_SCRIPT, WATCHDOG_SCRIPT):
+        text = bundle[f"scripts/{script.name}"]
+        assert [text.count(function) for function in WINDOWS_PROTOCOL_FUNCTIONS] == [1, 1], script.name
+        assert text.count("/v1/completions") == 1 and text.count("[IO.File]::Open(") == 1, script.name
 
 
 def test_names_spelled_out_where_the_runtime_cannot_be_imported_agree_with_it():

@@ -200,12 +200,8 @@ def raw_sent_scripts(rig) -> dict[str, str]:
     from rigkit.windows import facts, install_dir
     from rigkit.windows import operations as winops
     from rigkit.windows import acl_file, upload
-    from rigkit.windows.bundle import (
-        LOG_PATH,
-        TASK_BOOTSTRAP,
-        TASK_POWER,
-        render_bundle,
-    )
+    from rigkit.windows.bundle import render_bundle
+    from rigkit.windows.names import LOG_PATH, TASK_BOOTSTRAP, TASK_POWER
     from rigkit.windows.connector import file_stager
 
     path = f"C:\\ProgramData\\rigkit\\{HOSTILE}\\x.ps1"

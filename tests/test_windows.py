@@ -18,15 +18,8 @@ from tree_sitter import Language, Parser
 from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
 from rigkit.plumbing.render import ps_quote
-from rigkit.windows.bundle import (
-    INSTALL_DIR,
-    TASK_BOOTSTRAP,
-    TASK_POWER,
-    installed_files,
-    render_bundle,
-    same_task,
-    task_xml_path,
-)
+from rigkit.windows.bundle import installed_files, render_bundle, same_task
+from rigkit.windows.names import INSTALL_DIR, TASK_BOOTSTRAP, TASK_POWER, task_xml_path
 from tests.conftest import REPO
 
 NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
@@ -117,7 +110,9 @@ def test_bootstrap_script_does_what_the_field_notes_ask():
     assert "& $PowerScript\n" in script and "$PowerScript = 'C:\\ProgramData\\rigkit\\gpu-power-policy.ps1'" in script
     assert "'-pl'" not in script and "'-lgc'" not in script  # GPU-PowerPolicy's script alone sets them
     assert "Start-Process -FilePath $DockerDesktop" in script
-    assert "max_tokens = 1" in script and "-TimeoutSec 30" in script
+    # Each warm-up is the one-token probe (max_tokens 1), 30 s at most, retried up to the model's ready_timeout_s.
+    assert "max_tokens = 1" in script and "$ProbeTimeoutS = 30 " in script
+    assert "Invoke-OneToken $stack.Port $stack.Model $ApiKey $ProbeTimeoutS | Out-Null" in script
 
 
 def test_power_policy_script_is_declarative_like_linux():
@@ -184,7 +179,8 @@ def test_a_keyed_rigs_bundle_names_the_key_file_but_never_carries_the_key(tmp_pa
     bootstrap sends it as a header, install.ps1 refuses to run without it; the key is in no file."""
     import os
 
-    from rigkit.windows.bundle import API_KEY_FILE, write_bundle
+    from rigkit.windows.bundle import write_bundle
+    from rigkit.windows.names import API_KEY_FILE
 
     key_file = tmp_path / "key"
     key_file.write_text("rk-bundle-secret-0042\n")
@@ -197,7 +193,10 @@ def test_a_keyed_rigs_bundle_names_the_key_file_but_never_carries_the_key(tmp_pa
     assert '"format": "raw"' in compose and str(API_KEY_FILE).replace("\\", "\\\\") in compose
     install = (tmp_path / "bundle/install.ps1").read_text(encoding="utf-8-sig")
     assert f"$KeyFile = '{API_KEY_FILE}'" in install and "if (-not (Test-Path -LiteralPath $KeyFile -PathType Leaf))" in install
-    assert "-Headers $Headers" in (tmp_path / "bundle/scripts/llm-bootstrap.ps1").read_text(encoding="utf-8-sig")
+    bootstrap = (tmp_path / "bundle/scripts/llm-bootstrap.ps1").read_text(encoding="utf-8-sig")
+    assert "$ApiKey = Read-ApiKey @{ api_key_env_file = $KeyFile" in bootstrap  # read on the rig, from its file
+    assert "Invoke-OneToken $stack.Port $stack.Model $ApiKey" in bootstrap  # sent by the probe, as a header:
+    assert "if ($Key) { $headers['Authorization'] = 'Bearer ' + $Key }" in bootstrap
     unkeyed = render_bundle(load_rig(WIN_RIG, CATALOG))
     assert "$KeyFile" not in unkeyed["install.ps1"] and "env_file" not in unkeyed["scripts/stacks/qwen3-27b-awq/compose.yml"]
 

@@ -25,15 +25,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from rigkit.config.loader import load_rig
-from rigkit.windows.bundle import (
-    TASK_BOOTSTRAP,
-    TASK_POWER,
-    installed_files,
-    render_bundle,
-)
+from rigkit.windows.bundle import installed_files, render_bundle
+from rigkit.windows.names import TASK_BOOTSTRAP, TASK_POWER, TASK_WATCHDOG
 from rigkit.windows.timing import bootstrap_budget
 from rigkit.windows.upload import temporary_name
-from rigkit.windows.watchdog import TASK_WATCHDOG
 from tests.conftest import DATA, POLICY_RIG, TEST_CATALOG, copy_catalog, run_deploy
 from tests.ps51_rules import findings
 from tests.test_windows import parse_errors

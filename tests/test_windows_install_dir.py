@@ -29,18 +29,20 @@ from pathlib import PureWindowsPath
 import pytest
 
 from rigkit.config.loader import load_rig
-from rigkit.windows.bundle import (
+from rigkit.windows.bundle import installed_files, render_bundle
+from rigkit.windows.install_dir import ROOT, WindowsInstallDir, install_dir_problems
+from rigkit.windows.names import (
     API_KEY_FILE,
+    COPIER,
     INSTALL_DIR,
     LOG_PATH,
     ROLLOUT_LOCK,
-    installed_files,
+    SUBFOLDERS,
+    WATCHDOG_LOG_PATH,
+    WATCHDOG_STATE_DIR,
+    applied_path,
     recreate_marker,
-    render_bundle,
 )
-from rigkit.windows.install_dir import ROOT, SUBFOLDERS, WindowsInstallDir, install_dir_problems
-from rigkit.windows.operations import APPLIED_DIR
-from rigkit.windows.weights import COPIER
 from tests.conftest import DATA, TEST_CATALOG, run_deploy
 from tests.ps51_rules import PARSER, findings
 
@@ -59,7 +61,8 @@ SECURED = {"owner": ADMINS, "sids": [SYSTEM, ADMINS]}
 def test_every_path_rigkit_uses_is_in_a_folder_the_fact_reads():
     rig = load_rig(WIN_RIG, TEST_CATALOG)
     paths = [*installed_files(render_bundle(rig)), str(API_KEY_FILE), str(ROLLOUT_LOCK), str(LOG_PATH),
-             str(APPLIED_DIR / "x.txt"), str(COPIER), str(INSTALL_DIR / "watchdog" / "m.json"), recreate_marker("m")]
+             str(WATCHDOG_LOG_PATH), applied_path("x"), str(COPIER), str(WATCHDOG_STATE_DIR / "m.json"),
+             recreate_marker("m")]
     for path in paths:
         relative = PureWindowsPath(path).relative_to(INSTALL_DIR)
         assert len(relative.parts) == 1 or relative.parts[0] in SUBFOLDERS, path

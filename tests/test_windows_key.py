@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from rigkit.windows.bundle import API_KEY_FILE, INSTALL_DIR, TASK_BOOTSTRAP
+from rigkit.windows.names import API_KEY_FILE, INSTALL_DIR, TASK_BOOTSTRAP
 from rigkit.windows.upload import temporary_name
 from tests.conftest import DATA, REPO, TEST_CATALOG, copy_catalog, run_deploy
 from tests.ps51_rules import findings
@@ -136,7 +136,10 @@ def test_the_key_file_gets_its_acl_before_its_content_and_is_never_inlined(rig, 
     assert 'env_file: [{"path": "C:\\\\ProgramData\\\\rigkit\\\\secrets\\\\vllm-api-key.env", "format": "raw"}]' in compose
     bootstrap = on_rig(rig, "cat /C:/ProgramData/rigkit/llm-bootstrap.ps1")
     assert "$KeyFile = 'C:\\ProgramData\\rigkit\\secrets\\vllm-api-key.env'" in bootstrap
-    assert "-Headers $Headers" in bootstrap
+    # Read from its file on the rig, handed to the one-token probe, which sends it as a header.
+    assert "$ApiKey = Read-ApiKey @{ api_key_env_file = $KeyFile" in bootstrap
+    assert "Invoke-OneToken $stack.Port $stack.Model $ApiKey $ProbeTimeoutS" in bootstrap
+    assert "if ($Key) { $headers['Authorization'] = 'Bearer ' + $Key }" in bootstrap
     watchdog = json.loads(on_rig(rig, "cat /C:/ProgramData/rigkit/watchdog.json"))
     assert watchdog["api_key_env_file"] == str(API_KEY_FILE)
 

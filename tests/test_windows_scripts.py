@@ -158,7 +158,7 @@ def test_the_lock_tells_a_holder_from_a_lock_it_cannot_open():
     assert "@(32, 33) -contains ($cause.HResult -band 0xFFFF)" in text(held)  # ERROR_SHARING/LOCK_VIOLATION
     assert "[IO.IOException]" in text(held)
     bootstrap = bundle()["scripts/llm-bootstrap.ps1"]
-    assert "if (-not (Test-HeldByAnother $_)) { Stop-WithError ('cannot open the rollout lock" in bootstrap
+    assert "if (-not $RolloutLock.Held) { Stop-WithError ('cannot open the rollout lock" in bootstrap
 
 
 def test_holding_off_is_bounded_in_time_for_a_held_and_for_an_unreadable_lock(tmp_path):

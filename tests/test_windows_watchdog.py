@@ -17,8 +17,9 @@ import pytest
 
 from rigkit.config.loader import load_rig
 from rigkit.serving.watchdog import watchdog_config
-from rigkit.windows.bundle import API_KEY_FILE, ROLLOUT_LOCK, render_bundle
-from rigkit.windows.watchdog import LOAD_NAMES, PROGRESS_NAMES, TASK_WATCHDOG, schedule
+from rigkit.windows.bundle import render_bundle
+from rigkit.windows.names import API_KEY_FILE, ROLLOUT_LOCK, TASK_WATCHDOG
+from rigkit.windows.watchdog import LOAD_NAMES, PROGRESS_NAMES, schedule
 from tests.conftest import DATA, TEST_CATALOG
 from tests.ps51_rules import PARSER, _Script, findings
 from tests.test_watchdog import load_watchdog
@@ -228,9 +229,11 @@ def test_docker_is_reached_only_through_the_bounded_call_and_never_with_the_key(
     lines = {script.encode()[:n.start_byte].count(b"\n") for n in walk(root)
              if n.type == "variable" and text(n).lower() == "$key"}
     assert sorted(script.splitlines()[n].strip() for n in lines) == [
+        "$answer = Invoke-OneToken $Model.port $Model.served_model_name $Key $Model.probe_timeout_s",
         "$key = Read-ApiKey $config",
         "$probe = Test-Completion $Model $Key",
         "function Invoke-Check($Model, $Key, [string] $StateDir) {",
+        "function Invoke-OneToken([int] $Port, [string] $Model, [string] $Key, [int] $TimeoutS) {",
         "function Test-Completion($Model, $Key) {",
         "if ($Key) { $headers['Authorization'] = 'Bearer ' + $Key }",
         "if ((Invoke-Check $model $key $stateDir) -eq 'failed') { $failed = $true }",

@@ -24,8 +24,8 @@ import time
 import docker
 import pytest
 
-from rigkit.windows.bundle import TASK_BOOTSTRAP
 from rigkit.windows.facts import INSPECT_TIMEOUT_S
+from rigkit.windows.names import TASK_BOOTSTRAP
 from tests.conftest import DATA, WINDOWS_TEST_MODELS, copy_catalog, remove_test_stacks, run_deploy
 from tests.test_weights import make_checkpoint, sha256s
 from tests.vllm_standin.image import STABLE_TAG, ensure_standin_image

@@ -4,40 +4,44 @@ offline bundle a person installs with one elevated `install.ps1` (and removes wi
 rendering; nothing here talks to a rig.
 
 Values reach PowerShell only as single-quoted literals (`ps_quote`) or validated integers,
-and XML only through Jinja's XML autoescaping.
+and XML only through Jinja's XML autoescaping. Every path and task name on the rig is
+rigkit.windows.names'; the bundle's scripts/ folder is laid out as INSTALL_DIR is.
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from pathlib import Path, PureWindowsPath
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing.render import render
 from rigkit.rigside.keyfile import API_KEY_ENV_NAME
 from rigkit.rigside.names import served_name
 from rigkit.serving.compose import render_compose
-from rigkit.windows.install_dir import INSTALL_DIR, secure_install_script
+from rigkit.windows.install_dir import secure_install_script
+from rigkit.windows.names import (
+    API_KEY_FILE,
+    BOOTSTRAP_SCRIPT,
+    DOCKER_DESKTOP,
+    INSTALL_DIR,
+    LOG_PATH,
+    POWER_SCRIPT,
+    ROLLOUT_LOCK,
+    TASK_BOOTSTRAP,
+    TASK_POWER,
+    TASK_WATCHDOG,
+    TASKS,
+    WATCHDOG_CONFIG,
+    WATCHDOG_SCRIPT,
+    compose_path,
+    recreate_marker,
+    task_xml_path,
+)
 from rigkit.windows.timing import DOCKER_WAIT_S, POWER_TASK_LIMIT, bootstrap_budget
 from rigkit.windows.upload import UPLOAD_SUFFIX
-from rigkit.windows.watchdog import TASK_WATCHDOG, watchdog_files
+from rigkit.windows.watchdog import watchdog_script, watchdog_settings, watchdog_task_xml
 
-LOG_PATH = INSTALL_DIR / "logs" / "rigkit.log"
-POWER_SCRIPT = INSTALL_DIR / "gpu-power-policy.ps1"
-BOOTSTRAP_SCRIPT = INSTALL_DIR / "llm-bootstrap.ps1"
-DOCKER_DESKTOP = PureWindowsPath(r"C:\Program Files\Docker\Docker\Docker Desktop.exe")
-TASK_POWER = "GPU-PowerPolicy"
-TASK_BOOTSTRAP = "LocalLLM-Bootstrap"
-TASKS = (TASK_POWER, TASK_BOOTSTRAP, TASK_WATCHDOG)
-# The API key's env file (Compose reads it raw, as on Linux); SYSTEM and Administrators only
-# (rigkit.windows.acl_file). Not in the bundle: a deploy puts it, install.ps1 requires it.
-API_KEY_FILE = INSTALL_DIR / "secrets" / "vllm-api-key.env"
-# recreate\<model>.txt: the deploy copied the model's weights again; the bootstrap's next `docker
-# compose up` recreates that stack (a running container still serves the old ones), then removes it.
-RECREATE_DIR = INSTALL_DIR / "recreate"
-# Held by LocalLLM-Bootstrap for its whole run (a rollout); the watchdog never restarts meanwhile.
-ROLLOUT_LOCK = INSTALL_DIR / "locks" / "rollout.lock"
 # Filled with the installing user by install.ps1 (the task runs as the logged-in user).
 USER_PLACEHOLDER = "RIGKIT-INSTALLING-USER"
 _TASK_NS = "{http://schemas.microsoft.com/windows/2004/02/mit/task}"
@@ -66,7 +70,7 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
     stacks = [
         {
             "name": m.name,
-            "compose_file": str(INSTALL_DIR / "stacks" / m.name / "compose.yml"),
+            "compose_file": compose_path(m.name),
             "port": m.spec.port,
             "served_name": served_name(m),
             "ready_timeout_s": m.spec.ready_timeout_s,
@@ -75,12 +79,13 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
         for m in rig.models
     ]
     files = {
-        "scripts/gpu-power-policy.ps1": render(
-            "windows/gpu-power-policy.ps1.j2", rig_name=rig.name, gpus=gpus, **logs),
-        "scripts/llm-bootstrap.ps1": render(
+        _in_scripts(POWER_SCRIPT): render(
+            "windows/gpu-power-policy.ps1.j2", rig_name=rig.name, gpus=gpus, log_source=TASK_POWER, **logs),
+        _in_scripts(BOOTSTRAP_SCRIPT): render(
             "windows/llm-bootstrap.ps1.j2", rig_name=rig.name, stacks=stacks, power_script=str(POWER_SCRIPT),
-            docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S, budget_s=budget.total_s,
-            key_file=key_file, api_key_env_name=API_KEY_ENV_NAME, lock_path=str(ROLLOUT_LOCK), **logs),
+            power_task=TASK_POWER, docker_desktop_path=str(DOCKER_DESKTOP), docker_wait_s=DOCKER_WAIT_S,
+            budget_s=budget.total_s, key_file=key_file, api_key_env_name=API_KEY_ENV_NAME,
+            lock_path=str(ROLLOUT_LOCK), log_source=TASK_BOOTSTRAP, **logs),
         f"tasks/{TASK_POWER}.xml": render(
             "windows/task-gpu-power-policy.xml.j2", rig_name=rig.name, task_name=TASK_POWER, user=USER_PLACEHOLDER,
             script_path=str(POWER_SCRIPT), execution_time_limit=POWER_TASK_LIMIT,
@@ -95,17 +100,21 @@ def render_bundle(rig: RigConfig) -> dict[str, str]:
         "uninstall.ps1": render(
             "windows/uninstall.ps1.j2", rig_name=rig.name, install_dir=str(INSTALL_DIR),
             power_script=str(POWER_SCRIPT), task_names=list(TASKS)),
-        **watchdog_files(rig, INSTALL_DIR, LOG_PATH.parent, str(ROLLOUT_LOCK), key_file),
+        _in_scripts(WATCHDOG_SCRIPT): watchdog_script(rig),
+        _in_scripts(WATCHDOG_CONFIG): watchdog_settings(rig, key_file),
+        f"tasks/{TASK_WATCHDOG}.xml": watchdog_task_xml(rig),
     }
     for model in rig.models:
-        files[f"{STACKS_DIR}/{model.name}/compose.yml"] = render_compose(
+        files[_in_scripts(compose_path(model.name))] = render_compose(
             model, with_api_key=key_file is not None, env_file=str(API_KEY_FILE), host=rig.spec.serve_address,
             publish=True)
     return files
 
 
-def recreate_marker(model_name: str) -> str:
-    return str(RECREATE_DIR / f"{model_name}.txt")
+def _in_scripts(rig_path: PureWindowsPath | str) -> str:
+    """A file's path in the bundle's scripts/ folder, which install.ps1 copies into INSTALL_DIR as it
+    is laid out there (installed_files does the same over SSH)."""
+    return "scripts/" + PureWindowsPath(rig_path).relative_to(INSTALL_DIR).as_posix()
 
 
 def file_bytes(relative: str, content: str) -> bytes:
@@ -144,14 +153,16 @@ def installed_files(bundle: dict[str, str]) -> dict[str, bytes]:
     """{Windows path: bytes} a deploy over SSH puts on the rig, from `render_bundle`: the bundle's
     scripts and compose files where install.ps1 copies them, the tasks' XML beside them in `tasks`."""
     return {
-        str(INSTALL_DIR / PureWindowsPath(relative.removeprefix("scripts/"))): file_bytes(relative, content)
+        _installed_path(relative): file_bytes(relative, content)
         for relative, content in bundle.items()
         if relative.startswith(("scripts/", "tasks/"))
     }
 
 
-def task_xml_path(task_name: str) -> str:
-    return str(INSTALL_DIR / "tasks" / f"{task_name}.xml")
+def _installed_path(relative: str) -> str:
+    if relative.startswith("tasks/"):
+        return task_xml_path(PurePosixPath(relative).stem)
+    return str(INSTALL_DIR / PureWindowsPath(relative.removeprefix("scripts/")))
 
 
 def same_task(exported_xml: str, rendered_xml: str) -> bool:

@@ -27,6 +27,7 @@ from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import read_output_buffers
 
 from rigkit.plumbing.render import ps_quote
+from rigkit.windows.names import COMMAND_FILE_DIR
 
 # Progress records would arrive on stderr as CLIXML; output must be UTF-8 (redirected, Windows
 # PowerShell writes the OEM code page, which would mangle non-ASCII text such as an exported
@@ -62,8 +63,6 @@ def powershell_command_line(script: str) -> str:
 CMD_LINE_MAX = 8191
 SHELL_PREFIX_RESERVE = 300
 COMMAND_LINE_MAX = CMD_LINE_MAX - SHELL_PREFIX_RESERVE
-# Where a script too long for a command line is uploaded, relative to the account's home (SFTP's start).
-COMMAND_FILE_DIR = ".rigkit-commands"
 FILE_COMMAND_MARK = "# rigkit-file-command"
 
 

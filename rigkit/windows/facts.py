@@ -17,6 +17,7 @@ from pyinfra.api import FactBase
 from rigkit.gpu.nvsmi import EXIT_MARK, GpuReport, parse_query, query_arguments
 from rigkit.plumbing.render import ps_quote
 from rigkit.weights.layout import source_layout
+from rigkit.windows.names import DOCKER_DESKTOP_DISK_DIR, WSLCONFIG_NAME
 from rigkit.windows.preflight import PreflightFacts, parse_preflight
 
 ABSENT = "rigkit-absent"
@@ -222,10 +223,10 @@ def preflight_script(image: str | None, sources: dict[str, str]) -> str:
         + "'rigkit-section=host'\n"
         "'profile={0}' -f $env:USERPROFILE\n"
         "'memory={0}' -f (Get-CimInstance -ClassName Win32_ComputerSystem).TotalPhysicalMemory\n"
-        "'disk-dir={0}' -f (Join-Path $env:LOCALAPPDATA 'Docker\\wsl')\n"
+        f"'disk-dir={{0}}' -f (Join-Path $env:LOCALAPPDATA {ps_quote(DOCKER_DESKTOP_DISK_DIR)})\n"
         "'disk-free={0}' -f ([System.IO.DriveInfo] [System.IO.Path]::GetPathRoot($env:LOCALAPPDATA)).AvailableFreeSpace\n"
         "'rigkit-section=wslconfig'\n"
-        "$wslconfig = Join-Path $env:USERPROFILE '.wslconfig'\n"
+        f"$wslconfig = Join-Path $env:USERPROFILE {ps_quote(WSLCONFIG_NAME)}\n"
         # Its bytes, so its line endings and encoding come back as they are.
         "if (Test-Path -LiteralPath $wslconfig -PathType Leaf) { "
         "[Convert]::ToBase64String([IO.File]::ReadAllBytes($wslconfig)) } "

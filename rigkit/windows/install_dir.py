@@ -27,8 +27,6 @@ where it leads.
 
 from __future__ import annotations
 
-from pathlib import PureWindowsPath
-
 from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 
@@ -36,11 +34,8 @@ from rigkit.plumbing.facts_once import read_once
 from rigkit.plumbing.render import ps_quote
 from rigkit.windows.facts import ABSENT
 from rigkit.windows.acl_file import ADMINISTRATORS_SID, ALLOWED_SIDS, ICACLS_FUNCTION
+from rigkit.windows.names import INSTALL_DIR, SUBFOLDERS
 
-INSTALL_DIR = PureWindowsPath(r"C:\ProgramData\rigkit")  # everything rigkit puts on a Windows rig
-# Every folder rigkit puts something in, relative to INSTALL_DIR (tests/test_windows_install_dir.py
-# checks each path rigkit uses is under one of them).
-SUBFOLDERS = ("secrets", "watchdog", "locks", "logs", "stacks", "tasks", "applied", "weights", "recreate")
 ROOT = "."  # the install folder itself, in the fact's answer
 
 _ALLOWED = "@(" + ", ".join(ps_quote(s) for s in ALLOWED_SIDS) + ")"
@@ -128,7 +123,7 @@ def install_dir_problems(state: dict | None) -> list[str]:
         if set(folder["sids"]) != set(ALLOWED_SIDS):
             problems.append(f"{path} grants {', '.join(folder['sids']) or 'nobody'}, not SYSTEM and Administrators only")
         if name == ROOT and not folder["protected"]:
-            problems.append(f"{path} inherits entries from C:\\ProgramData")
+            problems.append(f"{path} inherits entries from {INSTALL_DIR.parent}")
     return problems
 
 

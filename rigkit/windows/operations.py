@@ -23,13 +23,24 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from rigkit.plumbing.render import ps_quote
-from rigkit.windows.bundle import INSTALL_DIR, same_task
+from rigkit.windows.bundle import same_task
 from rigkit.plumbing.facts_once import read_once
 from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsTextFile
 from rigkit.windows.install_dir import WindowsInstallDir
+from rigkit.windows.names import (
+    API_KEY_FILE,
+    INSTALL_DIR,
+    POWER_SCRIPT,
+    TASK_BOOTSTRAP,
+    TASK_POWER,
+    TASK_WATCHDOG,
+    WATCHDOG_CONFIG,
+    WATCHDOG_SCRIPT,
+    applied_path,
+    task_xml_path,
+)
 from rigkit.windows.upload import upload
 
-APPLIED_DIR = INSTALL_DIR / "applied"  # <task>.txt: digest of the inputs of its last successful run
 TASK_START_S = 20  # a task that has not started by then will not (e.g. its user is not logged on)
 
 
@@ -80,10 +91,7 @@ def task_inputs(installed: dict[str, bytes], api_key_file: bytes | None) -> dict
     and XML; the bootstrap every installed file but the watchdog's, and the API key's env file (a
     new key brings the stacks up again). The deploy records it after a successful run; status reads
     it back."""
-    from rigkit.windows.bundle import API_KEY_FILE, POWER_SCRIPT, TASK_BOOTSTRAP, TASK_POWER, task_xml_path
-    from rigkit.windows.watchdog import CONFIG_NAME, SCRIPT_NAME, TASK_WATCHDOG
-
-    watchdog_files = {str(INSTALL_DIR / SCRIPT_NAME), str(INSTALL_DIR / CONFIG_NAME), task_xml_path(TASK_WATCHDOG)}
+    watchdog_files = {str(WATCHDOG_SCRIPT), str(WATCHDOG_CONFIG), task_xml_path(TASK_WATCHDOG)}
     bootstrap = {path: data for path, data in installed.items() if path not in watchdog_files}
     if api_key_file is not None:
         bootstrap[str(API_KEY_FILE)] = api_key_file
@@ -93,7 +101,7 @@ def task_inputs(installed: dict[str, bytes], api_key_file: bytes | None) -> dict
 
 def ran_on(task_name: str, inputs: str) -> bool:
     """Whether the task's last successful run had these `inputs` (read from the rig while planning)."""
-    return read_once(WindowsTextFile, path=str(APPLIED_DIR / f"{task_name}.txt")) == inputs
+    return read_once(WindowsTextFile, path=applied_path(task_name)) == inputs
 
 
 @operation()
@@ -101,7 +109,7 @@ def run_task(task_name: str, inputs: str, wait_s: int, log_path: str, force: boo
     """Start the task and wait, bounded, for it to finish; fail with its result and the tail of
     rigkit's log. Skipped when its last successful run had these `inputs` (`inputs_digest`),
     unless `force` (the GPUs drifted, or a weights copy may run first: the caller's `_if` decides)."""
-    applied = str(APPLIED_DIR / f"{task_name}.txt")
+    applied = applied_path(task_name)
     if not force and ran_on(task_name, inputs):
         host.noop(f"{task_name} already ran on these files")
         return

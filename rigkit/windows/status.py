@@ -36,21 +36,17 @@ from rigkit.status.collect import READY_DEADLINE_S, document_path, latest_result
 from rigkit.status.report import Commands, build_status
 from rigkit.weights.engine import dial_command, rig_engine
 from rigkit.windows import operations as winops
-from rigkit.windows.bundle import INSTALL_DIR, TASKS, installed_files, render_bundle, same_task
+from rigkit.windows.bundle import installed_files, render_bundle, same_task
 from rigkit.windows.facts import ScheduledTaskXml, WindowsFileSha256, WindowsNvidiaGpus
+from rigkit.windows.names import TASK_POWER, TASKS, compose_path
 from rigkit.windows.weights import volume_states
 
 ADMIN = "an elevated administrator (PowerShell)"
 
 
-def compose_path(model: ModelConfig) -> str:
-    return str(INSTALL_DIR / "stacks" / model.name / "compose.yml")
-
-
 def recreate_command(model_name: str) -> str:
     """What recreates a model's container on the rig (the bootstrap's own `up -d --force-recreate`)."""
-    return subprocess.list2cmdline(["docker", "compose", "-f", str(INSTALL_DIR / "stacks" / model_name / "compose.yml"),
-                                    "up", "-d", "--force-recreate"])
+    return subprocess.list2cmdline(["docker", "compose", "-f", compose_path(model_name), "up", "-d", "--force-recreate"])
 
 
 def _key(rig: RigConfig) -> tuple[str | None, bytes | None]:
@@ -108,8 +104,8 @@ def _ready(model: ModelConfig, key: str | None) -> dict:
 
 def stacks(rig: RigConfig, installed_sha: dict[str, str | None], key: str | None) -> dict:
     """The Linux probe's `stacks` for a Windows rig."""
-    found = {m.name: {"deployed": installed_sha.get(compose_path(m)) is not None,
-                      "files": {"compose.yml": installed_sha.get(compose_path(m))}} for m in rig.models}
+    found = {m.name: {"deployed": installed_sha.get(compose_path(m.name)) is not None,
+                      "files": {"compose.yml": installed_sha.get(compose_path(m.name))}} for m in rig.models}
     try:
         with rig_engine(host.connector.client.get_transport(), dial_command(host.connector)) as client:
             for model in rig.models:
@@ -131,12 +127,12 @@ def collect_windows(rig: RigConfig, status_dir: Path, inventory: str, results_di
     installed = installed_files(bundle)
     key, key_file = _key(rig)
     installed_sha = {path: host.get_fact(WindowsFileSha256, path=path) for path in installed}
-    compose_files = {compose_path(m) for m in rig.models}
-    wanted = {m.name: {"compose.yml": hashlib.sha256(installed[compose_path(m)]).hexdigest()} for m in rig.models}
+    compose_files = {compose_path(m.name) for m in rig.models}
+    wanted = {m.name: {"compose.yml": hashlib.sha256(installed[compose_path(m.name)]).hexdigest()} for m in rig.models}
     probe = {"stacks": stacks(rig, installed_sha, key), "volumes": {}}
     results, skipped = latest_results(rig, results_dir)
     doc = build_status(rig, host.name, commands, host.get_fact(WindowsNvidiaGpus), probe, volume_states(rig), wanted,
-                       results, now, "GPU-PowerPolicy", history_notes=skipped,
+                       results, now, TASK_POWER, history_notes=skipped,
                        scheduled_tasks=task_states(rig, bundle, installed, key_file),
                        recreate=lambda name: commands.on_rig(recreate_command(name)))
     if rig.spec.gpu_policy == "apply":

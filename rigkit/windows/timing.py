@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from rigkit.config.errors import Problem
 from rigkit.config.schema import RigConfig
+from rigkit.windows.names import TASK_BOOTSTRAP
 
 DOCKER_WAIT_S = 180  # Docker Desktop starting at logon
 # The GPU policy's nvidia-smi calls, powershell.exe starting, logging; the rollout lock (30 s at most).
@@ -73,10 +74,10 @@ def timing_findings(rig: RigConfig) -> tuple[list[Problem], list[str]]:
     budget = bootstrap_budget(rig)
     if budget.limit_s > TASK_LIMIT_MAX_S:
         return [Problem(rig.file, "models", None,
-                        f"LocalLLM-Bootstrap would need {budget.arithmetic()}, above Task Scheduler's "
+                        f"{TASK_BOOTSTRAP} would need {budget.arithmetic()}, above Task Scheduler's "
                         f"{TASK_LIMIT_MAX_S // 3600} h limit; lower ready_timeout_s in the models' catalog entries "
                         "or serve fewer models from this rig")], []
     if budget.limit_s > LONG_WAIT_S:
-        return [], [f"{rig.file}: LocalLLM-Bootstrap may run {budget.arithmetic()}: at logon, and in a deploy "
+        return [], [f"{rig.file}: {TASK_BOOTSTRAP} may run {budget.arithmetic()}: at logon, and in a deploy "
                     f"that runs it, a model that never answers is reported only after {budget.deploy_wait_s} s"]
     return [], []

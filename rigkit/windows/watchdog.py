@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import PureWindowsPath
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing.render import render
 from rigkit.serving.watchdog import timer_interval_s, watched, watchdog_config
+from rigkit.windows.names import (
+    LOGS_DIR,
+    ROLLOUT_LOCK,
+    TASK_WATCHDOG,
+    WATCHDOG_CONFIG,
+    WATCHDOG_LOG_PATH,
+    WATCHDOG_SCRIPT,
+    WATCHDOG_STATE_DIR,
+)
 from rigkit.windows.timing import bootstrap_budget
 
-TASK_WATCHDOG = "LocalLLM-Watchdog"
-SCRIPT_NAME = "rigkit-watchdog.ps1"
-CONFIG_NAME = "watchdog.json"
 # The Linux watchdog's signals (templates/serving/rigkit-watchdog: PROGRESS, LOAD; a test keeps them equal).
 PROGRESS_NAMES = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count")
 LOAD_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -66,23 +71,29 @@ def schedule(rig: RigConfig) -> WatchdogSchedule:
     return WatchdogSchedule(pass_interval_s, repeat_s, math.ceil((repeat_s + worst_pass_s + MARGIN_S) / 60) * 60)
 
 
-def watchdog_files(rig: RigConfig, install_dir: PureWindowsPath, log_dir: PureWindowsPath, lock_path: str,
-                   api_key_file: str | None) -> dict[str, str]:
-    """{path inside the bundle: content}: the script and its settings under scripts/, the task's XML."""
+def watchdog_script(rig: RigConfig) -> str:
+    """The script LocalLLM-Watchdog runs (WATCHDOG_SCRIPT)."""
     plan = schedule(rig)
-    config_path = str(install_dir / CONFIG_NAME)
-    script = render(
-        "windows/rigkit-watchdog.ps1.j2", rig_name=rig.name, task_name=TASK_WATCHDOG, config_path=config_path,
-        lock_path=lock_path, log_path=str(log_dir / "watchdog.log"), log_dir=str(log_dir),
+    return render(
+        "windows/rigkit-watchdog.ps1.j2", rig_name=rig.name, task_name=TASK_WATCHDOG, config_path=str(WATCHDOG_CONFIG),
+        lock_path=str(ROLLOUT_LOCK), log_path=str(WATCHDOG_LOG_PATH), log_dir=str(LOGS_DIR),
         run_for_s=plan.repeat_s, pass_interval_s=plan.pass_interval_s, metrics_timeout_s=METRICS_TIMEOUT_S,
         docker_timeout_s=DOCKER_TIMEOUT_S, stop_grace_s=STOP_GRACE_S, progress_names=PROGRESS_NAMES,
         load_names=LOAD_NAMES, rollout_max_s=bootstrap_budget(rig).deploy_wait_s,
         lock_unreadable_limit_s=LOCK_UNREADABLE_LIMIT_S,
     )
-    config = watchdog_config(rig, with_api_key=api_key_file is not None, api_key_env_file=api_key_file or "",
-                             state_dir=str(install_dir / "watchdog"))
-    xml = render(
+
+
+def watchdog_settings(rig: RigConfig, api_key_file: str | None) -> str:
+    """Its settings (WATCHDOG_CONFIG): the Linux watchdog's, with the Windows rig's paths."""
+    return watchdog_config(rig, with_api_key=api_key_file is not None, api_key_env_file=api_key_file or "",
+                           state_dir=str(WATCHDOG_STATE_DIR))
+
+
+def watchdog_task_xml(rig: RigConfig) -> str:
+    """The task's XML: as SYSTEM, repeated at `schedule`'s interval, disabled when no model is watched."""
+    plan = schedule(rig)
+    return render(
         "windows/task-watchdog.xml.j2", rig_name=rig.name, task_name=TASK_WATCHDOG, repeat=plan.repeat,
-        execution_time_limit=plan.limit, enabled=bool(watched(rig)), script_path=str(install_dir / SCRIPT_NAME),
+        execution_time_limit=plan.limit, enabled=bool(watched(rig)), script_path=str(WATCHDOG_SCRIPT),
     )
-    return {f"scripts/{SCRIPT_NAME}": script, f"scripts/{CONFIG_NAME}": config, f"tasks/{TASK_WATCHDOG}.xml": xml}

@@ -18,10 +18,8 @@ from rigkit.rigside.names import volume_name
 from rigkit.weights.layout import helper_image
 from rigkit.weights.operation import copy_operations
 from rigkit.windows import operations as winops
-from rigkit.windows.bundle import INSTALL_DIR
 from rigkit.windows.facts import WindowsWeightsVolumeState
-
-COPIER = INSTALL_DIR / "weights" / "rigkit-copy.py"
+from rigkit.windows.names import COPIER
 
 
 def weights_onto_volumes(rig: RigConfig, verify: bool = False) -> dict:
