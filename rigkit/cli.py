@@ -70,9 +70,7 @@ def deploy(args: argparse.Namespace) -> int:
             return CONFIG_ERROR
         command += ["--data", "rigkit_verify=never"]
     command += accept_slower_data(args.accept_slower)
-    if args.limit:
-        command += ["--limit", args.limit]
-    return pyinfra_command.run_here(command + pyinfra_flags(args) + [args.inventory, "deploy.py"], "deploy")
+    return _run_entry(command, args, "deploy")
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -82,10 +80,14 @@ def verify(args: argparse.Namespace) -> int:
     names = reached_rigs("verify", args.inventory, args.limit, whole_fleet=True)
     if isinstance(names, int):
         return names
-    command = ["-y", "--data", "rigkit_verify=always"]
+    return _run_entry(["-y", "--data", "rigkit_verify=always"], args, "verify")
+
+
+def _run_entry(command: list[str], args: argparse.Namespace, entry: str) -> int:
+    """pyinfra with `command`, the rig `--limit`, the pass-through flags and the inventory, on `entry`.py."""
     if args.limit:
-        command += ["--limit", args.limit]
-    return pyinfra_command.run_here(command + pyinfra_flags(args) + [args.inventory, "verify.py"], "verify")
+        command = [*command, "--limit", args.limit]
+    return pyinfra_command.run_here(command + pyinfra_flags(args) + [args.inventory, f"{entry}.py"], entry)
 
 
 def status(args: argparse.Namespace) -> int:

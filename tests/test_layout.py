@@ -280,9 +280,14 @@ def retyped_rig_names(source: str, literals: tuple[str, ...] = RIG_LITERALS) -> 
             for literal in literals if literal in text and not text.endswith(".j2")]  # a template's name
 
 
+def spelled_outside(files, homes: set[str], finder) -> dict[str, list[str]]:
+    """What `finder` flags in each file's text, by repository path, the home modules left out."""
+    return {str(path.relative_to(REPO)): hits for path in files
+            if str(path.relative_to(REPO)) not in homes and (hits := finder(path.read_text()))}
+
+
 def test_rig_paths_and_names_live_in_one_module():
-    found = {str(path.relative_to(REPO)): hits for path in sources().values()
-             if str(path.relative_to(REPO)) != NAMES_HOME and (hits := retyped_rig_names(path.read_text()))}
+    found = spelled_outside(sources().values(), {NAMES_HOME}, retyped_rig_names)
     assert not found, f"import these from {NAMES_HOME} instead: {found}"
 
 
@@ -340,8 +345,7 @@ def spelled_stack_contract(source: str) -> list[str]:
 def test_the_stack_contract_is_spelled_in_one_module():
     files = [*sources().values(), *rig_python_scripts()]
     assert REPO / "templates/serving/rigkit-stack" in files and REPO / "roles/verify.py" in files
-    found = {str(path.relative_to(REPO)): hits for path in files
-             if str(path.relative_to(REPO)) != CONTRACT_HOME and (hits := spelled_stack_contract(path.read_text()))}
+    found = spelled_outside(files, {CONTRACT_HOME}, spelled_stack_contract)
     assert not found, f"take these from {CONTRACT_HOME} (its names, its *_command functions) instead: {found}"
 
 
@@ -419,10 +423,8 @@ WINDOWS_RIG_LITERALS = (
 
 
 def test_windows_rig_paths_and_names_live_in_one_module():
-    homes = {WINDOWS_NAMES_HOME, NAMES_HOME}
-    found = {str(path.relative_to(REPO)): hits for path in sources().values()
-             if str(path.relative_to(REPO)) not in homes
-             and (hits := retyped_rig_names(path.read_text(), WINDOWS_RIG_LITERALS))}
+    found = spelled_outside(sources().values(), {WINDOWS_NAMES_HOME, NAMES_HOME},
+                            lambda text: retyped_rig_names(text, WINDOWS_RIG_LITERALS))
     assert not found, f"import these from {WINDOWS_NAMES_HOME} instead: {found}"
 
 
