@@ -35,6 +35,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,11 +114,20 @@ def hub_snapshot(root: Path, shards: int, shard_bytes: int) -> tuple[Path, Path]
     return repo, snapshot
 
 
+def shipped_copier() -> Path:
+    """The copier as rigkit ships it (rigkit/weights/copier.py), in a file: the bench runs it as a process."""
+    from rigkit.weights.copier import copier_source
+
+    path = Path(tempfile.gettempdir()) / "rigkit-bench-copier.py"
+    path.write_text(copier_source())
+    return path
+
+
 def time_copier(repo: Path, snapshot: Path, dst: Path, checks: bool, cold: bool = True) -> tuple[float, dict]:
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
     env = {**os.environ, "RIGKIT_WEIGHTS_PROOFS": "on" if checks else "off"}
-    copier = Path(__file__).resolve().parents[1] / "templates" / "weights" / "rigkit-copy.py"
+    copier = shipped_copier()
     if cold:
         drop_caches()
     else:
@@ -188,24 +198,22 @@ def checkpoint_folder(shards: int) -> Path:
     return folder
 
 
-def openssh_commands(join: str):
-    """What rigkit's relay joins the rigs with, from host data as an inventory gives it (rigkit/plumbing/ssh.py):
-    two `ssh` commands, or None for the deploy's paramiko channels (`--relay-join paramiko`)."""
+def openssh_commands():
+    """The two `ssh` commands rigkit's relay joins the rigs with, from host data as an inventory gives it
+    (rigkit/plumbing/ssh.py)."""
     from types import SimpleNamespace
 
     from rigkit.config.inventory import ssh_target
     from rigkit.plumbing.ssh import openssh_command
     from tests.simrig.rig import ssh_keypair
 
-    if join == "paramiko":
-        return None
     data = {"ssh_user": "root", "ssh_key": str(ssh_keypair()), "ssh_known_hosts_file": "/dev/null",
             "ssh_strict_host_key_checking": "off"}
     return tuple(openssh_command(ssh_target(SimpleNamespace(name="127.0.0.1", data={**data, "ssh_port": port})))
                  for _, port in RELAY_RIGS)
 
 
-def time_relay(client, transports, model, chunk_bytes: int, join: str = "openssh") -> tuple[float, dict]:
+def time_relay(client, transports, model, chunk_bytes: int) -> tuple[float, dict]:
     from rigkit.weights.relay import relay
 
     for v in client.volumes.list(filters={"name": RELAY_VOLUMES[1]}):
@@ -213,7 +221,7 @@ def time_relay(client, transports, model, chunk_bytes: int, join: str = "openssh
     client.volumes.create(RELAY_VOLUMES[1])
     drop_caches()
     started = time.monotonic()
-    report = relay(transports[0], transports[1], model, "bench-a", chunk_bytes, openssh=openssh_commands(join))
+    report = relay(transports[0], model, "bench-a", chunk_bytes, openssh_commands())
     return time.monotonic() - started, report
 
 
@@ -233,7 +241,7 @@ def time_rsync(client, source_dir: str, port: int) -> float:
     return time.monotonic() - started
 
 
-def rig_to_rig(relay_gb: float, chunk_bytes: int, join: str) -> None:
+def rig_to_rig(relay_gb: float, chunk_bytes: int) -> None:
     from rigkit.config.schema import ModelSpec as Spec
     from tests.simrig.rig import SimRig
 
@@ -247,7 +255,7 @@ def rig_to_rig(relay_gb: float, chunk_bytes: int, join: str) -> None:
         for v in client.volumes.list(filters={"name": RELAY_VOLUMES[0]}):
             v.remove(force=True)
         source_dir = client.volumes.create(RELAY_VOLUMES[0]).attrs["Mountpoint"]
-        copier = Path(__file__).resolve().parents[1] / "templates" / "weights" / "rigkit-copy.py"
+        copier = shipped_copier()
         subprocess.run([sys.executable, str(copier), "copy", str(src), source_dir], check=True, capture_output=True)
         shutil.rmtree(src)  # the disk holds rig A's volume and one copy at a time
         total = sum(p.stat().st_size for p in Path(source_dir).rglob("*") if p.is_file() and ".rigkit" not in p.parts)
@@ -258,13 +266,13 @@ def rig_to_rig(relay_gb: float, chunk_bytes: int, join: str) -> None:
         model_b = ModelConfig("bench-relay-b", spec, Path("bench-relay-b.yml"))
         ssh = [ssh_client(port) for _, port in RELAY_RIGS]
         transports = [c.get_transport() for c in ssh]
-        print(f"SSH ciphers: rigkit (paramiko) {transports[0].remote_cipher}; rsync: OpenSSH's default")
+        print("SSH ciphers: rigkit's relay, OpenSSH with AES-GCM first; rsync, OpenSSH's default")
         runs = []
         for which in ("relay", "rsync", "rsync", "relay"):
             if which == "relay":
-                seconds, report = time_relay(client, transports, model_b, chunk_bytes, join)
+                seconds, report = time_relay(client, transports, model_b, chunk_bytes)
                 assert report["received_bytes"] == total, report
-                which = f"relay ({report['sent_from']} to {report['volume_path']}, joined by {report['joined_by']})"
+                which = f"relay ({report['sent_from']} to {report['volume_path']})"
             else:
                 seconds = time_rsync(client, source_dir, RELAY_RIGS[0][1])
             runs.append((which, seconds))
@@ -290,8 +298,6 @@ def main() -> None:
     parser.add_argument("--relay-gb", type=float, default=10.7, help="rig to rig: the checkpoint's size (GB)")
     parser.add_argument("--relay-prepare", action="store_true", help="rig to rig: only make the checkpoint (no Docker)")
     parser.add_argument("--relay-chunk-mb", type=int, default=64, help="rig to rig: the receiver's chunk (MiB)")
-    parser.add_argument("--relay-join", choices=("openssh", "paramiko"), default="openssh",
-                        help="rig to rig: what joins the rigs (rigkit uses OpenSSH where the inventory allows)")
     parser.add_argument("--shard-mb", type=int, default=300)
     parser.add_argument("--proofs-only", action="store_true", help="only the source checks' cost (no Docker)")
     parser.add_argument("--proofs-dir", type=Path, default=Path("/tmp/rigkit-bench-proofs"))
@@ -302,7 +308,7 @@ def main() -> None:
         checkpoint_folder(max(1, round(args.relay_gb * 1e9 / (1 << 30))))
         return
     if args.rig_to_rig:
-        rig_to_rig(args.relay_gb, args.relay_chunk_mb << 20, args.relay_join)
+        rig_to_rig(args.relay_gb, args.relay_chunk_mb << 20)
         return
     if args.proofs_only:
         proof_cost(args.proofs_dir, args.shard_mb, cold=not args.proofs_warm)

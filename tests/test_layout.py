@@ -233,11 +233,11 @@ def test_templates_are_found_the_same_in_an_installed_copy(tmp_path):
     shutil.copytree(REPO / "rigkit", site / "rigkit", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "templates", site / "rigkit" / "_templates")
     probe = ("from rigkit.plumbing.render import template_path, template_text; "
-             "print(template_path('serving/rigkit-stack')); print(len(template_text('weights/rigkit-copy.py')))")
+             "print(template_path('serving/rigkit-stack')); print(len(template_text('weights/copier/main.py')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site)},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == str(site / "rigkit" / "_templates" / "serving" / "rigkit-stack")
-    assert int(out[1]) == len((REPO / "templates/weights/rigkit-copy.py").read_text())
+    assert int(out[1]) == len((REPO / "templates/weights/copier/main.py").read_text())
 
 
 def test_every_package_ships_in_the_wheel():

@@ -1,5 +1,5 @@
-"""The weights copier (templates/weights/rigkit-copy.py) run directly on local folders, the
-way the deploy's read-only fact runs its `check` on the rig. No Docker.
+"""The weights copier (templates/weights/copier/) run directly on local folders, as the one file rigkit
+ships (rigkit/weights/copier.py), the way the deploy's read-only fact runs its `check` on the rig. No Docker.
 
 Simulated: a full disk, by pointing the copy's partial file at /dev/full (every write, or
 the flush at close, fails with ENOSPC), as a volume that fills while a file is written.
@@ -10,20 +10,34 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import REPO
 
-COPIER = REPO / "templates" / "weights" / "rigkit-copy.py"
+
+
+def shipped_copier() -> Path:
+    """The copier as rigkit ships it, in a file of its own for this test process."""
+    from rigkit.weights.copier import copier_source
+
+    path = Path(tempfile.mkdtemp(prefix="rigkit-copier-")) / "rigkit-copier.py"
+    path.write_text(copier_source())
+    return path
+
+
+COPIER = shipped_copier()
 
 
 def run(mode: str, src: Path, dst: Path, root: Path | None = None) -> tuple[int, dict]:
@@ -113,12 +127,18 @@ def test_an_empty_or_missing_source_is_an_error_not_complete(tmp_path, make, wor
     assert not (dst / ".rigkit" / "complete").exists()
 
 
-def load_copier(src: Path, dst: Path):
-    spec = importlib.util.spec_from_file_location("rigkit_copy", COPIER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.SRC, module.DST, module.ROOT = str(src), str(dst), str(src)
-    return module
+def load_copier(src: Path, dst: Path) -> SimpleNamespace:
+    """The copier's modules, imported from its package in templates/, its places set to these folders:
+    the names a test calls (state, proofs, local_copy) in one namespace."""
+    folder = REPO / "templates" / "weights" / "copier"
+    if "rigkit_copier" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("rigkit_copier", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        sys.modules["rigkit_copier"] = package = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(package)
+    modules = [importlib.import_module(f"rigkit_copier.{name}") for name in ("state", "proofs", "local_copy")]
+    modules[0].SRC, modules[0].DST, modules[0].ROOT = str(src), str(dst), str(src)
+    return SimpleNamespace(**{k: v for m in modules for k, v in vars(m).items() if not k.startswith("__")})
 
 
 @pytest.mark.parametrize("size", [100, 40 * 1024 * 1024])  # fails at close (buffered), and at a write mid-file
@@ -144,7 +164,7 @@ def test_a_disk_that_fills_during_a_file_ends_with_enospc_not_a_hang(tmp_path, s
     assert outcome == [errno.ENOSPC]
 
 
-def test_the_space_check_counts_only_what_is_added(tmp_path):
+def test_the_space_check_counts_only_what_is_added(tmp_path, monkeypatch):
     """A changed 3 MB file replacing a 3 MB file needs no new space: statvfs is patched to
     report 1 MB free, and the copy still goes ahead."""
     src, dst = tmp_path / "src", tmp_path / "dst"
@@ -155,7 +175,8 @@ def test_the_space_check_counts_only_what_is_added(tmp_path):
     assert copier.copy() == 0
     (src / "w.bin").write_bytes(os.urandom(3_000_000))
     real = os.statvfs(dst)
-    copier.os.statvfs = lambda path: type("S", (), {"f_bavail": 1_000_000 // real.f_frsize, "f_frsize": real.f_frsize})()
+    monkeypatch.setattr(os, "statvfs", lambda path: type("S", (), {"f_bavail": 1_000_000 // real.f_frsize,
+                                                                   "f_frsize": real.f_frsize})())
     assert copier.copy() == 0
     assert (dst / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
     (src / "new.bin").write_bytes(os.urandom(2_000_000))

@@ -1,4 +1,4 @@
-"""Source integrity in the weights copier (templates/weights/rigkit-copy.py), run directly on local
+"""Source integrity in the weights copier (templates/weights/copier/proofs.py), run directly on local
 folders as tests/test_weights_copier.py does. No Docker.
 
 Real: the Hugging Face cache layout (a snapshot folder of symlinks into ../../blobs, LFS blobs named
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from pathlib import Path
 

@@ -1,5 +1,5 @@
-"""Weights from another rig, without Docker: the copier's send and receive (templates/weights/
-rigkit-copy.py) run as local processes on two folders, this test pumping the sender's stdout into
+"""Weights from another rig, without Docker: the copier's send and receive (templates/weights/copier/,
+shipped as one file) run as local processes on two folders, this test pumping the sender's stdout into
 the receiver's stdin as the controller's relay does over two SSH channels (rigkit/weights/relay.py;
 the SSH path itself is tested in test_weights_relay_rigs.py); and the inventory's rig sources, refused
 by `rigkit deploy` in one line before any rig is reached (the rigs' addresses here answer nothing).
@@ -8,7 +8,6 @@ by `rigkit deploy` in one line before any rig is reached (the rigs' addresses he
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -172,6 +171,28 @@ def test_bad_rig_sources_are_refused_in_one_line_before_any_rig_is_reached(tmp_p
     assert len(run.stderr.strip().splitlines()) <= 3, run.stderr
 
 
+@pytest.mark.parametrize("data, said", [
+    ({"ssh_password": "s3cret"}, "its inventory data gives a password (ssh_password or ssh_key_password)"),
+    ({"ssh_paramiko_connect_kwargs": {"banner_timeout": 60}},
+     "its inventory data gives paramiko's own arguments (banner_timeout); put such settings in an SSH config file"),
+    ({"ssh_strict_host_key_checking": "ask"}, "ssh_strict_host_key_checking 'ask' would prompt; use yes, accept-new"),
+])
+def test_a_rig_source_the_relay_cannot_reach_over_openssh_is_refused_with_the_reason(tmp_path, data, said):
+    """The relay's one transport is OpenSSH's `ssh`: a rig it cannot reach as the deploy does is refused
+    as a source's target before any rig is reached (the addresses here answer nothing), and the secret
+    itself is never printed."""
+    inventory = fleet(tmp_path, {"m": "/srv/m", "n": "{rig: rig-a, volume: rigkit-weights-m}"},
+                      {"rig-a": ["m"], "rig-b": ["n"]})
+    hosts = eval(inventory.read_text().removeprefix("rigs = "))  # noqa: S307: the list this test wrote
+    hosts[1][1].update(data)
+    inventory.write_text(f"rigs = {hosts!r}\n")
+    run = deploy(inventory)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert (f"weights.source rig rig-a volume rigkit-weights-m: the copy between rigs runs over OpenSSH's `ssh`, "
+            f"which cannot reach rig rig-b as the deploy does: {said}") in run.stderr, run.stderr
+    assert "s3cret" not in run.stdout + run.stderr and "Traceback" not in run.stderr
+
+
 def check_one_model(tmp_path: Path, weights: str, rig_file: str, models: str) -> subprocess.CompletedProcess:
     """`rigkit check` of a rig (a copy of tests/data/rigs/RIG_FILE) serving one model with these weights."""
     (tmp_path / "m.yml").write_text(MODEL.replace("SOURCE", weights).replace("PORT", "18300"))
@@ -197,6 +218,14 @@ def test_rigs_sharing_a_source_take_it_from_the_first_unless_they_are_one_machin
     assert shared["a"].models[0].spec.weights.source == "/srv/m"
     assert str(shared["b"].models[0].spec.weights.source) == "rig a volume rigkit-weights-m"
     assert shared["c"].models[0].spec.weights.source == "/srv/m"  # rig a's own machine: its volume already
+    # A rig the relay cannot reach (a password: no OpenSSH) is never paired: each copies from its folder.
+    unreachable = share_sources([FleetRig("a", rig, "10.0.0.1:22"), FleetRig("b", rig, "10.0.0.2:22", "a password"),
+                                 FleetRig("d", rig, "10.0.0.3:22")])
+    assert [unreachable[n].models[0].spec.weights.source for n in "ab"] == ["/srv/m", "/srv/m"]
+    assert str(unreachable["d"].models[0].spec.weights.source) == "rig a volume rigkit-weights-m"
+    first_unreachable = share_sources([FleetRig("a", rig, "10.0.0.1:22", "a password"),
+                                       FleetRig("b", rig, "10.0.0.2:22")])
+    assert [first_unreachable[n].models[0].spec.weights.source for n in "ab"] == ["/srv/m", "/srv/m"]
 
 
 def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_copy_takes_only_it(tmp_path):

@@ -1,4 +1,4 @@
-"""How the weights relay joins two rigs through OpenSSH (rigkit/weights/relay.py `_join_openssh`), without
+"""How the weights relay joins two rigs through OpenSSH (rigkit/weights/relay.py `join_rigs`), without
 Docker and without rigs: each "ssh RIG" is `sh -c` here, which is what `ssh` does with its command on
 the far side (hands it to the user's shell), so the copier's receive and send run as local processes on
 two folders, their stdout and stdin joined by the relay's own pipe. What this simulates: the two SSH
@@ -23,7 +23,7 @@ import pytest
 from rigkit.config.inventory import ssh_target
 from rigkit.config.schema import ModelConfig, ModelSpec
 from rigkit.plumbing.ssh import gcm_first_transport, openssh_command
-from rigkit.weights.relay import RelayError, _join_openssh
+from rigkit.weights.relay import RelayError, join_rigs
 from tests.simrig.rig import ssh_keypair
 from tests.test_weights_relay import CHUNK, journaled_bytes, source_volume
 from tests.test_weights_copier import COPIER
@@ -46,7 +46,7 @@ def commands(a: Path, b: Path) -> tuple[bytes, str, str]:
 def test_the_pipe_carries_every_byte_and_both_reports_come_back(tmp_path):
     a, files = source_volume(tmp_path)
     line, send, receive = commands(a, tmp_path / "b")
-    report, sent = _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, receive)
+    report, sent = join_rigs((SHELL, SHELL), MODEL, "rig-a", line, send, receive)
     total = sum(len(data) for data in files.values())
     assert report["status"] == "copied" and report["received_bytes"] == total, report
     assert sent["read_bytes"] == total and sent["volume_path"] == str(a), sent
@@ -76,7 +76,7 @@ def test_a_killed_receiver_is_named_as_the_cause_not_the_sender_whose_pipe_it_br
     killer = threading.Thread(target=kill_when_journaled)
     killer.start()
     with pytest.raises(RelayError) as failed:
-        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, throttled)
+        join_rigs((SHELL, SHELL), MODEL, "rig-a", line, send, throttled)
     killer.join()
     assert str(failed.value).startswith("relay-b: the target rig's receiver failed: "), failed.value
     assert "resumes at its last chunk" in str(failed.value)
@@ -97,7 +97,7 @@ def test_a_sender_that_fails_is_named_with_its_own_reason(tmp_path):
     with (a / "model-1.safetensors").open("ab") as shard:
         shard.write(b"\0")  # rig A's volume changed after its manifest: the sender refuses the file
     with pytest.raises(RelayError) as failed:
-        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, receive)
+        join_rigs((SHELL, SHELL), MODEL, "rig-a", line, send, receive)
     assert str(failed.value).startswith("relay-b: the sender on rig rig-a failed: model-1.safetensors has "), failed.value
     assert not (tmp_path / "b" / ".rigkit" / "complete").exists()
 
@@ -106,7 +106,7 @@ def test_a_receiver_that_cannot_start_is_named_with_what_it_said(tmp_path):
     a, _ = source_volume(tmp_path)
     line, send, _ = commands(a, tmp_path / "b")
     with pytest.raises(RelayError) as failed:
-        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, send, "echo 'ssh: connect to host rig-b port 22: "
+        join_rigs((SHELL, SHELL), MODEL, "rig-a", line, send, "echo 'ssh: connect to host rig-b port 22: "
                       "Connection refused' >&2; exit 255")
     assert str(failed.value) == ("relay-b: the target rig's receiver failed: ssh: connect to host rig-b port 22: "
                                  "Connection refused. Nothing was marked complete; deploy again and the copy resumes "
@@ -159,7 +159,7 @@ def test_a_sender_that_never_writes_is_given_up_when_the_receiver_is_and_then_ki
     line, _, receive = commands(a, tmp_path / "b")
     started = time.monotonic()
     with pytest.raises(RelayError) as failed:
-        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, "exec sleep 120", f"RIGKIT_RELAY_STALL_S=2 {receive}")
+        join_rigs((SHELL, SHELL), MODEL, "rig-a", line, "exec sleep 120", f"RIGKIT_RELAY_STALL_S=2 {receive}")
     assert time.monotonic() - started < 60
     assert str(failed.value).startswith("relay-b: the sender on rig rig-a failed: "), failed.value
     assert not (tmp_path / "b" / ".rigkit" / "complete").exists()
@@ -180,6 +180,6 @@ def test_a_receiver_that_refuses_is_named_with_its_reason_and_no_sender_starts(t
     # It reads the manifest, then stops reading (closes its stdin, as a receiver that has ended) and answers.
     receive = f"head -1 >/dev/null; exec 0<&-; printf '%s\\n' {shlex.quote(answer)}; exit 2"
     with pytest.raises(RelayError) as failed:
-        _join_openssh((SHELL, SHELL), MODEL, "rig-a", line, f"touch {shlex.quote(str(started))}", receive)
+        join_rigs((SHELL, SHELL), MODEL, "rig-a", line, f"touch {shlex.quote(str(started))}", receive)
     assert str(failed.value).startswith(f"relay-b: the target rig's receiver failed: {said}"), failed.value
     assert not started.exists()

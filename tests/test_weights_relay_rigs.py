@@ -3,9 +3,9 @@ SSH ports), the real pyinfra CLI deploying both, rig A copying its folder onto i
 that volume through the controller's relay (two SSH channels, `docker run -i` with the copier on each
 rig), the receiver killed mid-copy, the next deploy resuming at its last journaled chunk.
 
-Both ways the controller joins the rigs: the killed copy through the deploy's paramiko channels (rig
-B's connection has a paramiko argument of its own), the resumed one through two OpenSSH `ssh` sharing
-a pipe. Both ways a rig runs the copier: rig A's shell reaches its engine's volumes folder (root on a rig
+The controller joins the rigs with two OpenSSH `ssh` sharing a pipe (the relay's one transport);
+an inventory that gives rig B paramiko's own arguments is refused before either rig is reached.
+Both ways a rig runs the copier: rig A's shell reaches its engine's volumes folder (root on a rig
 whose engine is local), so its sender runs there; rig B first boots without that folder (as an engine
 in a VM, or a user the folder refuses), so its receiver runs in a helper container, which the test
 kills; rig B then reboots with the folder and the resumed copy is received on its shell.
@@ -83,8 +83,7 @@ def fleet(fresh_rig, tmp_path_factory):
              ("rig-b", {**ssh, "ssh_port": RIG_B[1], "rig_file": str(folder / "rig-b.yml")})]
     inventory = folder / "inventory.py"
     inventory.write_text(f"rigs = {hosts!r}\n")
-    # The same rigs, rig B's connection with a paramiko argument of its own: OpenSSH cannot be told the
-    # same, so the relay joins the two rigs through paramiko's channels (rigkit/plumbing/ssh.py openssh_command).
+    # The same rigs, rig B's connection with a paramiko argument of its own, which OpenSSH cannot be told.
     hosts[1][1]["ssh_paramiko_connect_kwargs"] = {"banner_timeout": 60}
     (folder / "inventory-paramiko.py").write_text(f"rigs = {hosts!r}\n")
     yield client, inventory, folder, rig_b
@@ -125,7 +124,14 @@ def journaled(state: Path) -> int:
 def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a_second_deploy_changes_nothing(fleet):
     client, inventory, folder, rig_b = fleet
     total = sum(p.stat().st_size for p in SOURCE.rglob("*") if p.is_file())
-    proc = start_deploy(folder / "inventory-paramiko.py", folder / "first.log")  # joined through paramiko
+    refused = finish(start_deploy(folder / "inventory-paramiko.py", folder / "refused.log"), folder / "refused.log")
+    assert refused.returncode != 0 and "Traceback" not in refused.output, refused.output[-4000:]
+    assert ("weights.source rig rig-a volume rigkit-weights-relay-a: the copy between rigs runs over OpenSSH's `ssh`, "
+            "which cannot reach rig rig-b as the deploy does: its inventory data gives paramiko's own arguments "
+            "(banner_timeout)") in refused.output, refused.output[-4000:]
+    with pytest.raises(docker.errors.NotFound):  # neither rig was touched
+        client.volumes.get("rigkit-weights-relay-b")
+    proc = start_deploy(inventory, folder / "first.log")
 
     # Kill rig B's receiver once it has journaled a few chunks (its container, as an OOM kill or a crash would).
     def receiving():
@@ -156,7 +162,7 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
     record = json.loads((state / "last-copy.json").read_text())
     assert record["volume_path"] == str(state.parent), record  # on rig B's shell, not in a container at /v
     source_path = Path(client.volumes.get("rigkit-weights-relay-a").attrs["Mountpoint"])
-    assert f"sent again; {source_path} to {state.parent}, joined by OpenSSH" in second.output, second.output[-6000:]
+    assert f"sent again; {source_path} to {state.parent}" in second.output, second.output[-6000:]
     # Bytes the copier recorded: at most one chunk crossed again; the rest resumed in place.
     assert record["resent_bytes"] <= CHUNK_BYTES, record
     assert record["received_bytes"] == total - sum(kept.values()), record

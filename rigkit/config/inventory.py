@@ -11,6 +11,7 @@ Every default below is documented in docs/configuration.md.
 
 from __future__ import annotations
 
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -82,10 +83,10 @@ def fleet_rig_configs(inventory) -> dict[str, RigConfig]:
         return cached[1]
     from rigkit.config.rig_sources import FleetRig, RigSourceError, check_rig_sources, share_sources
 
-    fleet = [FleetRig(h.name, own_rig_config(h), ssh_address(h)) for h in inventory]
+    fleet = [FleetRig(h.name, own_rig_config(h), ssh_address(h), ssh_target(h).openssh_refusal()) for h in inventory]
     rigs = share_sources(fleet)
     try:
-        check_rig_sources(rigs)
+        check_rig_sources(rigs, {entry.name: entry.no_relay for entry in fleet})
     except RigSourceError as exc:
         raise RigConfigError(str(exc)) from None
     _FLEETS[id(inventory)] = (inventory, rigs)
@@ -295,6 +296,12 @@ def select_hosts(inventory, path: str, limit: str | None, option: str = "--limit
     return selected
 
 
+# pyinfra's ssh_strict_host_key_checking values, as OpenSSH's StrictHostKeyChecking ("ask" would prompt).
+# "no"/"off" are accept-new: paramiko accepts an unknown key then but refuses a changed one always,
+# which OpenSSH's "no" would accept.
+HOST_KEY_CHECKING = {"yes": "yes", "accept-new": "accept-new", "no": "accept-new", "off": "accept-new"}
+
+
 @dataclass(frozen=True)
 class SshTarget:
     """How `rigkit tune` and the weights relay's `ssh` (rigkit.plumbing.ssh.openssh_command) reach a rig outside
@@ -312,6 +319,23 @@ class SshTarget:
     # `transport_factory`, which only picks algorithms on a socket already connected: rigkit's default).
     has_password: bool = False
     paramiko_kwargs: tuple[str, ...] = ()
+
+    def openssh_refusal(self) -> str | None:
+        """Why OpenSSH's `ssh` cannot reach the rig as pyinfra's connection does, or None where it can:
+        what only paramiko is given (a password, a key's passphrase, paramiko's own connect arguments),
+        a host key check that would prompt, or no `ssh` on this machine."""
+        if self.has_password:
+            return ("its inventory data gives a password (ssh_password or ssh_key_password), which OpenSSH would prompt "
+                    "for; use a key without a passphrase (ssh_key) or one loaded in an SSH agent")
+        if self.paramiko_kwargs:
+            return (f"its inventory data gives paramiko's own arguments ({', '.join(self.paramiko_kwargs)}); put such "
+                    "settings in an SSH config file (ssh_config_file) instead")
+        if self.strict_host_key_checking not in HOST_KEY_CHECKING:
+            return (f"ssh_strict_host_key_checking {self.strict_host_key_checking!r} would prompt; use yes, "
+                    "accept-new or off")
+        if not shutil.which("ssh"):
+            return "this machine has no OpenSSH client (`ssh`) on its PATH; install it"
+        return None
 
 
 def ssh_address(host) -> str:

@@ -5,7 +5,9 @@ Linux rigs of an inventory keep the same model on a volume from the same source 
 of them (inventory order) copies from that folder and the others take from its volume, unless
 they are the same machine (one SSH address and port: one Docker Engine, one volume already).
 The rig names are checked here, against the whole inventory, before any rig is reached: unknown
-rig, the rig itself, a cycle, a Windows rig on either side, a source rig that keeps no such volume.
+rig, the rig itself, a cycle, a Windows rig on either side, a source rig that keeps no such volume,
+and either rig out of reach of the relay's one transport, OpenSSH's `ssh` (rigkit/weights/relay.py):
+such rigs are never paired by sharing, and a source naming one is refused with the reason.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class FleetRig:
     name: str  # inventory host name
     rig: RigConfig
     address: str  # "host:port": two entries with one address are one machine
+    no_relay: str | None = None  # why OpenSSH cannot reach it as the deploy does (rigkit.plumbing.ssh.openssh_refusal)
 
 
 def _with_source(model: ModelConfig, source: RigSource) -> ModelConfig:
@@ -45,16 +48,18 @@ def share_sources(fleet: list[FleetRig]) -> dict[str, RigConfig]:
                 continue
             key = (model.name, weights.source, volume_name(model))
             owner = first.setdefault(key, entry)
-            if owner is entry or owner.address == entry.address:
-                models.append(model)
+            if owner is entry or owner.address == entry.address or owner.no_relay or entry.no_relay:
+                models.append(model)  # its own copy from the folder
             else:
                 models.append(_with_source(model, RigSource(rig=owner.name, volume=volume_name(model))))
         out[entry.name] = replace(entry.rig, models=tuple(models))
     return out
 
 
-def check_rig_sources(rigs: dict[str, RigConfig]) -> None:
-    """RigSourceError, one line, for the first bad rig source; rigs in inventory order."""
+def check_rig_sources(rigs: dict[str, RigConfig], no_relay: dict[str, str | None] | None = None) -> None:
+    """RigSourceError, one line, for the first bad rig source; rigs in inventory order; `no_relay`: {rig
+    name: why the relay cannot reach it} (FleetRig.no_relay)."""
+    no_relay = no_relay or {}
     edges: dict[tuple[str, str], tuple[str, str]] = {}  # (rig, volume) -> the (rig, volume) it copies from
     for name, rig in rigs.items():
         for model in rig.models:
@@ -75,6 +80,11 @@ def check_rig_sources(rigs: dict[str, RigConfig]) -> None:
             if wanted not in kept:
                 raise RigSourceError(f"{where}: rig {source.rig} keeps no weights volume {wanted}; its volumes: "
                                      f"{', '.join(sorted(kept)) or 'none'}")
+            for end in (name, source.rig):
+                if no_relay.get(end):
+                    raise RigSourceError(f"{where}: the copy between rigs runs over OpenSSH's `ssh`, which cannot reach "
+                                         f"rig {end} as the deploy does: {no_relay[end]}; or give this model a "
+                                         "folder on this rig")
             edges[(name, volume_name(model))] = (source.rig, wanted)
     for start in edges:
         seen, at = [start], edges[start]

@@ -13,12 +13,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
 import socket
 import subprocess
 
 import paramiko
 from pyinfra.api.exceptions import OperationError
+
+from rigkit.config.inventory import HOST_KEY_CHECKING
 
 # What a connection lost in the middle of a python.call looks like from paramiko and the sockets.
 LOST_CONNECTION_ERRORS = (paramiko.SSHException, EOFError, ConnectionError, socket.timeout)
@@ -41,7 +42,9 @@ class GcmFirstTransport(paramiko.Transport):
     what it got before). paramiko's own first choice, aes128-ctr with hmac-sha2-256, costs the
     controller's CPU twice per byte; measured through one channel from the simulated rig's OpenSSH,
     1 GiB each way: receive 345-376 MB/s (ctr) vs 596-645 MB/s (gcm), send 161-185 vs 214-253 MB/s.
-    It matters where rigkit itself carries bulk data: the rig-to-rig weights relay."""
+    The deploy's connection carries little bulk (the weights relay has its own `ssh`, openssh_command);
+    what it does carry (the rig engine's API through `docker system dial-stdio`, files put on the rig)
+    costs the controller less CPU so."""
 
     _preferred_ciphers = tuple(sorted(paramiko.Transport._preferred_ciphers, key=lambda name: "-gcm@" not in name))
 
@@ -100,10 +103,6 @@ def lost_connection_text(error: BaseException | None) -> str:
             "again once it answers: an interrupted rollout is seen as pending and finished then")
 
 
-# pyinfra's ssh_strict_host_key_checking values, as OpenSSH's StrictHostKeyChecking ("ask" would prompt).
-# "no"/"off" are accept-new: paramiko accepts an unknown key then but refuses a changed one always,
-# which OpenSSH's "no" would accept.
-HOST_KEY_CHECKING = {"yes": "yes", "accept-new": "accept-new", "no": "accept-new", "off": "accept-new"}
 KEEPALIVE_S, KEEPALIVE_COUNT = 15, 20  # a silent rig is given up after 300 s (the weights relay's stall rule)
 
 
@@ -128,12 +127,10 @@ def _config_path(path: str) -> str:
 def openssh_command(target) -> list[str] | None:
     """OpenSSH's `ssh` reaching a rig as pyinfra's connection to it does (an SshTarget from
     rigkit.config.inventory: hostname, port, user, key, SSH config, known hosts and their checking),
-    never prompting (BatchMode), the remote command to follow; None where `ssh` is not installed or
-    the connection needs what only paramiko is given (a password, a key's passphrase, paramiko's
-    own connect arguments)."""
-    checking = HOST_KEY_CHECKING.get(target.strict_host_key_checking)
-    if not shutil.which("ssh") or target.has_password or target.paramiko_kwargs or checking is None:
+    never prompting (BatchMode), the remote command to follow; None where it cannot (SshTarget.openssh_refusal)."""
+    if target.openssh_refusal() is not None:
         return None
+    checking = HOST_KEY_CHECKING[target.strict_host_key_checking]
     argv = ["ssh", "-T", "-x", "-a", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={checking}",
             "-o", "ConnectTimeout=30", "-o", f"ServerAliveInterval={KEEPALIVE_S}",
             "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", "-o", "LogLevel=ERROR",

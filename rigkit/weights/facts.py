@@ -1,6 +1,6 @@
 """pyinfra fact: is a model's weights volume complete and the source's copy? Read-only.
 
-Runs the copier's `check` (templates/weights/rigkit-copy.py) on the rig itself, as root,
+Runs the copier's `check` (templates/weights/copier/check.py) on the rig itself, as root,
 against the volume's mountpoint: it reads the completion marker, the manifest and the
 source's metadata (paths, sizes, mtimes; never file contents) and starts no container,
 so planning a deploy (`--dry` too) changes nothing and costs one short command for all of a
@@ -20,7 +20,7 @@ from pyinfra.api import FactBase
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing.facts_once import Read, read_once
-from rigkit.plumbing.render import template_text
+from rigkit.weights.copier import copier_source
 from rigkit.plumbing.rig_reads import DOCKER_S, bounded, no_answer
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name
 from rigkit.weights.layout import source_layout
@@ -38,7 +38,7 @@ class WeightsVolumeStates(FactBase):
     (then `timed_out` is "docker"). One command for every pair."""
 
     def command(self, pairs: tuple[tuple[str, str], ...]) -> str:
-        script = shlex.quote(template_text("weights/rigkit-copy.py"))
+        script = shlex.quote(copier_source())
         missing, unreachable = shlex.quote('{"status": "missing"}'), shlex.quote('{"status": "unreachable"}')
         # One `docker volume inspect` for every volume (a Docker CLI start is ~30 ms on the rig):
         # it prints "NAME MOUNTPOINT" for each volume that exists and skips the others. Names are

@@ -69,9 +69,9 @@ def relay_on_rig(model: ModelConfig, verify: bool, chunk_bytes: int) -> None:
         if verify:
             logger.info(f"{host.print_prefix}{verify_volume(target, model)}")
         other = source_host(source.rig)
+        # Both reachable: rigkit.config.rig_sources refused a source where either is not, before any rig.
         openssh = (openssh_command(ssh_target(other)), openssh_command(ssh_target(host)))
-        report = relay(other.connector.client.get_transport(), target, model, source.rig, chunk_bytes,
-                       openssh=openssh if all(openssh) else None)
+        report = relay(other.connector.client.get_transport(), model, source.rig, chunk_bytes, openssh)
     except (RelayError, ConnectError) as exc:
         host.log_styled(f"weights: {exc}", fg="red", log_func=logger.error)
         raise CopyFailed(str(exc)) from None
@@ -80,7 +80,7 @@ def relay_on_rig(model: ModelConfig, verify: bool, chunk_bytes: int) -> None:
                 f"{report['bytes'] / 1e9:.2f} GB from rig {source.rig} in {report['seconds']:.1f} s ({rate:.0f} MB/s), "
                 f"{report['files']} files; resumed at {report['rehashed_bytes']} bytes (re-hashed here), "
                 f"{report['resent_bytes']} bytes sent again; {where(report.get('sent_from'))} to "
-                f"{where(report.get('volume_path'))}, joined by {report['joined_by']}")
+                f"{where(report.get('volume_path'))}")
 
 
 def where(path: str | None) -> str:

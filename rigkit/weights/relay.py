@@ -12,10 +12,12 @@ the sender, and joins the sender's stdout to the receiver's stdin: nothing is st
 controller's disk, and the rigs need no SSH trust between them. The receiver fsyncs and journals
 fixed-size chunks (WEIGHTS_CHUNK_BYTES), so a copy cut off resumes at its last journaled chunk.
 
-The join: where OpenSSH's `ssh` can reach both rigs as the deploy's connections do (rigkit/plumbing/ssh.py),
-the sender's `ssh` writes into a pipe the receiver's `ssh` reads, and no byte crosses Python;
-else the deploy's own paramiko channels, pumped here (Python handles every 32 KiB packet twice:
-it carries about 0.7 of what the pipe of two `ssh` does, measured in bench/weights_copy.py).
+The join, the relay's one transport: two OpenSSH `ssh` reaching the rigs as the deploy's connections
+do (rigkit/plumbing/ssh.py openssh_command), the sender's writing into a pipe the receiver's reads, so
+no byte crosses Python. (The deploy's paramiko channels, pumped here, carried 0.26-0.67 of what this
+pipe does on the same machine: Python handles each 32 KiB packet twice; docs/weights.md.) An
+inventory OpenSSH cannot follow (a password, paramiko's own arguments) is refused before any rig is
+reached (rigkit/config/rig_sources.py).
 """
 
 from __future__ import annotations
@@ -28,15 +30,11 @@ import shlex
 import subprocess
 import time
 
-from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES
 from rigkit.config.schema import ModelConfig
-from rigkit.plumbing.render import template_text
+from rigkit.weights.copier import copier_source
 from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name, weights_helper_name
 
-WINDOW_BYTES = 32 * 1024 * 1024  # SSH channel window: paramiko's 2 MiB default stalls a fast stream
-PACKET_BYTES = 256 * 1024
-PUMP_BYTES = 4 * 1024 * 1024
 MANIFEST_TIMEOUT_S = 120  # one container start and a small JSON file
 STALL_TIMEOUT_S = 300  # no byte in either direction for this long: the copy is given up (and resumes next time)
 
@@ -74,7 +72,7 @@ def helper_command(model: ModelConfig, side: str, volume: str, args: list[str], 
     access = "-r" if read_only else "-w"
     # The folder only of a local volume without mount options: one of another driver, or mounted from
     # NFS, a tmpfs or a bind, is mounted only while a container uses it (its folder is then empty).
-    return (f"s={shlex.quote(template_text('weights/rigkit-copy.py'))}; {prepare}"
+    return (f"s={shlex.quote(copier_source())}; {prepare}"
             f"info=$({docker} volume inspect --format '{{{{.Driver}}}}:{{{{len .Options}}}}:{{{{.Mountpoint}}}}' "
             f"{shlex.quote(volume)} 2>/dev/null); "
             'case "$info" in local:0:/*) mp=${info#local:0:} ;; *) mp= ;; esac; '
@@ -90,7 +88,7 @@ def manifest_digest(files: list[dict]) -> str:
 
 
 def _open(transport, command: str):
-    channel = transport.open_session(window_size=WINDOW_BYTES, max_packet_size=PACKET_BYTES)
+    channel = transport.open_session()
     channel.settimeout(STALL_TIMEOUT_S)
     channel.exec_command(command)
     return channel
@@ -130,66 +128,21 @@ def read_manifest(transport, model: ModelConfig, rig: str) -> dict:
     return answer
 
 
-def relay(source_transport, target_transport, model: ModelConfig, rig: str, chunk_bytes: int = WEIGHTS_CHUNK_BYTES,
-          openssh: tuple[list[str], list[str]] | None = None) -> dict:
+def relay(source_transport, model: ModelConfig, rig: str, chunk_bytes: int,
+          openssh: tuple[list[str], list[str]]) -> dict:
     """Copy the source rig's volume into the target's; the receiver's report (copied, received_bytes,
     rehashed_bytes, resent_bytes, volume_path, ...) with the sender's read_bytes and folder (sent_from:
-    "/v" in a helper container), the relay's seconds and what joined the two (`joined_by`). `openssh`:
-    the `ssh` commands reaching the source and the target rig (rigkit.plumbing.ssh.openssh_command), else
-    paramiko's channels."""
+    "/v" in a helper container) and the relay's seconds. The manifest is read over the deploy's own
+    connection to the source (`source_transport`); the stream goes through `openssh`, the `ssh` commands
+    reaching the source and the target rig (rigkit.plumbing.ssh.openssh_command)."""
     started = time.monotonic()
     manifest = read_manifest(source_transport, model, rig)
     receive = helper_command(model, "receive", volume_name(model), ["receive", "/v", str(chunk_bytes)], False)
     send = helper_command(model, "send", source_volume(model), ["send", "/v"], True)
     line = json.dumps({"files": manifest["files"]}).encode() + b"\n"
-    if openssh:
-        report, sent = _join_openssh(openssh, model, rig, line, send, receive)
-        joined_by = "OpenSSH"
-    else:
-        report, sent = _pump_paramiko(source_transport, target_transport, model, rig, line, send, receive)
-        joined_by = f"paramiko ({source_transport.remote_cipher}, {target_transport.local_cipher})"
+    report, sent = join_rigs(openssh, model, rig, line, send, receive)
     return {**report, "read_bytes": sent.get("read_bytes", 0), "sent_from": sent.get("volume_path", ""),
-            "joined_by": joined_by, "seconds": time.monotonic() - started}
-
-
-def _pump_paramiko(source_transport, target_transport, model, rig, line, send, receive) -> tuple[dict, dict]:
-    receiver = _open(target_transport, receive)
-    receiver.sendall(line)
-    answer = b""
-    while b"\n" not in answer:
-        data = receiver.recv(65536)
-        if not data:
-            break
-        answer += data
-    plan, rest = _split_plan(answer)
-    if plan is None:
-        raise RelayError(_failed(model, "the target rig's receiver", receiver, answer.decode(errors="replace")))
-    if not json.loads(plan)["files"]:  # nothing to send (or the receiver refused): no sender at all
-        try:
-            receiver.sendall(END_OF_STREAM)
-            receiver.shutdown_write()
-        except OSError:  # the receiver has ended already (no space): its report says why
-            pass
-        return _receiver_report(model, receiver, rest.decode(errors="replace")), {}
-    sender = _open(source_transport, send)
-    sender.sendall(plan)
-    sender.shutdown_write()
-    try:
-        while True:
-            data = sender.recv(PUMP_BYTES)
-            if not data:
-                break
-            receiver.sendall(data)
-    except OSError as exc:  # the receiver went away (killed, out of space): its own report says why
-        sender.close()
-        raise RelayError(_failed(model, "the target rig's receiver", receiver, rest.decode(errors="replace"),
-                                 f" ({exc})")) from None
-    receiver.shutdown_write()
-    sent = _last_json(_drain(sender, "err")) or {}
-    if sender.recv_exit_status() != 0:
-        receiver.close()
-        raise RelayError(_sender_failed(model, rig, sent))
-    return _receiver_report(model, receiver, rest.decode(errors="replace")), sent
+            "seconds": time.monotonic() - started}
 
 
 END_OF_STREAM = json.dumps({"end": True}).encode() + b"\n"  # what the sender ends its stream with
@@ -209,15 +162,7 @@ def _split_plan(answer: bytes) -> tuple[bytes | None, bytes]:
     return first + newline, rest
 
 
-def _receiver_report(model: ModelConfig, receiver, out: str) -> dict:
-    out += _drain(receiver, "out")
-    report = _last_json(out)
-    if receiver.recv_exit_status() != 0 or not report or report.get("status") != "copied":
-        raise RelayError(_failed(model, "the target rig's receiver", receiver, out))
-    return report
-
-
-def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]:
+def join_rigs(openssh, model, rig, line, send, receive) -> tuple[dict, dict]:
     """The receiver's `ssh` reads a pipe; the controller writes the manifest into it, reads the plan,
     then starts the sender's `ssh` writing its stdout into the same pipe. Every wait is bounded: the
     plan by STALL_TIMEOUT_S; the copy by the receiver's own rule (it gives up after STALL_TIMEOUT_S
@@ -278,7 +223,7 @@ def _join_openssh(openssh, model, rig, line, send, receive) -> tuple[dict, dict]
     # otherwise (killed, out of space) is the cause, and the sender's broken pipe only its echo.
     if sender is not None and "the copy was cut off" in str(report.get("error", "")) and sender.returncode != 0:
         raise RelayError(_sender_failed(model, rig, sent, sent_err))
-    raise RelayError(_failed_text(model, "the target rig's receiver", out, err))
+    raise RelayError(_failed(model, "the target rig's receiver", out, err))
 
 
 def _widen(fd: int) -> None:
@@ -330,18 +275,14 @@ def _sender_failed(model: ModelConfig, rig: str, sent: dict, err: str = "") -> s
             "the copy resumes at its last chunk")
 
 
-def _failed(model: ModelConfig, who: str, channel, out: str, extra: str = "") -> str:
-    return _failed_text(model, who, out + _drain(channel, "out"), _drain(channel, "err"), extra)
-
-
-def _failed_text(model: ModelConfig, who: str, out: str, err: str, extra: str = "") -> str:
+def _failed(model: ModelConfig, who: str, out: str, err: str) -> str:
     answer = _last_json(out) or {}
     if answer.get("error") == "no space":
         why = (f"volume {volume_name(model)} is out of space: the copy needs {answer.get('needed_bytes', 0) / 1e9:.2f} GB "
                f"more (free: {answer.get('free_bytes', 0) / 1e9:.2f} GB)")
     else:
         why = answer.get("error") or err.strip()[-400:] or "it stopped without a report"
-    return (f"{model.name}: {who} failed{extra}: {why}. Nothing was marked complete; deploy again and the copy "
+    return (f"{model.name}: {who} failed: {why}. Nothing was marked complete; deploy again and the copy "
             "resumes at its last chunk")
 
 

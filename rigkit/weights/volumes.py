@@ -1,7 +1,8 @@
 """Model weights onto Docker volumes, through the rig's Docker Engine (docker SDK).
 
 A short-lived helper container mounts the source read-only at /src and the
-volume at /dst and runs templates/weights/rigkit-copy.py (check, copy, verify):
+volume at /dst and runs the copier's check, copy or verify (templates/weights/copier/,
+shipped as one file by rigkit/weights/copier.py):
 one read of each source file both copies and hashes it; a manifest and then a
 completion marker are written last, so an interrupted copy is never complete
 and the next run resumes it. The helper image is any image with python3; by
@@ -18,7 +19,7 @@ import requests
 from docker.types import Mount
 
 from rigkit.config.schema import ModelConfig
-from rigkit.plumbing.render import template_text
+from rigkit.weights.copier import copier_source
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, volume_name, weights_helper_name
 from rigkit.weights.layout import helper_image, source_layout
 
@@ -79,7 +80,7 @@ def run_helper(client: docker.DockerClient, model: ModelConfig, mode: str) -> di
     try:
         container = client.containers.run(
             helper_image(model),
-            ["python3", "-c", template_text("weights/rigkit-copy.py"), mode, f"/src/{inside}", "/dst", "/src"],
+            ["python3", "-c", copier_source(), mode, f"/src/{inside}", "/dst", "/src"],
             entrypoint=[],
             name=weights_helper_name(model),
             # A bind Mount, unlike `volumes=`, never creates a missing source folder on the rig.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pyinfra import host, logger
 
 from rigkit.config.schema import RigConfig
-from rigkit.plumbing.render import template_text
+from rigkit.weights.copier import copier_source
 from rigkit.rigside.names import volume_name
 from rigkit.weights.layout import helper_image
 from rigkit.weights.operation import copy_operations
@@ -28,7 +28,7 @@ def weights_onto_volumes(rig: RigConfig, verify: bool = False) -> dict:
     on_volumes = [m for m in rig.models if m.spec.weights.storage == "volume"]
     if not on_volumes:
         return {}
-    winops.file(name=f"Put {COPIER}", dest=str(COPIER), data=template_text("weights/rigkit-copy.py").encode())
+    winops.file(name=f"Put {COPIER}", dest=str(COPIER), data=copier_source().encode())
     states = volume_states(rig)
     for name, state in states.items():
         if state.get("why"):  # Docker did not answer in time, or not with the copier's JSON
