@@ -214,6 +214,26 @@ def test_the_volume_fact_finds_each_volume_by_its_exact_name(tmp_path):
     assert states[""] == {"status": "helpers", "helpers": {"rigkit-weights-m-helper": "m"}}
 
 
+def test_the_shipped_copier_is_one_file_of_the_standard_library_that_runs_every_verb(tmp_path):
+    """It runs as `python3 -c` in any image with python3: isolated (-I) and without site-packages (-S), from
+    a folder with nothing else in it, its verbs copy, check, verify, manifest and answer as they do in the
+    other tests; and it carries every module of its package (a module added there travels with it)."""
+    from rigkit.weights.copier import copier_source
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"weights")
+    for verb, args, status in (("copy", [src, dst], "copied"), ("check", [src, dst], "unchanged"),
+                               ("verify", [dst, dst], "verified"), ("manifest", [dst], "ok")):
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", copier_source(), verb, *map(str, args)],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path, env={})
+        assert proc.returncode == 0, (verb, proc.stdout, proc.stderr)
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["status"] == status, (verb, proc.stdout)
+    package = {p.stem for p in (REPO / "templates" / "weights" / "copier").glob("*.py")}
+    assert package >= {"__init__", "state", "proofs", "check", "local_copy", "verify", "send", "receive", "main"}
+    assert all(f"    {name!r}: " in copier_source() for name in package)
+
+
 def test_check_each_refuses_an_incomplete_argument_list():
     """check-each takes NAME SRC DST ROOT per volume; anything else is a usage error, not a guess."""
     proc = subprocess.run([sys.executable, str(COPIER), "check-each", "vol", "/src", "/dst"], capture_output=True,
