@@ -10,7 +10,9 @@ Linux rigs (systemd, over SSH):
 4. read the GPUs and check they are the ones the rig file describes;
 5. GPU policy: power caps and clock locks, at boot and now;
 6. weights: each model's weights copied onto its Docker volume, verified;
-7. serving: one vLLM compose stack per model, rolled out with rollback;
+7. surface: where models listen beyond loopback, their ports closed to every host but the rig, its
+   gateway's rig and the rig file's serve_clients, by the rig's own firewall (nftables);
+   serving: one vLLM compose stack per model, rolled out with rollback;
 8. verify: first the rollout gate of each model whose config changed (benchmarked against its last
    proven result; promoted, or rolled back and, once every model was gated, the deploy fails), then
    benchmark each model and check
@@ -40,6 +42,7 @@ from rigkit.plumbing.facts_once import read_ahead  # noqa: E402
 from rigkit.gateway.plan import gateway_plan  # noqa: E402
 from rigkit.monitoring.fleet import fleet_of  # noqa: E402
 from rigkit.plumbing.ssh import tcp_nodelay  # noqa: E402
+from rigkit.surface.fleet import fleet_surfaces  # noqa: E402
 from roles.base import base  # noqa: E402
 from roles.gateway import gateway  # noqa: E402
 from roles.gateway_verify import gateway_verify  # noqa: E402
@@ -49,6 +52,7 @@ from roles.monitoring import monitoring, monitoring_reads  # noqa: E402
 from roles.preflight import preflight, preflight_reads  # noqa: E402
 from roles.rigside import rigside, rigside_reads  # noqa: E402
 from roles.serving import serving, serving_reads  # noqa: E402
+from roles.surface import surface, surface_reads  # noqa: E402
 from roles.verify import verify, verify_reads  # noqa: E402
 from roles.weights import weights  # noqa: E402
 from roles.windows import windows  # noqa: E402
@@ -56,6 +60,7 @@ from roles.windows import windows  # noqa: E402
 rigs = validate_inventory(inventory)
 fleet_gateway = gateway_plan(inventory, rigs)  # checked on every rig: a bad gateway entry stops them all
 fleet_scraped = fleet_of(inventory, rigs, fleet_gateway)  # the gateway rig's Prometheus, checked on every rig too
+surfaces = fleet_surfaces(inventory, rigs, fleet_gateway)  # who may reach each rig's models, checked on every rig
 tcp_nodelay(host)  # ~45 ms less per round trip (rigkit/plumbing/ssh.py)
 rig = rig_config(host)
 options = run_options(host)
@@ -67,7 +72,7 @@ if rig.spec.os == "linux":
     # read: nothing changes before the preflight has passed. (tests/test_serving.py checks that
     # a converged deploy asks nothing else.)
     read_ahead([*preflight_reads(rig), *gpu_report_reads(rig), *gpu_policy_reads(rig), *rigside_reads(rig),
-                *serving_reads(rig), *([] if options.verify_never else verify_reads(rig)),
+                *surface_reads(rig), *serving_reads(rig), *([] if options.verify_never else verify_reads(rig)),
                 *monitoring_reads(rig, scraped)])
     checked = preflight(rig)
     base_changes = base(rig, checked.driver)
@@ -75,6 +80,7 @@ if rig.spec.os == "linux":
     gpus = gpu_report(rig)
     policy_changes = gpu_policy(rig, gpus, runtime_changes)
     copied = weights(rig, verify=options.verify_weights, chunk_bytes=options.weights_chunk_bytes)
+    surface(rig, surfaces[host.name])  # before the models listen
     # A new serving config is held un-promoted until the rollout gate (in verify) passes it; without
     # verification there is no gate, and a config that gets ready is promoted as before.
     rollouts: dict = {}

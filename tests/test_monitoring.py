@@ -3,8 +3,10 @@ Debian's real `prometheus` (2.42) and `python3-prometheus-client` from the local
 (tests/simrig/aptrepo.py serves the .debs the host's apt downloaded), systemd running the exporter
 and Prometheus, Prometheus scraping the exporter and the vLLM stand-in's /metrics.
 
-The rig serves its models on every interface with an API key (`serve_address: 0.0.0.0`), so the
-exporter listens there too and wants the key, and Prometheus scrapes with it.
+The rig serves its models on every interface with an API key (`serve_address: 0.0.0.0`) to one client
+(`serve_clients`), so the exporter listens there too and wants the key, Prometheus scrapes with it, and
+the models' ports are closed by the rig's firewall to every other host (roles/surface.py; on the simulated
+rig Debian's nft runs in a network namespace of the rig's own, tests/simrig/nft).
 
 Simulated: the GPUs (NVML by tests/simrig/pynvml.py: steady draw at 92% of the enforced limit,
 the energy counter consistent with it, Xid events from a file the test appends to; nvidia-smi by
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.simrig
 EXPORTER_PORT, PROMETHEUS_PORT = 19835, 19090  # the rig shares the host's network: not the defaults
 MONITORING = (f"monitoring: {{enabled: true, exporter_port: {EXPORTER_PORT}, prometheus_port: {PROMETHEUS_PORT}, "
               "scrape_interval_s: 1}\n")
+CLIENT = "127.0.0.7"  # the one host the rig file lets reach its models (serve_clients)
 SERVED_MODELS = ALONE_TEST_MODELS  # the module runs beside the test models' (tests/conftest.py RIG_ALONE_MODULES)
 WAIT_S = 60
 KEY = "mon key $HOME #x"  # kept byte for byte: `$` and `#` as Compose's raw env format keeps them
@@ -50,7 +53,8 @@ def monitored(serving_rig, tmp_path_factory):
         key_file = folder / "rig.key"
         key_file.write_text(KEY + "\n")
         key_file.chmod(0o600)
-        path = alone_serving_rig(folder / "monitored.yml", f"serve_address: 0.0.0.0\napi_key_file: {key_file}\n" + MONITORING)
+        path = alone_serving_rig(folder / "monitored.yml", f"serve_address: 0.0.0.0\napi_key_file: {key_file}\n"
+                                 f"serve_clients: [{CLIENT}]\n" + MONITORING)
         first = run_deploy(serving_rig, path)
         if first.returncode != 0:  # what the services said, beside pyinfra's "Job ... failed"
             first.output += serving_rig.exec("journalctl -q --no-pager -n 40 -u rigkit-exporter -u prometheus")[1]
@@ -275,3 +279,43 @@ def test_turning_it_off_removes_the_exporter_and_leaves_prometheus(monitored, tm
     assert out.count("No such file or directory") == 2 and "install ok installed" in out, out
     again = run_deploy(rig, off, verify=False)
     assert again.returncode == 0 and again.changed_operations() == 0, again.output[-4000:]
+
+
+def test_the_models_ports_are_closed_to_every_host_but_the_rig_and_its_client_and_a_lost_table_comes_back(monitored):
+    """The firewall rigkit loaded, as the rig's nft lists it (not rigkit's file): the models' ports, the client,
+    the reset for everyone else; the unit that loads it at boot enabled; the deploy's warning about what the
+    client reaches. A table flushed behind rigkit's back is loaded again by the next deploy, and only it; a
+    reboot loads it at boot. Last in the module: it reboots the rig."""
+    rig, path, first = monitored
+    assert first.returncode == 0, first.output[-5000:]
+    assert f"serve_clients {CLIENT}/32 reach the models' ports on every path" in first.output, first.output[-5000:]
+    ports = ", ".join(str(p) for p in sorted(SERVED_MODELS.values()))
+    code, listing = rig.exec("nft list table inet rigkit_surface; systemctl is-enabled rigkit-surface.service; "
+                             "systemctl is-active rigkit-surface.service")
+    assert code == 0, listing
+    assert f"tcp dport {{ {ports} }} ip saddr {CLIENT} accept" in listing, listing
+    assert f"tcp dport {{ {ports} }} reject with tcp reset" in listing, listing
+    assert listing.split()[-2:] == ["enabled", "active"], listing
+
+    assert run_deploy(rig, path).returncode == 0  # converged to this rig file (earlier tests deploy others)
+    assert rig.exec("nft delete table inet rigkit_surface")[0] == 0  # as `nft flush ruleset` by hand would
+    again = run_deploy(rig, path)
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.changed_operations() == 1, again.output[-6000:]  # "Load the firewall now", nothing else
+    assert rig.exec("nft list table inet rigkit_surface")[0] == 0
+    assert run_deploy(rig, path).changed_operations() == 0
+
+    # A reboot empties the kernel's ruleset; the unit loads it again before Docker starts the models.
+    rig.reboot()
+    code, listing = rig.exec("nft list table inet rigkit_surface")
+    assert code == 0 and f"ip saddr {CLIENT} accept" in listing, listing
+
+    # Back on loopback: nothing to close, so the table, the unit and the file go; then nothing changes.
+    loopback = path.with_name("loopback.yml")
+    loopback.write_text(path.read_text().replace("serve_address: 0.0.0.0\n", "").replace(f"serve_clients: [{CLIENT}]\n", ""))
+    back = run_deploy(rig, loopback)
+    assert back.returncode == 0, back.output[-4000:]
+    assert rig.exec("nft list table inet rigkit_surface")[0] != 0
+    code, left = rig.exec("ls /etc/rigkit/surface.nft /etc/systemd/system/rigkit-surface.service")
+    assert code != 0 and left.count("No such file") == 2, left
+    assert run_deploy(rig, loopback).changed_operations() == 0

@@ -196,6 +196,16 @@ class MonitoringSpec(_Strict):
         return value
 
 
+def _ipv4_network(value: str) -> str:
+    """An IPv4 address or network (10.0.0.7, 10.0.0.0/24), as nftables will read it."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.IPv4Network(value, strict=False))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 address or network (10.0.0.7, 10.0.0.0/24)") from None
+
+
 class RigSpec(_Strict):
     os: Literal["linux", "windows"]
     psu_w: int = Field(gt=0, le=10_000)
@@ -217,6 +227,10 @@ class RigSpec(_Strict):
     # Where the vLLM servers listen: loopback only (default), or every interface so a gateway on another
     # rig can reach them (then api_key_file is required: rigkit.config.loader refuses it without one).
     serve_address: Literal["127.0.0.1", "0.0.0.0"] = "127.0.0.1"
+    # With serve_address 0.0.0.0: the hosts (IPv4 addresses or networks) let in to the models' ports besides
+    # the rig itself and the gateway's rig; every other host is refused by the rig's firewall (docs/security.md).
+    # They reach every path, not only /v1: vLLM asks for the key only there.
+    serve_clients: list[Annotated[str, AfterValidator(_ipv4_network)]] = Field(default_factory=list, max_length=64)
     base: BaseSpec = BaseSpec()  # Linux: Docker, the NVIDIA Container Toolkit, driver holds (roles/base.py)
     monitoring: MonitoringSpec = MonitoringSpec()  # off by default; Linux only (roles/monitoring.py)
     # Windows: the WSL2 VM's memory and swap in GB (Docker Desktop's engine runs in it), written to

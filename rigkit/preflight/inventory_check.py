@@ -1,7 +1,8 @@
 """What every inventory command (`rigkit deploy`, `verify`, `status`, `rollout`) checks offline, before
 pyinfra connects to any rig: the inventory loads, `--limit` selects a rig, each selected rig's files are
 valid (and, for a deploy or a verification, every rig's, which the gateway's config reads), and each
-`--accept-slower` model is served by a rig the command reaches. Bad input is one line per problem on
+`--accept-slower` model is served by a rig the command reaches; for the whole fleet, the gateway's plan
+and who may reach each rig's models (rigkit/surface). Bad input is one line per problem on
 stderr and exit 2, no rig reached (docs/configuration.md, "Bad input")."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from rigkit.config.errors import CONFIG_ERROR, shown
 from rigkit.config.inventory import RigConfigError, load_inventory, select_hosts, ssh_target, validate_host
 from rigkit.gateway.plan import gateway_plan
+from rigkit.surface.fleet import fleet_surfaces
 
 
 def reached_rigs(command: str, inventory: str, limit: str | None, whole_fleet: bool,
@@ -24,7 +26,7 @@ def reached_rigs(command: str, inventory: str, limit: str | None, whole_fleet: b
         for host in selected:
             ssh_target(host)  # the port and key file pyinfra would use
         if whole_fleet:
-            gateway_plan(list(loaded), rigs)
+            fleet_surfaces(list(loaded), rigs, gateway_plan(list(loaded), rigs))
     except RigConfigError as exc:
         print(f"rigkit {command}: {exc}", file=sys.stderr)
         return CONFIG_ERROR

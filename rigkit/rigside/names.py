@@ -71,6 +71,13 @@ TUNE_NVML_DIR = f"{TUNE_DIR}/nvml"
 # while its timer is active (rigkit/tune/rig_helper.py, shipped alone, spells it out; a test keeps them equal)
 TUNE_DEADMAN_UNIT = "rigkit-tune-deadman"
 
+# The network surface (roles/surface.py, templates/surface/; docs/security.md): the models' ports closed
+# to every host but the rig, its gateway's rig and serve_clients, by an nftables table of rigkit's own.
+SURFACE_TABLE = "rigkit_surface"
+SURFACE_RULES_PATH = f"{ETC_DIR}/surface.nft"
+SURFACE_UNIT = "rigkit-surface.service"
+SURFACE_UNIT_PATH = f"{UNIT_DIR}/{SURFACE_UNIT}"
+
 # The gateway
 GATEWAY_PROJECT = "rigkit-gateway"
 GATEWAY_HELPER_PATH = f"{SBIN_DIR}/rigkit-gateway"

@@ -6,7 +6,8 @@ binary, so an unchanged recipe reuses the image and a changed one rebuilds.
 
 What the image is: systemd as PID 1, sshd, python3, the docker CLI with the
 Compose v2 plugin (they talk to the host's dockerd through the mounted socket;
-the rig's own dockerd and containerd are masked), an unprivileged user `rigops`,
+the rig's own dockerd and containerd are masked), an unprivileged user `rigops`, Debian's nftables (its `nft` moved aside for
+tests/simrig/nft),
 and a stand-in `nvidia-persistenced.service` so units can be ordered after it.
 The simulated `nvidia-smi` is bind-mounted at run time (see rig.py), so editing
 it needs no rebuild.
@@ -30,7 +31,7 @@ MIRROR = os.environ.get("RIGKIT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 CACHE_DIR = Path(os.environ.get("RIGKIT_CACHE", Path.home() / ".cache" / "rigkit")) / "debootstrap"
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "docker.io",
-    "sudo", "iproute2", "procps", "ca-certificates", "curl",
+    "sudo", "iproute2", "procps", "ca-certificates", "curl", "nftables",
 ]
 
 PERSISTENCED_UNIT = """\
@@ -52,6 +53,9 @@ systemctl mask docker.service docker.socket containerd.service \
     systemd-resolved.service systemd-timesyncd.service >/dev/null 2>&1 || true
 systemctl enable ssh.service nvidia-persistenced.service
 useradd --create-home --shell /bin/bash rigops
+# Debian's nft moved aside: the rig's /usr/sbin/nft is tests/simrig/nft, which runs this one in a network
+# namespace of the rig's own (the rig shares the host's, where no test may load rules).
+dpkg-divert --local --rename --divert /usr/sbin/nft.distrib --add /usr/sbin/nft
 : > /etc/machine-id
 rm -f /var/lib/dbus/machine-id
 apt-get clean
@@ -112,7 +116,10 @@ def ensure_image(client: docker.DockerClient | None = None, log=print) -> str:
             raise RuntimeError("tar of the rig root failed")
     for old in client.images.list(name=IMAGE_REPO):
         if tag not in old.tags:
-            client.images.remove(old.id, force=True)
+            try:
+                client.images.remove(old.id, force=True)
+            except docker.errors.APIError as exc:  # an image made from it (a test's own) still uses it: kept
+                log(f"kept the earlier {', '.join(old.tags) or old.id}: {exc.explanation}")
     log(f"built {tag}")
     return tag
 

@@ -35,6 +35,7 @@ FAKE_NVML = Path(__file__).with_name("pynvml.py")
 FAKE_POWERSHELL = Path(__file__).with_name("powershell.exe")
 SIM_CURVES = Path(__file__).parents[1] / "sim_curves.py"
 FAKE_DOCKER_EXE = Path(__file__).with_name("docker.exe")
+NFT = Path(__file__).with_name("nft")  # Debian's nft in a network namespace of the rig's own (see the file)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class SimRig:
             "/var/run/docker.sock": ("/run/docker.sock", "rw"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
             str(LSPCI): ("/usr/bin/lspci", "ro"),
+            str(NFT): ("/usr/sbin/nft", "ro"),
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),
             str(SIM_CURVES): ("/usr/lib/python3/dist-packages/rigkit_sim_curves.py", "ro"),
             str(FAKE_POWERSHELL): ("/usr/local/bin/powershell.exe", "ro"),
