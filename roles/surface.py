@@ -16,7 +16,7 @@ from pyinfra.operations import apt, files, server, systemd
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing import systemd_units as units
-from rigkit.plumbing.facts_once import Read
+from rigkit.plumbing.facts_once import Read, read_once
 from rigkit.plumbing.files import FileStates, put
 from rigkit.plumbing.render import render
 from rigkit.plumbing.systemd_units import UnitStates
@@ -31,16 +31,19 @@ APT_TIMEOUT_S = 600
 
 
 def surface_reads(rig: RigConfig) -> list[Read]:
-    """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
+    """What the role asks the rig while planning (deploy.py reads them ahead, all at once). A rig serving on
+    loopback is asked only whether the firewall's files are there (merged with the other roles' files)."""
+    if rig.spec.serve_address == "127.0.0.1":
+        return [(FileStates, {"paths": FILES})]
     return [(SurfaceState, {}), (FileStates, {"paths": FILES}), (UnitStates, {"units": UNITS})]
 
 
 @deploy("Network surface")
 def surface(rig: RigConfig, plan: SurfacePlan | None) -> list:
     """Returns the operations that changed the firewall."""
-    state = host.get_fact(SurfaceState)
     if plan is None or not plan.ports:
-        return _remove(state)
+        return _remove(rig)
+    state = read_once(SurfaceState)
     if warning := open_paths_warning(host.name, plan):
         logger.warning(f"{host.print_prefix}{warning}")
     if not state["nft"]:
@@ -61,10 +64,12 @@ def surface(rig: RigConfig, plan: SurfacePlan | None) -> list:
     return [op for op in (rules, started, applied) if op is not None]
 
 
-def _remove(state: dict) -> list:
-    present = host.get_fact(FileStates, paths=FILES)
-    if not state["table"] and not any(present.get(path) for path in FILES):
-        host.noop("the models' firewall is not installed (they listen on loopback only)")
+def _remove(rig: RigConfig) -> list:
+    """The firewall's files are what says it was installed (a loopback rig reads only them, for speed)."""
+    present = read_once(FileStates, paths=FILES)
+    if not any(present.get(path) for path in FILES):
+        host.noop("the models' firewall is not installed (nothing to close: "
+                  f"{'they listen on loopback only' if rig.spec.serve_address == '127.0.0.1' else 'no models'})")
         return []
     systemd.service(name="Stop and disable the firewall's unit", service=SURFACE_UNIT, running=False, enabled=False)
     removed = server.shell(name="Remove the models' firewall from the kernel",

@@ -23,6 +23,7 @@ from roles.gpu_policy import gpu_policy_reads
 from roles.gpu_report import gpu_report_reads
 from roles.preflight import preflight_reads
 from roles.serving import serving_reads
+from roles.surface import surface_reads
 from rigkit.rigside.names import P2P_VERDICT_DIR
 from tests.conftest import RESULTS, SERVING_RIG, TEST_CATALOG, copy_catalog
 from tests.simrig.weights import SIM_MODELS, ensure_checkpoint
@@ -90,11 +91,11 @@ def test_deploy_brings_both_stacks_up_and_a_second_deploy_changes_nothing(rig):
     loaded = [line.split("Loaded fact ", 1)[1].split()[0] for line in second.output.splitlines()
               if "Loaded fact " in line]
     serving_rig = load_rig(SERVING_RIG, TEST_CATALOG)
-    wanted = [read for reads in (preflight_reads, gpu_report_reads, gpu_policy_reads, serving_reads)
+    wanted = [read for reads in (preflight_reads, gpu_report_reads, gpu_policy_reads, surface_reads, serving_reads)
               for read in reads(serving_rig)]
     # Questions of one kind were asked as one (one FileStates command for every role's files).
     sent = [fact for (fact, _), _ in merged_reads(wanted)]
-    assert sorted(loaded) == sorted(f"{fact.__module__}.{fact.__name__}" for fact in sent), second.output
+    assert sorted(loaded) == sorted(f"{fact.__module__}.{fact.__name__}" for fact in sent), (sorted(loaded), second.output)
     assert loaded.count("rigkit.plumbing.files.FileStates") == 1, second.output
 
 
