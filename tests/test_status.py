@@ -120,6 +120,16 @@ def engine_state() -> tuple:
     return containers, volumes
 
 
+PLANTED_PORT = 18777
+
+
+def wait_for_listener(rig, port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while rig.exec(f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 1)'")[0] != 0:
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for the planted listener on port {port}"
+        time.sleep(0.2)
+
+
 def test_a_deployed_rig_is_in_order_and_every_section_is_filled(rig, tmp_path):
     """Also: the results history after `rigkit tune` (its document, written by tune's own writer, newer than
     the verification) and a result file cut off by a crash, newer still: status reads the verification,
@@ -167,6 +177,11 @@ def test_every_planted_drift_is_caught_an_unreachable_rig_is_reported_and_nothin
     docker.from_env().containers.get("rigkit-test-beta-vllm-1").stop(timeout=10)  # a stopped stack
     rig.exec("echo '# edited on the rig' >> /etc/rigkit/stacks/test-alpha/compose.yml")  # a changed compose file
     rig.exec("systemctl disable rigkit-gpu-policy.service")  # the boot-time policy disabled
+    # A port rigkit did not open, answering every host: a process of the rig's listening on 0.0.0.0.
+    code, said = rig.exec(f"systemd-run --unit=rigkit-test-planted python3 -m http.server {PLANTED_PORT} "
+                          "--bind 0.0.0.0 --directory /usr/share")
+    assert code == 0, said
+    wait_for_listener(rig, PLANTED_PORT)
     weights_file.rename(aside)  # a weights volume with a file removed
     try:
         before_rig, before_engine = rig_state(rig), engine_state()
@@ -178,6 +193,7 @@ def test_every_planted_drift_is_caught_an_unreachable_rig_is_reported_and_nothin
         after_rig, after_engine = rig_state(rig), engine_state()
     finally:
         aside.rename(weights_file)
+        rig.exec("systemctl stop rigkit-test-planted.service")
 
     assert after_rig == before_rig
     assert after_engine == before_engine
@@ -205,6 +221,12 @@ def test_every_planted_drift_is_caught_an_unreachable_rig_is_reported_and_nothin
             f"rigkit deploy {INVENTORY} --limit {name} --verify-weights")
         assert drift["GPU 0 power limit"]["repair"] == f"rigkit deploy {INVENTORY} --limit {name}"
         assert "GPU 1 power limit" not in drift
+        surface = [f for f in doc["failures"] if f["what"] == "surface"]
+        assert [f["detail"] for f in surface] == [
+            f"port {PLANTED_PORT} (python3) answers beyond loopback (0.0.0.0); it answers HTTP without a key "
+            "(200); rigkit did not open it"], doc["failures"]
+        assert surface[0]["repair"] == (f"on {name} as root: stop it, bind it to 127.0.0.1, or close port "
+                                        f"{PLANTED_PORT} in the rig's firewall")
     assert "DRIFT  GPU 0 power limit: 300 W; wanted 330 W" in text
 
     # The repair it names brings the rig back in order.

@@ -15,7 +15,6 @@ from rigkit.rigside.names import (
     WATCHDOG_PATH,
     WATCHDOG_SERVICE,
     WATCHDOG_STATE_DIR,
-    WATCHDOG_TIMER,
     project_name,
     served_name,
 )

@@ -19,8 +19,10 @@ from rigkit.gpu.facts import NvidiaGpus
 from rigkit.rigside.names import GPU_KEEPER_STATE_PATH, GPU_KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.plumbing.rig_reads import TIMED_OUT_CODES
+from rigkit.config.inventory import gateway_spec
 from rigkit.rigside.names import (
     GPU_POLICY_UNIT,
+    SURFACE_TABLE,
     STACKS_DIR,
     WATCHDOG_STATE_DIR,
     WATCHDOG_TIMER,
@@ -33,6 +35,7 @@ from rigkit.serving.api_key import SecretFileError, read_api_key
 from rigkit.serving.compose import render_compose, stack_settings
 from rigkit.status.facts import RigStatusProbe, probe_args
 from rigkit.status.report import Commands, build_status, sha256
+from rigkit.status.surface import known_ports
 from rigkit.topology.facts import GpuTopology
 from rigkit.topology.rig import compose_additions, needs_topology, verdicts_from_fact
 from rigkit.verify.result import latest_result, results_folder
@@ -78,10 +81,12 @@ def latest_results(rig: RigConfig, results_dir: Path) -> tuple[dict[str, dict | 
 def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path) -> None:
     now = datetime.now(timezone.utc)
     commands = Commands(inventory, host.name)
+    gateway = gateway_spec(host)
+    known = known_ports(rig, (gateway.bind_address, gateway.port) if gateway is not None else None)
     args = probe_args(
         stacks_dir=STACKS_DIR, gpu_unit=GPU_POLICY_UNIT, watchdog_timer=WATCHDOG_TIMER, watchdog_state_dir=WATCHDOG_STATE_DIR,
         gpu_keeper_unit=GPU_KEEPER_UNIT, gpu_keeper_state=GPU_KEEPER_STATE_PATH,
-        deadline_s=READY_DEADLINE_S,
+        deadline_s=READY_DEADLINE_S, known_ports=known, surface_table=SURFACE_TABLE,
         models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
                  "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
                 for m in rig.models],
@@ -102,7 +107,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
     results, skipped = latest_results(rig, results_dir)
     doc = build_status(rig, host.name, commands, gpus, probe,
                        weights, wanted_files(rig, topology_verdicts(rig)), results, now, GPU_POLICY_UNIT,
-                       history_notes=skipped)
+                       history_notes=skipped, known=known)
     path = document_path(status_dir, host.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -22,6 +22,7 @@ from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
 from rigkit.rigside.stack import FAILED_COMPOSE_FILE, PROVEN_COMPOSE_FILE, rollout_command
+from rigkit.status.surface import judge_surface
 
 ENFORCED_TOLERANCE_W = 0.5
 
@@ -48,13 +49,14 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
                  weights: dict[str, dict], wanted_files: dict[str, dict[str, str]],
                  results: dict[str, dict | None], now: datetime, gpu_unit: str,
                  history_notes: list[str] = (), scheduled_tasks: dict[str, dict] | None = None,
-                 recreate: Callable[[str], str] | None = None) -> dict:
+                 recreate: Callable[[str], str] | None = None, known: dict[int, str] | None = None) -> dict:
     """`weights`: {model: WeightsVolumeState}; `wanted_files`: {model: {file name: sha256 of what the
     catalog renders}}; `results`: {model: latest verification document or None}; `history_notes`: the
     result files skipped as unreadable while finding them (rigkit.verify.history), one line each.
     A Windows rig (rigkit.windows.status) has no systemd units: `scheduled_tasks` {task: {"registered",
     "as_rendered", "applied" (None: not a task the deploy runs)}} stands for them, and `recreate(model)`
-    is the command that recreates a model's container there (on Linux: `rigkit-stack rollout NAME recreate`)."""
+    is the command that recreates a model's container there (on Linux: `rigkit-stack rollout NAME recreate`).
+    `known`: {port: what of rigkit's listens beyond loopback there} (rigkit.status.surface.known_ports)."""
     doc = {"rig": host_name, "rig_name": rig.name, "rig_file": str(rig.file), "reachable": True,
            "checked_at": now.isoformat(timespec="seconds"), "gpus": [], "gpu_policy_unit": None, "stacks": [],
            "weights": [], "verification": [], "watchdog": None, "gpu_keeper": None, "drift": [], "failures": [], "notes": []}
@@ -80,6 +82,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     _verification(doc, rig, results, now, commands, failure)
     doc["notes"] += [f"results history: {note}" for note in history_notes]
     _watchdog(doc, rig, probe.get("watchdog"), commands, drift)
+    judge_surface(doc, rig, probe.get("surface"), known or {}, commands, drift, failure)
     doc["ok"] = not doc["drift"] and not doc["failures"]
     return doc
 

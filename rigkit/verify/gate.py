@@ -240,7 +240,7 @@ def _prefix_cache(old: float | None, runs: list[float | None], old_cv: float | N
     new = statistics.fmean(values)
     _, cv = allowance(values)
     limit = max(PREFIX_CACHE_LOSS, 1 + NOISE_FACTOR * (cv ** 2 + (old_cv or 0) ** 2) ** 0.5)
-    widened = f"; widened by the runs' noise" if limit > PREFIX_CACHE_LOSS else ""
+    widened = "; widened by the runs' noise" if limit > PREFIX_CACHE_LOSS else ""
     return Check("prefix_cache", new <= old * limit,
                  f"the measured prompt sent again: TTFT proven {old:.3f} s, candidate {new:.3f} s "
                  f"(x{new / old:.1f}; above x{limit:.3g} the prefix cache is lost{widened}: check "

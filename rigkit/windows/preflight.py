@@ -189,7 +189,7 @@ def memory_problems(rig: RigConfig, facts: PreflightFacts, will_apply: bool) -> 
     if need <= have:
         return []
     fix = (f"raise wsl_memory_gb in {rig.file} to {-(-need // GIB)} or more" if memory_gb and will_apply else
-           f"stop the models (`docker compose -p rigkit-<model> down`) so rigkit can restart WSL with wsl_memory_gb"
+           "stop the models (`docker compose -p rigkit-<model> down`) so rigkit can restart WSL with wsl_memory_gb"
            if memory_gb else f"set wsl_memory_gb: {-(-need // GIB)} (or more) in {rig.file}; rigkit writes it to "
            "%UserProfile%\\.wslconfig")
     return [f"{what} is less than the {need / GIB:.1f} GB the models need ({_need_arithmetic(rig)}): {fix}"]

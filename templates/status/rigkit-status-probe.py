@@ -10,8 +10,14 @@ Every command has a time limit (nvidia-smi and docker a short one; `timed_out` n
 ran out of it, and the others are then not asked). Prints one JSON document.
 
 The argument: {"stacks_dir", "gpu_unit", "watchdog_timer", "watchdog_state_dir", "deadline_s",
-"gpu_keeper_unit", "gpu_keeper_state",
+"gpu_keeper_unit", "gpu_keeper_state", "known_ports": {port: what rigkit listens with there},
+"surface_table",
 "models": [{"name", "project", "port", "served_model_name", "image", "volume"}]}
+
+The network surface: every TCP socket listening beyond loopback (/proc/net/tcp and tcp6), with the
+process that holds it (found by the socket's inode under /proc/*/fd), whether rigkit's firewall table is
+loaded and which ports it closes, and, for a port rigkit does not know, what it answers to a plain HTTP
+GET without a key (a status code read from the first line, at most 512 bytes, within 2 s).
 """
 
 import json
@@ -193,6 +199,87 @@ def watchdog_restarts(state_dir, names):
     return found
 
 
+def _address(hex_address):
+    """/proc/net/tcp's local address (little-endian 32-bit words) as text, and whether it is loopback."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(words) == 4:
+        text = ".".join(str(b) for b in words)
+        return text, words[0] == 127
+    if words[:12] == b"\0" * 10 + b"\xff\xff":  # ::ffff:a.b.c.d
+        return "::ffff:" + ".".join(str(b) for b in words[12:]), words[12] == 127
+    groups = [words[i:i + 2].hex() for i in range(0, 16, 2)]
+    return ":".join(g.lstrip("0") or "0" for g in groups), words == b"\0" * 15 + b"\1"
+
+
+def _socket_processes():
+    """{socket inode: process name} for every process this user may look into (root: all)."""
+    found = {}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found.setdefault(target[8:-1], name)
+    return found
+
+
+def _http_answer(port):
+    """The HTTP status a GET / without a key gets on the rig's own loopback, or None (not HTTP, no answer)."""
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+            conn.sendall(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            first = conn.recv(512).split(b"\r\n", 1)[0].split()
+    except OSError:
+        return None
+    return int(first[1]) if len(first) >= 2 and first[0].startswith(b"HTTP/") and first[1].isdigit() else None
+
+
+def surface(args):
+    listening, processes = {}, None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            hex_address, hex_port = fields[1].split(":")
+            address, loopback = _address(hex_address)
+            if loopback:
+                continue
+            processes = _socket_processes() if processes is None else processes
+            port = int(hex_port, 16)
+            entry = listening.setdefault(port, {"port": port, "addresses": [], "process": None})
+            entry["addresses"].append(address)
+            entry["process"] = entry["process"] or processes.get(fields[9])
+    known = {int(p) for p in args.get("known_ports", {})}
+    for entry in listening.values():
+        if entry["port"] not in known and entry["process"] != "sshd":
+            entry["http_status"] = _http_answer(entry["port"])
+    code, out, _ = run("nft", "list", "table", "inet", args.get("surface_table", "rigkit_surface"))
+    closed = set()
+    for line in out.splitlines() if code == 0 else []:
+        if "reject" in line and "dport {" in line:
+            closed |= {int(p) for p in line.split("{", 1)[1].split("}", 1)[0].replace(",", " ").split() if p.isdigit()}
+        elif "reject" in line and "dport " in line:
+            closed |= {int(w) for w in line.split("dport ", 1)[1].split()[:1] if w.isdigit()}
+    return {"listening": sorted(listening.values(), key=lambda e: e["port"]),
+            "firewall": {"loaded": code == 0, "closed_ports": sorted(closed)}}
+
+
 def existing_stacks(stacks_dir):
     try:
         return sorted(d for d in os.listdir(stacks_dir) if os.path.isdir(os.path.join(stacks_dir, d)))
@@ -210,6 +297,7 @@ def main(argv):
         gpu_unit = pool.submit(unit, args["gpu_unit"])
         timer = pool.submit(unit, args["watchdog_timer"], False)
         keeper = pool.submit(unit, args["gpu_keeper_unit"], False) if args.get("gpu_keeper_unit") else None
+        surface_found = pool.submit(surface, args)
         report = {
             "driver_version": version.result()[0], "driver_error": version.result()[1],
             "gpu_unit": gpu_unit.result(),
@@ -218,6 +306,7 @@ def main(argv):
             "stacks": {name: f.result() for name, f in stacks.items()},
             "volumes": {name: f.result() for name, f in volumes.items()},
             "stacks_on_rig": existing_stacks(args["stacks_dir"]),
+            "surface": surface_found.result(),
         }
         if keeper is not None:  # the GPU policy keeper's unit and its state file (repairs by cause)
             state = load_json(args["gpu_keeper_state"])
