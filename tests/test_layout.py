@@ -570,3 +570,21 @@ def test_every_package_role_and_runtime_module_is_named_in_the_docs():
                                   ["serving"], ["names.py", "new.py"])
     assert planted == ["README: `rigkit/newfeature/`", "docs/architecture.md: `newfeature`",
                        "docs/architecture.md: runtime module `new.py`"]
+
+
+def test_every_module_imports():
+    """Every module of rigkit/ and roles/ imports on its own, in a fresh interpreter: a name removed from
+    one module while another still imports it (c734148: roles/gateway_verify.py's PROJECT) fails here,
+    not in the one deploy that reaches that line. roles/ import pyinfra's host, which needs no deploy
+    to import."""
+    import subprocess
+    import sys
+
+    modules = sorted({".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+                      for folder in ("rigkit", "roles") for p in (REPO / folder).rglob("*.py")})
+    probe = ("import importlib, sys\nfailed = []\nfor name in sys.argv[1:]:\n    try:\n"
+             "        importlib.import_module(name)\n    except Exception as exc:\n"
+             "        failed.append(f'{name}: {type(exc).__name__}: {exc}')\nprint('\\n'.join(failed))\n")
+    done = subprocess.run([sys.executable, "-c", probe, *modules], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+    assert len(modules) > 150, modules  # the walk found the packages
