@@ -55,12 +55,14 @@ def surface(rig: RigConfig, plan: SurfacePlan | None) -> list:
                data=render("surface/rigkit-surface.service.j2", rules_path=SURFACE_RULES_PATH, table=SURFACE_TABLE),
                dest=SURFACE_UNIT_PATH, mode="644", batch=FILES)
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
+    # A unit that was not running is started here, which loads the file as it is now; one that was
+    # running (enabled or not) is restarted below when the file, the unit or the kernel's table differ.
+    was_running = bool((read_once(UnitStates, units=UNITS).get(SURFACE_UNIT) or {}).get("running"))
     started = units.service(name="Load the firewall at boot", unit=SURFACE_UNIT, batch=UNITS, enabled=True,
                             after=(unit,))
     applied = server.shell(
         name="Load the firewall now", commands=[f"systemctl restart {SURFACE_UNIT}"],
-        _if=lambda: (rules.did_change() or unit.did_change() or not state["table"])
-        and not (started is not None and started.did_change()))
+        _if=lambda: was_running and (rules.did_change() or unit.did_change() or not state["table"]))
     return [op for op in (rules, started, applied) if op is not None]
 
 

@@ -283,3 +283,68 @@ def test_key_variable_names_are_safe_for_any_host_name():
 
     assert key_env_name("rig-1.lan") == "RIGKIT_KEY_RIG_1_LAN"
     assert key_env_name("Bad Name=1") == "RIGKIT_KEY_BAD_NAME_1"
+
+
+def surfaces_of(inventory: Path) -> dict:
+    """Each rig's firewall plan, as a deploy computes it before any rig is touched (deploy.py)."""
+    from rigkit.config.inventory import load_inventory
+    from rigkit.gateway.plan import gateway_plan
+    from rigkit.surface.fleet import fleet_surfaces
+
+    hosts = list(load_inventory(str(inventory)))
+    rigs = {}
+    from rigkit.config.inventory import validate_host
+    for host in hosts:
+        rigs[host.name] = validate_host(host)
+    return fleet_surfaces(hosts, rigs, gateway_plan(hosts, rigs))
+
+
+def test_the_gateways_rig_is_let_in_where_its_models_listen_on_every_interface(fleet):
+    """rig-b serves on 0.0.0.0 behind the gateway on rig-a (at 127.0.0.1 in this inventory): rig-a is let in."""
+    plans = surfaces_of(fleet)
+    assert plans["rig-a"] is None  # it serves on loopback
+    assert plans["rig-b"].ports == (18102,) and plans["rig-b"].allowed == ("127.0.0.1/32",)
+
+
+def test_a_gateway_address_that_does_not_resolve_stops_only_rigs_that_need_it(fleet):
+    """The gateway rig's name is resolved only for the rigs it must be let into; rigs on loopback never ask.
+    With serve_clients naming the gateway, an unresolvable name is no error either."""
+    text = fleet.read_text().replace('("rig-a", {"ssh_hostname": "127.0.0.1"', '("rig-a", {"ssh_hostname": "gpu-a.invalid"')
+    fleet.write_text(text)
+    rig_b = Path(text.split('"rig_file": "')[2].split('"')[0])
+    from rigkit.config.inventory import RigConfigError
+
+    with pytest.raises(RigConfigError) as refused:
+        surfaces_of(fleet)
+    assert "host rig-a: its address 'gpu-a.invalid' has no IPv4 address here" in str(refused.value)
+    assert f"or name the gateway's address in serve_clients of {rig_b}" in str(refused.value)
+    # Rig files are read once per path in a process: the variants below are files of their own.
+    with_clients = rig_b.with_name("rig-b-clients.yml")
+    with_clients.write_text(rig_b.read_text() + "serve_clients: [10.1.2.40]\n")
+    clients_inventory = fleet.with_name("inv-clients.py")  # inventories too are read once per path
+    clients_inventory.write_text(text.replace(str(rig_b), str(with_clients)))
+    assert surfaces_of(clients_inventory)["rig-b"].allowed == ("10.1.2.40/32",)
+    on_loopback = rig_b.with_name("rig-b-loopback.yml")
+    on_loopback.write_text(rig_b.read_text().replace("serve_address: 0.0.0.0\n", ""))
+    loopback_inventory = fleet.with_name("inv-loopback.py")
+    loopback_inventory.write_text(text.replace(str(rig_b), str(on_loopback)).replace(
+        '"ssh_hostname": "10.1.2.3", ', '"ssh_hostname": "10.1.2.3", "gateway_address": "10.1.2.3", '))
+    assert surfaces_of(loopback_inventory) == {"rig-a": None, "rig-b": None}  # nothing beyond loopback: nothing resolved
+
+
+def test_the_gateways_own_rig_on_every_interface_for_no_one_else_is_refused_with_its_own_reason(tmp_path):
+    from rigkit.surface.plan import SurfaceError, surface_plan
+
+    rig = RIG.replace("MODELS", "chat-r0")
+    catalog = tmp_path / "models"
+    catalog.mkdir()
+    model_file(catalog, "chat-r0", 18101)
+    key = private(tmp_path / "key", KEY_B)
+    (tmp_path / "rig.yml").write_text(rig + f"api_key_file: {key}\nserve_address: 0.0.0.0\n")
+    loaded = load_rig(tmp_path / "rig.yml", catalog)
+    with pytest.raises(SurfaceError) as refused:
+        surface_plan("rig-a", loaded, (), runs_gateway=True)
+    assert "the gateway on rig rig-a reaches its models on 127.0.0.1, and no other host needs them" in str(refused.value)
+    assert "Serve on 127.0.0.1, or list the other hosts" in str(refused.value)
+    (tmp_path / "rig.yml").write_text(RIG.replace("MODELS", "") + f"api_key_file: {key}\nserve_address: 0.0.0.0\n")
+    assert surface_plan("rig-a", load_rig(tmp_path / "rig.yml", catalog), ()) is None  # no models: nothing to close

@@ -1,14 +1,16 @@
 """The rig's firewall (rigkit/surface) in a real kernel: the ruleset rigkit renders, loaded by the real `nft`
-into a network namespace this test makes (`unshare --net`: never the host's own), and real TCP connections
-to listeners on 0.0.0.0 there. Simulated: the other hosts, as loopback addresses of that namespace bound as
-the connection's source (the rig itself is 127.0.0.1; its gateway's rig 127.0.0.5; a serve_clients host
-127.0.0.6; any other host 127.0.0.9). Also the plan's rules: who is let in, and the refusal of a rig that
-serves on the network for no one in particular.
+into the network namespace of a "rig" this test makes, joined by a veth pair to a second namespace, the
+"network" (`ip netns`: never the host's own namespace), and real TCP connections to listeners on 0.0.0.0
+in the rig: from the rig itself (127.0.0.1, 127.0.1.1 as Debian names the host, its own LAN address) and,
+across the veth, from its gateway's rig (10.199.0.5), a serve_clients host (10.199.0.6) and any other host
+(10.199.0.9). Simulated: those hosts, as addresses of the one network namespace. Also the plan's rules:
+who is let in, and the refusal of a rig that serves on the network for no one in particular.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,20 +24,25 @@ from tests.conftest import REPO
 
 MODEL = "image: rigkit-vllm-standin:sim\nweights: {source: /srv/m}\ngpus: [GPU]\nport: PORT\n"
 SSH_PORT = 2222  # a port that is not a model's: the firewall leaves it alone
+RIG_ADDRESS, GATEWAY, CLIENT, OTHER = "10.199.0.1", "10.199.0.5", "10.199.0.6", "10.199.0.9"
 
-# Runs inside the namespace: loopback up, the ruleset loaded (twice: a deploy re-applies it), listeners on
-# every port, then one connection per (source, port); prints {"source port": "open" | "refused"}.
-PROBE = r"""
-import json, socket, subprocess, sys, threading
-rules, ports, sources = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], sys.argv[3].split(",")
-subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-for _ in range(2):
-    subprocess.run(["nft", "-f", rules], check=True)
-for port in ports:
+# Listens on 0.0.0.0 on every port given, says "ready", serves until killed.
+LISTEN = r"""
+import socket, sys, threading, time
+for port in map(int, sys.argv[1].split(",")):
     server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("0.0.0.0", port))
     server.listen(16)
-    threading.Thread(target=lambda s=server: [s.accept()[0].close() for _ in range(64)], daemon=True).start()
+    threading.Thread(target=lambda s=server: [s.accept()[0].close() for _ in range(256)], daemon=True).start()
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+# One connection per (source, port) to the rig's address; prints {"source port": "open" | "refused" | "silent"}.
+CONNECT = r"""
+import json, socket, sys
+target, ports, sources = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], sys.argv[3].split(",")
 found = {}
 for source in sources:
     for port in ports:
@@ -43,15 +50,74 @@ for source in sources:
         client.bind((source, 0))
         client.settimeout(5)
         try:
-            client.connect(("127.0.0.1", port))
+            client.connect((target, port))
             found[f"{source} {port}"] = "open"
         except ConnectionRefusedError:
             found[f"{source} {port}"] = "refused"
+        except socket.timeout:
+            found[f"{source} {port}"] = "silent"
         finally:
             client.close()
 print(json.dumps(found))
-print(subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True, check=True).stdout)
 """
+
+
+class Network:
+    """Two network namespaces of this test's own, "rig" and "net", joined by a veth pair; removed at the end."""
+
+    def __init__(self, tmp_path: Path):
+        tag = f"{os.getpid() % 100000}"
+        self.rig, self.net = f"rkrig{tag}", f"rknet{tag}"
+        self.tmp_path = tmp_path
+
+    def sh(self, *command: str) -> None:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, (command, done.stderr)
+
+    def __enter__(self):
+        for name in (self.rig, self.net):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)  # a killed run's leftover
+            self.sh("ip", "netns", "add", name)
+        self.sh("ip", "link", "add", "rkv0", "netns", self.rig, "type", "veth", "peer", "name", "rkv1", "netns", self.net)
+        self.sh("ip", "-n", self.rig, "addr", "add", f"{RIG_ADDRESS}/24", "dev", "rkv0")
+        self.sh("ip", "-n", self.rig, "addr", "add", "127.0.1.1/8", "dev", "lo")
+        for address in (GATEWAY, CLIENT, OTHER):
+            self.sh("ip", "-n", self.net, "addr", "add", f"{address}/24", "dev", "rkv1")
+        for name, link in ((self.rig, "rkv0"), (self.net, "rkv1")):
+            self.sh("ip", "-n", name, "link", "set", "lo", "up")
+            self.sh("ip", "-n", name, "link", "set", link, "up")
+        return self
+
+    def __exit__(self, *exc):
+        for name in (self.rig, self.net):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+    def load(self, rules: str) -> str:
+        path = self.tmp_path / "surface.nft"
+        path.write_text(rules)
+        for _ in range(2):  # a deploy re-applies it: one table, not two
+            self.sh("ip", "netns", "exec", self.rig, "nft", "-f", str(path))
+        return subprocess.run(["ip", "netns", "exec", self.rig, "nft", "list", "ruleset"], capture_output=True,
+                              text=True, check=True).stdout
+
+    def connections(self, ports: list[int], from_rig: list[str], from_net: list[str]) -> dict:
+        server = subprocess.Popen(["ip", "netns", "exec", self.rig, sys.executable, "-c", LISTEN,
+                                   ",".join(map(str, ports))], stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout.readline().strip() == "ready"
+            found = {}
+            for namespace, sources in ((self.rig, from_rig), (self.net, from_net)):
+                if not sources:
+                    continue
+                done = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", CONNECT, RIG_ADDRESS,
+                                       ",".join(map(str, ports)), ",".join(sources)],
+                                      capture_output=True, text=True, timeout=120)
+                assert done.returncode == 0, done.stderr
+                found.update(json.loads(done.stdout))
+            return found
+        finally:
+            server.kill()
+            server.wait()
 
 
 def rig_with(folder: Path, extra: str, ports=(18401, 18402)):
@@ -70,44 +136,39 @@ def rig_with(folder: Path, extra: str, ports=(18401, 18402)):
     return load_rig(rig, catalog)
 
 
-def in_namespace(tmp_path: Path, rules: str, ports: list[int], sources: list[str]) -> tuple[dict, str]:
-    path = tmp_path / "surface.nft"
-    path.write_text(rules)
-    proc = subprocess.run(["unshare", "--net", sys.executable, "-c", PROBE, str(path), ",".join(map(str, ports)),
-                           ",".join(sources)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    first, _, listing = proc.stdout.partition("\n")
-    return json.loads(first), listing
-
-
 def test_only_the_rig_its_gateway_and_its_clients_reach_the_models_ports(tmp_path):
-    rig = rig_with(tmp_path, "serve_clients: [127.0.0.6]\n")
-    plan = surface_plan("rig-b", rig, ("127.0.0.5",))
-    found, listing = in_namespace(tmp_path, ruleset(rig, plan), [18401, 18402, SSH_PORT],
-                                  ["127.0.0.1", "127.0.0.5", "127.0.0.6", "127.0.0.9"])
+    rig = rig_with(tmp_path, f"serve_clients: [{CLIENT}]\n")
+    plan = surface_plan("rig-b", rig, (GATEWAY,))
+    with Network(tmp_path) as network:
+        listing = network.load(ruleset(rig, plan))
+        found = network.connections([18401, 18402, SSH_PORT], ["127.0.0.1", "127.0.1.1", RIG_ADDRESS],
+                                    [GATEWAY, CLIENT, OTHER])
     for port in (18401, 18402):
-        assert [found[f"{s} {port}"] for s in ("127.0.0.1", "127.0.0.5", "127.0.0.6", "127.0.0.9")] == \
-               ["open", "open", "open", "refused"], found
-    assert {found[f"{s} {SSH_PORT}"] for s in ("127.0.0.1", "127.0.0.9")} == {"open"}, found  # not a model's port
+        assert {s: found[f"{s} {port}"] for s in ("127.0.0.1", "127.0.1.1", RIG_ADDRESS, GATEWAY, CLIENT, OTHER)} == {
+            "127.0.0.1": "open", "127.0.1.1": "open", RIG_ADDRESS: "open", GATEWAY: "open", CLIENT: "open",
+            OTHER: "refused"}, found  # refused at once (a reset), as a closed port: not left to time out
+    assert {found[f"{s} {SSH_PORT}"] for s in (RIG_ADDRESS, OTHER)} == {"open"}, found  # not a model's port
     assert listing.count("table inet rigkit_surface") == 1, listing  # applied twice, one table
 
 
 def test_a_changed_plan_replaces_the_table_whole(tmp_path):
     """A deploy that drops a client and a model's port: the old rules are gone, not left beside the new."""
-    old = rig_with(tmp_path, "serve_clients: [127.0.0.6]\n")
+    old = rig_with(tmp_path, f"serve_clients: [{CLIENT}]\n")
     new = rig_with(tmp_path / "new", "", ports=(18401,))
-    rules = ruleset(old, surface_plan("rig-b", old, ())) + "\n" + ruleset(new, surface_plan("rig-b", new, ("127.0.0.5",)))
-    found, listing = in_namespace(tmp_path, rules, [18401, 18402], ["127.0.0.5", "127.0.0.6"])
-    assert found == {"127.0.0.5 18401": "open", "127.0.0.5 18402": "open",  # 18402 is no longer a model's port
-                     "127.0.0.6 18401": "refused", "127.0.0.6 18402": "open"}, found
-    assert "127.0.0.6" not in listing and listing.count("table inet rigkit_surface") == 1, listing
+    with Network(tmp_path) as network:
+        network.load(ruleset(old, surface_plan("rig-b", old, ())))
+        listing = network.load(ruleset(new, surface_plan("rig-b", new, (GATEWAY,))))
+        found = network.connections([18401, 18402], [], [GATEWAY, CLIENT])
+    assert found == {f"{GATEWAY} 18401": "open", f"{GATEWAY} 18402": "open",  # 18402 is no longer a model's port
+                     f"{CLIENT} 18401": "refused", f"{CLIENT} 18402": "open"}, found
+    assert CLIENT not in listing and listing.count("table inet rigkit_surface") == 1, listing
 
 
 def test_a_rig_serving_on_the_network_for_no_one_in_particular_is_refused(tmp_path):
     rig = rig_with(tmp_path, "")
     with pytest.raises(SurfaceError) as refused:
         surface_plan("rig-b", rig, ())
-    assert "serve_address: '0.0.0.0' with no gateway in front and no serve_clients" in str(refused.value)
+    assert "serve_address: '0.0.0.0': with no gateway in front and no serve_clients" in str(refused.value)
     assert "vLLM asks for the API key only under /v1" in str(refused.value)
     assert surface_plan("rig-b", rig, ("10.0.0.4",)).allowed == ("10.0.0.4/32",)  # a gateway in front
 
@@ -115,7 +176,7 @@ def test_a_rig_serving_on_the_network_for_no_one_in_particular_is_refused(tmp_pa
 def test_clients_are_warned_about_every_deploy_and_a_loopback_rig_has_no_plan(tmp_path):
     rig = rig_with(tmp_path, "serve_clients: [10.0.0.0/24, 10.0.0.7]\n")
     plan = surface_plan("rig-b", rig, ("10.0.0.4",))
-    assert plan.allowed == ("10.0.0.4/32", "10.0.0.0/24", "10.0.0.7/32")
+    assert plan.allowed == ("10.0.0.0/24",)  # the gateway and 10.0.0.7 lie in it: one interval, as nft wants
     assert open_paths_warning("rig-b", plan).startswith("rig rig-b: serve_clients 10.0.0.0/24, 10.0.0.7/32 reach")
     assert open_paths_warning("rig-b", surface_plan("rig-b", rig_with(tmp_path / "gw", ""), ("10.0.0.4",))) is None
     loopback = load_rig(Path(REPO / "tests" / "data" / "rigs" / "serving.yml"), REPO / "tests" / "data" / "models")

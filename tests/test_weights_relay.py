@@ -193,6 +193,19 @@ def test_a_rig_source_the_relay_cannot_reach_over_openssh_is_refused_with_the_re
     assert "s3cret" not in run.stdout + run.stderr and "Traceback" not in run.stderr
 
 
+def test_another_rigs_bad_ssh_settings_do_not_stop_a_command_limited_to_one_rig(tmp_path):
+    """Checking who the relay reaches reads every host's SSH settings; a rig whose key file is missing here
+    is one the relay cannot reach, and an error only for a command that reaches that rig."""
+    from rigkit.preflight.inventory_check import reached_rigs
+
+    inventory = fleet(tmp_path, {"m": "/srv/m"}, {"rig-a": ["m"], "rig-b": ["m"]})
+    hosts = eval(inventory.read_text().removeprefix("rigs = "))  # noqa: S307: the list this test wrote
+    hosts[1][1]["ssh_key"] = str(tmp_path / "no-such-key")
+    inventory.write_text(f"rigs = {hosts!r}\n")
+    assert reached_rigs("deploy", str(inventory), "rig-a", whole_fleet=True) == ["rig-a"]
+    assert reached_rigs("deploy", str(inventory), None, whole_fleet=True) == 2  # rig-b's own key: refused
+
+
 def check_one_model(tmp_path: Path, weights: str, rig_file: str, models: str) -> subprocess.CompletedProcess:
     """`rigkit check` of a rig (a copy of tests/data/rigs/RIG_FILE) serving one model with these weights."""
     (tmp_path / "m.yml").write_text(MODEL.replace("SOURCE", weights).replace("PORT", "18300"))
@@ -223,9 +236,11 @@ def test_rigs_sharing_a_source_take_it_from_the_first_unless_they_are_one_machin
                                  FleetRig("d", rig, "10.0.0.3:22")])
     assert [unreachable[n].models[0].spec.weights.source for n in "ab"] == ["/srv/m", "/srv/m"]
     assert str(unreachable["d"].models[0].spec.weights.source) == "rig a volume rigkit-weights-m"
+    # The first rig unreachable: the next one it reaches is the one the others copy from.
     first_unreachable = share_sources([FleetRig("a", rig, "10.0.0.1:22", "a password"),
-                                       FleetRig("b", rig, "10.0.0.2:22")])
+                                       FleetRig("b", rig, "10.0.0.2:22"), FleetRig("c", rig, "10.0.0.3:22")])
     assert [first_unreachable[n].models[0].spec.weights.source for n in "ab"] == ["/srv/m", "/srv/m"]
+    assert str(first_unreachable["c"].models[0].spec.weights.source) == "rig b volume rigkit-weights-m"
 
 
 def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_copy_takes_only_it(tmp_path):

@@ -83,7 +83,7 @@ def fleet_rig_configs(inventory) -> dict[str, RigConfig]:
         return cached[1]
     from rigkit.config.rig_sources import FleetRig, RigSourceError, check_rig_sources, share_sources
 
-    fleet = [FleetRig(h.name, own_rig_config(h), ssh_address(h), ssh_target(h).openssh_refusal()) for h in inventory]
+    fleet = [FleetRig(h.name, own_rig_config(h), ssh_address(h), _relay_refusal(h)) for h in inventory]
     rigs = share_sources(fleet)
     try:
         check_rig_sources(rigs, {entry.name: entry.no_relay for entry in fleet})
@@ -91,6 +91,15 @@ def fleet_rig_configs(inventory) -> dict[str, RigConfig]:
         raise RigConfigError(str(exc)) from None
     _FLEETS[id(inventory)] = (inventory, rigs)
     return rigs
+
+
+def _relay_refusal(host) -> str | None:
+    """Why the weights relay's `ssh` cannot reach `host`; its SSH settings' own error where they are bad (a
+    missing key file): that stops a command only where it reaches the host, not every command of the fleet."""
+    try:
+        return ssh_target(host).openssh_refusal()
+    except RigConfigError as exc:
+        return str(exc)
 
 
 def own_rig_config(host) -> RigConfig:

@@ -46,10 +46,13 @@ def share_sources(fleet: list[FleetRig]) -> dict[str, RigConfig]:
             if weights.storage != "volume" or weights.from_rig is not None or entry.rig.spec.os != "linux":
                 models.append(model)
                 continue
+            if entry.no_relay:  # the relay cannot reach it: its own copy, and no rig copies from it
+                models.append(model)
+                continue
             key = (model.name, weights.source, volume_name(model))
-            owner = first.setdefault(key, entry)
-            if owner is entry or owner.address == entry.address or owner.no_relay or entry.no_relay:
-                models.append(model)  # its own copy from the folder
+            owner = first.setdefault(key, entry)  # the first rig the relay reaches
+            if owner is entry or owner.address == entry.address:
+                models.append(model)
             else:
                 models.append(_with_source(model, RigSource(rig=owner.name, volume=volume_name(model))))
         out[entry.name] = replace(entry.rig, models=tuple(models))

@@ -30,23 +30,29 @@ class SurfacePlan:
 
     @property
     def allowed(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((*self.gateway, *self.clients)))
+        """The networks let in, overlaps merged (an nftables set of intervals may not overlap)."""
+        networks = [ipaddress.IPv4Network(n) for n in (*self.gateway, *self.clients)]
+        return tuple(str(n) for n in ipaddress.collapse_addresses(networks))
 
 
-def surface_plan(host: str, rig: RigConfig, gateway_sources: tuple[str, ...]) -> SurfacePlan | None:
-    """The plan for `host`'s rig; None where its models listen on loopback only (nothing to close).
-    `gateway_sources`: the addresses of the rig whose gateway routes to this rig's models (none when
-    no gateway does, or it runs on this rig and reaches them on 127.0.0.1)."""
-    if rig.spec.serve_address == "127.0.0.1" or rig.spec.os != "linux":
+def surface_plan(host: str, rig: RigConfig, gateway_sources: tuple[str, ...],
+                 runs_gateway: bool = False) -> SurfacePlan | None:
+    """The plan for `host`'s rig; None where nothing of it listens beyond loopback (a loopback rig, a
+    Windows rig, no models). `gateway_sources`: the addresses of the rig whose gateway routes to this
+    rig's models (none when no gateway does, or it runs here: `runs_gateway`, reaching them on 127.0.0.1)."""
+    if rig.spec.serve_address == "127.0.0.1" or rig.spec.os != "linux" or not rig.models:
         return None
     clients = tuple(rig.spec.serve_clients)
     if not gateway_sources and not clients:
+        why = (f"the gateway on rig {host} reaches its models on 127.0.0.1, and no other host needs them"
+               if runs_gateway else f"with no gateway in front and no serve_clients, every host of the network "
+               f"would reach rig {host}'s models")
+        fix = ("serve on 127.0.0.1, or list the other hosts that may call the models in serve_clients" if runs_gateway
+               else "put a rigkit gateway in front (its rig is then the one let in), or list the hosts that may "
+               "call the models in serve_clients (they reach those paths without the key), or serve on 127.0.0.1")
         raise SurfaceError(
-            f"{rig.file}: serve_address: '0.0.0.0' with no gateway in front and no serve_clients: every host of the "
-            f"network would reach rig {host}'s models, and vLLM asks for the API key only under /v1 (/metrics, "
-            "/tokenize, /version and more answer anyone). Put a rigkit gateway in front (its rig is then the one "
-            "let in), or list the hosts that may call the models in serve_clients (they reach those paths "
-            "without the key), or serve on 127.0.0.1")
+            f"{rig.file}: serve_address: '0.0.0.0': {why}, and vLLM asks for the API key only under /v1 (/metrics, "
+            f"/tokenize, /version and more answer anyone). {fix[0].upper()}{fix[1:]}")
     return SurfacePlan(ports=tuple(sorted({m.spec.port for m in rig.models})),
                        gateway=tuple(f"{ipaddress.IPv4Address(a)}/32" for a in gateway_sources), clients=clients)
 

@@ -17,7 +17,8 @@ The argument: {"stacks_dir", "gpu_unit", "watchdog_timer", "watchdog_state_dir",
 The network surface: every TCP socket listening beyond loopback (/proc/net/tcp and tcp6), with the
 process that holds it (found by the socket's inode under /proc/*/fd), whether rigkit's firewall table is
 loaded and which ports it closes, and, for a port rigkit does not know, what it answers to a plain HTTP
-GET without a key (a status code read from the first line, at most 512 bytes, within 2 s).
+GET without a key at the address it listens on (a status code read from the first line, at most 512
+bytes, within 2 s; at most HTTP_PROBES ports, all at once).
 """
 
 import json
@@ -232,16 +233,22 @@ def _socket_processes():
     return found
 
 
-def _http_answer(port):
-    """The HTTP status a GET / without a key gets on the rig's own loopback, or None (not HTTP, no answer)."""
+def _http_answer(address, port):
+    """The HTTP status a GET / without a key gets at the address the port listens on (a wildcard: that
+    family's loopback), or None (not HTTP, no answer within 2 s)."""
     import socket
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address, address)
+    host = host[7:] if host.startswith("::ffff:") else host
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
-            conn.sendall(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        with socket.create_connection((host, port), timeout=2) as conn:
+            conn.sendall(b"GET / HTTP/1.0\r\nHost: rig\r\n\r\n")
             first = conn.recv(512).split(b"\r\n", 1)[0].split()
     except OSError:
         return None
     return int(first[1]) if len(first) >= 2 and first[0].startswith(b"HTTP/") and first[1].isdigit() else None
+
+
+HTTP_PROBES = 32  # ports asked at most, all at once: a rig with many silent listeners still answers in ~2 s
 
 
 def surface(args):
@@ -266,9 +273,12 @@ def surface(args):
             entry["addresses"].append(address)
             entry["process"] = entry["process"] or processes.get(fields[9])
     known = {int(p) for p in args.get("known_ports", {})}
-    for entry in listening.values():
-        if entry["port"] not in known and entry["process"] != "sshd":
-            entry["http_status"] = _http_answer(entry["port"])
+    asked = [e for e in listening.values() if e["port"] not in known and e["process"] != "sshd"][:HTTP_PROBES]
+    if asked:
+        with ThreadPoolExecutor(max_workers=len(asked)) as pool:
+            answers = pool.map(lambda e: _http_answer(e["addresses"][0], e["port"]), asked)
+            for entry, answer in zip(asked, answers):
+                entry["http_status"] = answer
     code, out, _ = run("nft", "list", "table", "inet", args.get("surface_table", "rigkit_surface"))
     closed = set()
     for line in out.splitlines() if code == 0 else []:
