@@ -74,3 +74,27 @@ def test_known_ports_are_what_the_rig_file_and_inventory_open_beyond_loopback():
     lan = on_lan(loopback)
     assert known_ports(lan, ("0.0.0.0", 4000)) == {18101: "model test-alpha", 18102: "model test-beta",
                                                    9835: "the monitoring exporter", 4000: "the gateway"}
+
+
+def test_the_probe_reads_proc_net_tcp_addresses_and_tells_loopback():
+    """The status probe's parser of /proc/net/tcp{,6} local addresses (32-bit words, little-endian), run as the
+    probe runs (in a process of its own, the runtime from this checkout)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    samples = ["0100007F", "00000000", "0101A8C0", "00000000000000000000000001000000",
+               "0000000000000000FFFF00000100007F", "0000000000000000FFFF00000101A8C0",
+               "00000000000000000000000000000000", "000080FE00000000FF1E5402FEA8A3F4"]
+    code = ("import json, runpy, sys\n"
+            f"probe = runpy.run_path({str(REPO / 'templates/status/rigkit-status-probe.py')!r}, run_name='probe')\n"
+            "print(json.dumps([probe['_address'](h) for h in sys.argv[1:]]))")
+    done = subprocess.run([sys.executable, "-c", code, *samples], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RIGKIT_LIB_DIR": str(REPO / "rigkit")})
+    assert done.returncode == 0, done.stderr
+    assert [tuple(a) for a in json.loads(done.stdout)] == [
+        ("127.0.0.1", True), ("0.0.0.0", False), ("192.168.1.1", False), ("::1", True), ("::ffff:127.0.0.1", True),
+        ("::ffff:192.168.1.1", False), ("::", False), ("fe80::254:1eff:f4a3:a8fe", False)]

@@ -201,16 +201,13 @@ def watchdog_restarts(state_dir, names):
 
 
 def _address(hex_address):
-    """/proc/net/tcp's local address (little-endian 32-bit words) as text, and whether it is loopback."""
+    """/proc/net/tcp's local address (little-endian 32-bit words) as text, and whether it is loopback
+    (127.0.0.0/8, ::1, or ::ffff:127.x.y.z)."""
+    import ipaddress
     raw = bytes.fromhex(hex_address)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    if len(words) == 4:
-        text = ".".join(str(b) for b in words)
-        return text, words[0] == 127
-    if words[:12] == b"\0" * 10 + b"\xff\xff":  # ::ffff:a.b.c.d
-        return "::ffff:" + ".".join(str(b) for b in words[12:]), words[12] == 127
-    groups = [words[i:i + 2].hex() for i in range(0, 16, 2)]
-    return ":".join(g.lstrip("0") or "0" for g in groups), words == b"\0" * 15 + b"\1"
+    address = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped and f"::ffff:{mapped}" or address), (mapped or address).is_loopback
 
 
 def _socket_processes():
