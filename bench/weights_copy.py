@@ -35,7 +35,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from rigkit.config.loader import ModelSpec  # noqa: E402
 from rigkit.config.schema import ModelConfig
 from rigkit.weights.volumes import copy, needs_copy  # noqa: E402
 from tests.test_weights import make_checkpoint  # noqa: E402
+from tests.test_weights_copier import COPIER  # noqa: E402  (the copier as rigkit ships it, in a file)
 from tests.vllm_standin.image import STABLE_TAG, ensure_standin_image  # noqa: E402
 
 SOURCE = Path("/srv/rigkit-bench-weights/model")
@@ -114,20 +114,11 @@ def hub_snapshot(root: Path, shards: int, shard_bytes: int) -> tuple[Path, Path]
     return repo, snapshot
 
 
-def shipped_copier() -> Path:
-    """The copier as rigkit ships it (rigkit/weights/copier.py), in a file: the bench runs it as a process."""
-    from rigkit.weights.copier import copier_source
-
-    path = Path(tempfile.gettempdir()) / "rigkit-bench-copier.py"
-    path.write_text(copier_source())
-    return path
-
-
 def time_copier(repo: Path, snapshot: Path, dst: Path, checks: bool, cold: bool = True) -> tuple[float, dict]:
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
     env = {**os.environ, "RIGKIT_WEIGHTS_PROOFS": "on" if checks else "off"}
-    copier = shipped_copier()
+    copier = COPIER
     if cold:
         drop_caches()
     else:
@@ -255,7 +246,7 @@ def rig_to_rig(relay_gb: float, chunk_bytes: int) -> None:
         for v in client.volumes.list(filters={"name": RELAY_VOLUMES[0]}):
             v.remove(force=True)
         source_dir = client.volumes.create(RELAY_VOLUMES[0]).attrs["Mountpoint"]
-        copier = shipped_copier()
+        copier = COPIER
         subprocess.run([sys.executable, str(copier), "copy", str(src), source_dir], check=True, capture_output=True)
         shutil.rmtree(src)  # the disk holds rig A's volume and one copy at a time
         total = sum(p.stat().st_size for p in Path(source_dir).rglob("*") if p.is_file() and ".rigkit" not in p.parts)

@@ -287,15 +287,12 @@ def test_key_variable_names_are_safe_for_any_host_name():
 
 def surfaces_of(inventory: Path) -> dict:
     """Each rig's firewall plan, as a deploy computes it before any rig is touched (deploy.py)."""
-    from rigkit.config.inventory import load_inventory
+    from rigkit.config.inventory import load_inventory, validate_host
     from rigkit.gateway.plan import gateway_plan
     from rigkit.surface.fleet import fleet_surfaces
 
     hosts = list(load_inventory(str(inventory)))
-    rigs = {}
-    from rigkit.config.inventory import validate_host
-    for host in hosts:
-        rigs[host.name] = validate_host(host)
+    rigs = {host.name: validate_host(host) for host in hosts}
     return fleet_surfaces(hosts, rigs, gateway_plan(hosts, rigs))
 
 

@@ -4,6 +4,7 @@ touched, like the gateway's plan."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 
@@ -42,8 +43,10 @@ def fleet_surfaces(inventory, rigs: dict[str, RigConfig], gateway) -> dict[str, 
     return plans
 
 
+@functools.cache
 def _ipv4(address: str) -> str | None:
-    """An inventory address as IPv4 (a name resolved here), or None where it has none."""
+    """An inventory address as IPv4 (a name resolved here), or None where it has none. Once per deploy
+    process: deploy.py plans the fleet's surface for each rig it runs on."""
     try:
         return str(ipaddress.IPv4Address(address))
     except ValueError:
