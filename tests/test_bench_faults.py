@@ -456,3 +456,22 @@ def test_an_upper_case_scheme_is_a_url_like_any_other(tmp_path, capsys):
         code = main(["bench", "--url", url.replace("http://", "HTTP://"), "--model", "m", "--prompt-tokens", "64",
                      "--output-tokens", "16"])
     assert code == 0, capsys.readouterr()
+
+
+def test_a_client_read_far_from_the_servers_decode_time_reports_the_servers():
+    """Pure: a controller too loaded to read the stream in time (its first token read late, the rest in a
+    catch-up) once read a 12% slower config 30% faster; the server's own decode time is the instrument then.
+    Within 10% the client's reading stands; hidden reasoning tokens keep the client's (the server's time
+    holds tokens the client never saw)."""
+    from rigkit.verify.client import _client_or_server_decode
+    from rigkit.verify.stream import StreamResult
+
+    single = StreamResult(requested_prompt_tokens=2048, requested_output_tokens=256, completion_tokens=256)
+    server_s = 255 / 880.0
+    assert _client_or_server_decode(879.7, single, server_s) == (879.7, [])
+    rate, [warning] = _client_or_server_decode(1300.0, single, server_s)
+    assert rate == pytest.approx(880.0) and "the server's figure is reported" in warning and "+48%" in warning
+    assert _client_or_server_decode(1300.0, single, None) == (1300.0, [])
+    reasoning = StreamResult(requested_prompt_tokens=2048, requested_output_tokens=256, completion_tokens=256,
+                             reasoning_tokens=100)
+    assert reasoning.hidden_tokens == 100 and _client_or_server_decode(1300.0, reasoning, server_s) == (1300.0, [])

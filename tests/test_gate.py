@@ -33,6 +33,19 @@ def test_a_noisy_proven_mean_widens_the_allowance_as_the_candidates_noise_does()
     assert not decide(bare, restored).promote
 
 
+def test_the_noise_widening_stops_at_half_so_a_config_without_its_drafter_is_refused():
+    """Measured on vLLM 0.32's CPU build (tests/test_engine.py): a speculative config's proven runs 1237, 2002 and
+    1214 tok/s (CV 30%: the drafter's acceptance moved with the prompt) and the config without the drafter at
+    362, 420 and 350. Widened by 3x the noise of both means the line would be 95% and let it through; it stops
+    at 50%, and 74.6% slower is refused."""
+    proven = from_result({"figures": {"decode_tok_s": 1484.4, "ttft_s": 0.145}, "passed": True,
+                          "runs": {"decode_tok_s": {"mean": 1484.4, "cv": 0.302, "runs": [1236.9, 2002.1, 1214.2]}}})
+    verdict = decide(proven, runs(decode=(362.0, 420.0, 350.0), ttft=(0.1, 0.1, 0.1), acceptance=None))
+    assert not verdict.promote and [c.name for c in verdict.failed] == ["decode"], verdict.reason
+    assert "50.0% allowed (widened from 10%: 3x the runs' CV of 9.9% and the proven runs' 30.2%, at most 50%)" \
+        in verdict.reason, verdict.reason
+
+
 @pytest.mark.parametrize("candidates, promote, failed, says", [
     (runs(), True, [], "0.0% slower"),
     (runs(decode=(98.0, 98.2, 97.8)), True, [], "2.0% slower; 10.0% allowed"),
