@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_parser.add_argument("--expect-decode", type=_number(float, 0, 1e6, " tok/s", low_open=True),
                               help="fail below this decode tok/s")
     bench_parser.add_argument("--api-key-file", help="file holding the server's API key")
+    bench_parser.add_argument("--ca-file", help="an https server's CA (a rigkit gateway's ca.pem); default: the system's")
     bench_parser.add_argument("--roofline-tok-s", type=_number(float, 0, 1e6, " tok/s", low_open=True),
                               help="memory-bandwidth bound on decode; a rate far above it fails as a burst")
     bench_parser.add_argument("--draft-tokens", type=_number(int, 1, 16, " tokens"),

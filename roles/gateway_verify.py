@@ -23,7 +23,8 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from rigkit.gateway.facts import GatewayRunning
-from rigkit.gateway.stack import probe_host
+from rigkit.gateway.stack import probe_host, scheme
+from rigkit.gateway.tls import TlsError, client_context, plan_tls
 from rigkit.gateway.plan import GatewayPlan, Replica
 from rigkit.rigside.names import GATEWAY_PROJECT
 from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
@@ -65,11 +66,16 @@ def _verify(plan: GatewayPlan, rigs: dict, results_dir: Path) -> None:
     if host.get_fact(GatewayRunning, project=GATEWAY_PROJECT) == 0:
         raise OperationError(f"the gateway is not running on {plan.host} (compose project {GATEWAY_PROJECT}): nothing to "
                              "verify through; `rigkit deploy` brings it up")
+    try:
+        tls = plan_tls(plan)  # the certificate the gateway role deployed (saved, so the same one)
+    except TlsError as exc:
+        raise OperationError(f"host {plan.host}: {exc}") from None
+    verify = True if tls is None else client_context(tls.cert_pem)
     transport = host.connector.client.get_transport()
     gateway_host = probe_host(plan)
     results = []
     with forward(transport, plan.spec.port, gateway_host) as gateway_port:
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        gateway_url = f"{scheme(plan)}://127.0.0.1:{gateway_port}"
         for name in sorted({r.model_name for r in plan.replicas}):
             replica = direct_replica(plan, name)
             where = urlsplit(replica.api_base)
@@ -81,9 +87,9 @@ def _verify(plan: GatewayPlan, rigs: dict, results_dir: Path) -> None:
                 results.append(measure_model(
                     gateway_url, master, f"http://127.0.0.1:{direct_port}", key, name,
                     [r.deployment_id for r in plan.replicas if r.model_name == name], replica.deployment_id,
-                    REQUEST_TIMEOUT_S, max_added_ttft_ms=plan.spec.max_added_ttft_ms))
+                    REQUEST_TIMEOUT_S, max_added_ttft_ms=plan.spec.max_added_ttft_ms, gateway_verify=verify))
     rig = rigs[plan.host].name
-    doc = document(plan.host, rig, f"http://{gateway_host}:{plan.spec.port}", results)
+    doc = document(plan.host, rig, f"{scheme(plan)}://{gateway_host}:{plan.spec.port}", results)
     path = save(results_dir, rig, doc)
     lines = [summary_line(r) for r in results]
     logger.info(f"{host.print_prefix}verification through the gateway:\n" + "\n".join(lines) + f"\nresult: {path}")

@@ -245,7 +245,7 @@ WINDOWS_MODULES = {
     "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
 }
 SECOND_IN_SLOT_MODULES = {*WINDOWS_MODULES, "test_gpu_keeper", "test_hung_tools"}
-RUN_LAST_MODULES = {"test_engine", "test_tune_rig"}
+RUN_LAST_MODULES = {"test_engine", "test_tune_rig", "test_surface_scan"}  # the real engine, alone
 
 
 def pytest_collection_modifyitems(config, items):

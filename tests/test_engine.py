@@ -15,6 +15,7 @@ container's command and log), not from rigkit's own report of it.
 from __future__ import annotations
 
 import json
+import ssl
 
 import docker
 import httpx
@@ -286,7 +287,8 @@ def test_the_gateway_routes_over_two_real_replicas_and_usage_is_what_the_engines
         assert code == 0, f"a watchdog pass still running after 30 s: {out}"
         before = {replica: settled_tokens(url) for replica, url in urls.items()}
         served = dict.fromkeys(urls, 0)
-        with httpx.Client() as client:
+        # HTTPS from the fleet CA the deploy made beside the master key (tls: rigkit, the default).
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(tmp_path / "rigkit-ca" / "ca.pem"))) as client:
             for sent in range(1, 41):  # bounded: LiteLLM's simple-shuffle lands on both long before
                 replica, tokens = gateway_chat(client, master.read_text().strip())
                 assert replica in served, replica
@@ -345,7 +347,7 @@ def gateway_chat(client: httpx.Client, master_key: str) -> tuple[str, int]:
     body = {"model": "engine-alpha", "messages": [{"role": "user", "content": "one two three four"}],
             "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
     usage = None
-    with client.stream("POST", f"http://127.0.0.1:{GATEWAY_PORT}/v1/chat/completions", json=body,
+    with client.stream("POST", f"https://127.0.0.1:{GATEWAY_PORT}/v1/chat/completions", json=body,
                        headers={"Authorization": f"Bearer {master_key}"}, timeout=60) as answer:
         assert answer.status_code == 200, answer.read()
         replica = answer.headers.get("x-litellm-model-id")

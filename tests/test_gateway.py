@@ -10,12 +10,14 @@ the simulated rigs share the host's network, so the inventory gives rig B a gate
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import subprocess
 import sys
 import tarfile
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +32,10 @@ from tests.simrig.rig import SimRig, ssh_keypair
 pytestmark = pytest.mark.simrig
 
 GATEWAY_PORT = 14000
+# The gateway speaks HTTPS with a certificate from the fleet's CA (tls: rigkit, the default), kept beside
+# the master key file; the tests are its users' clients: they trust that CA and check the name.
+GATEWAY = f"https://127.0.0.1:{GATEWAY_PORT}"
+FLEET_CA: dict = {}  # "file": the fleet's ca.pem, set by the fleet fixture
 PORTS = {"gw-chat-a": 18201, "gw-chat-b": 18202}  # one replica per rig
 PROJECTS = ["rigkit-gateway", *(f"rigkit-{m}" for m in PORTS)]
 MASTER_KEY = "sk-gw-test-master"
@@ -37,6 +43,15 @@ RIG_KEY = "rig key with $ and # inside"
 RIG_B = ("rigkit-gw-b", 2231)
 HEALTH_CHECK_S = 5
 REPLICA_IDS = {"gw-chat-a": "rig-a.gw-chat-a", "gw-chat-b": "rig-b.gw-chat-b"}
+
+
+def trust() -> ssl.SSLContext:
+    """What a user's client of this fleet verifies the gateway with: the fleet CA (and the name, 127.0.0.1)."""
+    return ssl.create_default_context(cafile=str(FLEET_CA["file"]))
+
+
+def gateway_client() -> httpx.Client:
+    return httpx.Client(verify=trust())
 
 
 def wait_for(what: str, check, timeout_s: float, every_s: float = 0.25):
@@ -52,8 +67,8 @@ def wait_for(what: str, check, timeout_s: float, every_s: float = 0.25):
 
 def litellm_health() -> dict:
     """LiteLLM's last background health check (GET /health returns its cached results): model id -> healthy."""
-    answer = httpx.get(f"http://127.0.0.1:{GATEWAY_PORT}/health", headers={"Authorization": f"Bearer {MASTER_KEY}"},
-                       timeout=30).json()
+    answer = httpx.get(f"{GATEWAY}/health", headers={"Authorization": f"Bearer {MASTER_KEY}"},
+                       timeout=30, verify=trust()).json()
     return {**{e.get("model_id"): True for e in answer.get("healthy_endpoints", [])},
             **{e.get("model_id"): False for e in answer.get("unhealthy_endpoints", [])}}
 
@@ -61,7 +76,7 @@ def litellm_health() -> dict:
 def wait_gateway_ready() -> None:
     def ready():
         try:
-            answer = httpx.get(f"http://127.0.0.1:{GATEWAY_PORT}/v1/models", timeout=5,
+            answer = httpx.get(f"{GATEWAY}/v1/models", timeout=5, verify=trust(),
                                headers={"Authorization": f"Bearer {MASTER_KEY}"})
             return answer.status_code == 200 and "gw-chat" in {m["id"] for m in answer.json()["data"]}
         except (httpx.HTTPError, ValueError):
@@ -88,6 +103,7 @@ class Fleet:
     catalog: object
     rig_a: SimRig
     rig_b: SimRig
+    hosts: list  # the inventory's (host, data) pairs, as written to `inventory`
 
     def env(self) -> dict:
         return dict(os.environ, RIGKIT_STATE=str(STATE_ROOT))
@@ -133,6 +149,7 @@ def fleet(fresh_rig, tmp_path_factory):
     folder = tmp_path_factory.mktemp("gateway")
     write_catalog(folder / "models", 200)
     key, master = folder / "rig.key", folder / "master.key"
+    FLEET_CA["file"] = folder / "rigkit-ca" / "ca.pem"  # made by the first deploy (tls: rigkit, the default)
     for path, text in ((key, RIG_KEY), (master, MASTER_KEY)):
         path.write_text(text + "\n")
         path.chmod(0o600)
@@ -153,19 +170,19 @@ def fleet(fresh_rig, tmp_path_factory):
     ]
     inventory = folder / "inventory.py"
     inventory.write_text(f"rigs = {hosts!r}\n")  # pyinfra takes (host, data) tuples
-    yield Fleet(folder, inventory, folder / "models", fresh_rig, rig_b)
+    yield Fleet(folder, inventory, folder / "models", fresh_rig, rig_b, hosts)
     remove_projects()
     rig_b.remove()
 
 
-def chat(client: httpx.Client, stream: bool = True, max_tokens: int = 8) -> dict:
+def chat(client: httpx.Client, stream: bool = True, max_tokens: int = 8, key: str = MASTER_KEY) -> dict:
     """One chat request through the gateway; what came back (ok, usage, the deployment that served it)."""
     body = {"model": "gw-chat", "messages": [{"role": "user", "content": "one two three four five six"}],
             "max_tokens": max_tokens, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
-    url = f"http://127.0.0.1:{GATEWAY_PORT}/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    url = f"{GATEWAY}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {key}"}
     try:
         if not stream:
             answer = client.post(url, json=body, headers=headers, timeout=60)
@@ -194,15 +211,16 @@ class Load:
     """A steady, bounded client stream: `workers` threads, one request after another each."""
 
     workers: int = 4
+    key: object = lambda: MASTER_KEY  # the key each request sends, asked again before each one
     results: list = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self):
         def work():
-            with httpx.Client() as client:
+            with gateway_client() as client:
                 while not self.stop.is_set():
                     started = time.monotonic()
-                    result = chat(client)
+                    result = chat(client, key=self.key())
                     self.results.append({**result, "started": started, "ended": time.monotonic()})
         self.threads = [threading.Thread(target=work, daemon=True) for _ in range(self.workers)]
         for thread in self.threads:
@@ -226,7 +244,7 @@ class Load:
 def test_deploy_routes_to_both_rigs_usage_streams_through_and_a_second_deploy_changes_nothing(fleet):
     first = fleet.deploy()
     assert first.returncode == 0, first.output[-6000:]
-    with httpx.Client() as client:
+    with gateway_client() as client:
         answers = [chat(client) for _ in range(24)]
         plain = chat(client, stream=False, max_tokens=5)
     assert all(a["ok"] for a in answers), ([a for a in answers if not a["ok"]][:3], first.output[-4000:])
@@ -238,16 +256,30 @@ def test_deploy_routes_to_both_rigs_usage_streams_through_and_a_second_deploy_ch
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert "vllm:generation_tokens_total" in metrics
     # The rig's key reached the stand-ins (they refuse requests without it) and no secret is world-readable.
-    code, listing = fleet.rig_a.exec("stat -c '%a %n' /etc/rigkit/secrets/gateway.env /etc/rigkit/gateway/compose.yml")
-    assert "600 /etc/rigkit/secrets/gateway.env" in listing
+    code, listing = fleet.rig_a.exec("stat -c '%a %n' /etc/rigkit/secrets/gateway.env /etc/rigkit/secrets/gateway-tls.key")
+    assert "600 /etc/rigkit/secrets/gateway.env" in listing and "600 /etc/rigkit/secrets/gateway-tls.key" in listing
     code, compose = fleet.rig_a.exec("cat /etc/rigkit/gateway/compose.yml")
     assert MASTER_KEY not in compose and "$$ and" not in compose and RIG_KEY not in compose
+    assert "PRIVATE KEY" not in compose and "PRIVATE KEY" not in json.dumps(
+        docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs)  # not in its env or command either
+    # HTTPS only: plain HTTP on the gateway's port gets no answer, and the fleet CA's certificate names it.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{GATEWAY_PORT}/health/liveliness", timeout=5)
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{GATEWAY}/health/liveliness", timeout=5)  # the system's CAs do not know the fleet's
 
     started = docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"]
     second = fleet.deploy()
     assert second.returncode == 0, second.output[-6000:]
     assert second.changed_operations() == 0, second.output[-6000:]
     assert docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"] == started
+    # `rigkit status` reads the gateway's HTTPS on its rig: the deployed certificate, a year ahead.
+    out = fleet.folder / "status.json"
+    subprocess.run([sys.executable, "-m", "rigkit.cli", "status", str(fleet.inventory), "--limit", "rig-a", "--json",
+                    str(out)], cwd=REPO, env=fleet.env(), capture_output=True, text=True, timeout=300)
+    [doc] = [d for d in json.loads(out.read_text())["rigs"] if d["rig"] == "rig-a"]
+    assert doc["gateway_tls"]["days_left"] >= 390, doc.get("gateway_tls")
+    assert not [f for f in doc["failures"] if f["what"] == "gateway"], doc["failures"]
 
 
 def test_a_rolling_rollout_of_both_rigs_loses_no_request(fleet):
@@ -329,7 +361,7 @@ def test_a_drain_waits_until_litellm_routes_to_a_replica_restarted_just_before(f
     took = time.monotonic() - started
     assert code == 0, said
     assert "routed gw-chat to rig-b" in said and "drained rig-a" in said, said
-    with httpx.Client() as client:
+    with gateway_client() as client:
         answers = [chat(client) for _ in range(12)]
     assert all(a["ok"] for a in answers), answers[:3]
     assert {a["deployment"] for a in answers} == {REPLICA_IDS["gw-chat-b"]}, (answers[:3], said)
@@ -351,7 +383,7 @@ def test_a_rig_that_fails_its_rollout_stays_out_of_the_gateway_and_the_rollout_s
     output = rollout.stdout + rollout.stderr
     assert rollout.returncode == 1, output[-4000:]
     assert "STOPPED: rig-a failed; rig-a stays out of the gateway; rigs not started: rig-b" in output, output[-4000:]
-    with httpx.Client() as client:
+    with gateway_client() as client:
         answers = [chat(client) for _ in range(12)]
     assert all(a["ok"] for a in answers), answers[:3]
     assert {a["deployment"] for a in answers} == {"rig-b.gw-chat-b"}
@@ -360,7 +392,7 @@ def test_a_rig_that_fails_its_rollout_stays_out_of_the_gateway_and_the_rollout_s
         code, said = fleet.rig_a.exec(f"/usr/local/sbin/rigkit-gateway {action}")
         assert code == 0, said
     assert "still drained: rig-a" in said, said
-    with httpx.Client() as client:
+    with gateway_client() as client:
         answers = [chat(client) for _ in range(12)]
     assert {a["deployment"] for a in answers} == {"rig-b.gw-chat-b"}, answers[:3]
 
@@ -430,7 +462,7 @@ def test_a_deploy_verifies_each_model_through_the_gateway_with_usage_and_the_add
     assert {c["name"] for c in entry["checks"] if c["passed"]} >= {"tokens_produced", "gateway_usage", "gateway_ttft"}
     print(next(line.strip() for line in run.output.splitlines() if "PASS  gateway gw-chat" in line))
     # LiteLLM's background health checks reach both replicas with their keys (the stand-ins refuse others).
-    health = httpx.get(f"http://127.0.0.1:{GATEWAY_PORT}/health", headers={"Authorization": f"Bearer {MASTER_KEY}"},
+    health = httpx.get(f"{GATEWAY}/health", headers={"Authorization": f"Bearer {MASTER_KEY}"}, verify=trust(),
                        timeout=60).json()
     assert health["healthy_count"] == 2 and health["unhealthy_count"] == 0, health
     # Nothing changed since: the next deploy changes nothing and verifies nothing.
@@ -522,9 +554,71 @@ def test_a_rollout_whose_canary_the_gate_refuses_stops_there_and_the_canary_is_p
     seen: set = set()
 
     def both_serve():
-        with httpx.Client() as client:
+        with gateway_client() as client:
             answers = [chat(client) for _ in range(6)]
         assert all(a["ok"] for a in answers), answers[:3]
         seen.update(a["deployment"] for a in answers)
         return seen == set(REPLICA_IDS.values())
     wait_for("the gateway to route to rig-a again", both_serve, 3 * HEALTH_CHECK_S + 30, every_s=0.5)
+
+
+def with_client_keys(fleet, *keys: str) -> list:
+    """The fleet's inventory with these client keys (a file each, mode 600) in the gateway's entry."""
+    paths = []
+    for key in keys:
+        path = fleet.folder / f"client-{hashlib.sha256(key.encode()).hexdigest()[:8]}.key"
+        path.write_text(key + "\n")
+        path.chmod(0o600)
+        paths.append(str(path))
+    fleet.hosts[0][1]["gateway"]["client_key_files"] = paths
+    fleet.inventory.write_text(f"rigs = {fleet.hosts!r}\n")
+    return paths
+
+
+def client_hashes() -> list:
+    """The client keys' hashes the running proxy's key check reads."""
+    container = docker.from_env().containers.get("rigkit-gateway-litellm-1")
+    code, out = container.exec_run(["cat", "/etc/litellm/client_keys.json"])
+    assert code == 0, out
+    return json.loads(out)["sha256"]
+
+
+def test_client_keys_rotate_under_load_with_no_failed_request(fleet):
+    """Four streams of requests without pause, each with the clients' current key: a deploy adds the new key
+    (both accepted, the proxy not restarted), the clients move to it, a deploy removes the old one. Not one
+    request fails; the old key is refused after."""
+    old, new = "sk-client-old-7f3a", "sk-client-new-91c2"
+    with_client_keys(fleet, old)
+    run = fleet.deploy()
+    assert run.returncode == 0, run.output[-6000:]
+    started = docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"]
+    current = {"key": old}
+    with Load(key=lambda: current["key"]) as load:
+        load.wait_count(20)
+        began = time.monotonic()
+        with_client_keys(fleet, old, new)
+        added = fleet.deploy()
+        assert added.returncode == 0, added.output[-6000:]
+        assert len(client_hashes()) == 2, client_hashes()  # in the running proxy: the deploy handed it both
+        current["key"] = new  # every client has the new key from here on
+        switched = time.monotonic()
+        load.wait_count(20, after=switched)
+        with_client_keys(fleet, new)
+        removed = fleet.deploy()
+        assert removed.returncode == 0, removed.output[-6000:]
+        assert client_hashes() == [hashlib.sha256(new.encode()).hexdigest()]
+        ended = time.monotonic()
+        load.wait_count(20, after=ended)
+    results = load.results
+    assert not load.failures(), (load.failures()[:3], gateway_container())
+    assert docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"] == started
+    with gateway_client() as client:
+        refused = chat(client, stream=False, key=old)
+        assert not refused["ok"] and refused["status"] == 401, refused
+        assert chat(client, key=new)["ok"] and chat(client)["ok"]  # the master key still works
+    during = [r for r in results if began <= r["started"] <= ended]
+    print(f"client key rotation under {load.workers} streams: {len(results)} requests, {len(load.failures())} failed; "
+          f"{len(during)} during the rotation, which took {ended - began:.1f} s (two deploys; the new key "
+          f"accepted after {switched - began:.1f} s)")
+    for line in added.output.splitlines():
+        assert old not in line and new not in line  # no key in anything the deploy prints

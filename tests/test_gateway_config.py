@@ -98,7 +98,7 @@ def test_gateway_config_prints_every_replica_without_secrets(fleet):
 def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
     """LiteLLM reads the config the role deploys (drain filter beside it) and resolves the key references."""
     from rigkit.config.schema import GatewaySpec
-    from rigkit.gateway.config import render_config
+    from rigkit.gateway.config import BESIDE_CONFIG, render_config
     from rigkit.gateway.plan import RigView, plan as make_plan
 
     text = fleet.read_text()
@@ -110,7 +110,8 @@ def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
     folder = tmp_path / "gateway"
     folder.mkdir()
     (folder / "config.yaml").write_text(render_config(plan))
-    shutil.copy(template_path("gateway/rigkit_drain.py"), folder / "rigkit_drain.py")
+    for module in BESIDE_CONFIG:  # the drain filter and the key check, as the deployed gateway has them
+        shutil.copy(template_path(module), folder / Path(module).name)
     env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-1", "RIGKIT_KEY_RIG_B": KEY_B}
     run = subprocess.run([str(litellm_python()), str(REPO / "tests/gateway/litellm_load.py"),
                           str(folder / "config.yaml")], capture_output=True, text=True, env=env, timeout=300)
@@ -248,7 +249,7 @@ def test_compose_file_carries_the_config_inline_with_no_secret_and_no_interpolat
     rig_a, rig_b = (load_rig(Path(text.split('"rig_file": "')[n].split('"')[0]), catalog) for n in (1, 2))
     plan = make_plan([RigView("rig-a", rig_a, "127.0.0.1", gateway=GatewaySpec(master_key_file="/x")),
                       RigView("rig-b", rig_b, "10.1.2.3")])
-    compose_text = render_compose(plan)
+    compose_text = render_compose(plan, None)
     compose = yaml.safe_load(compose_text)
     service = compose["services"]["litellm"]
     assert service["env_file"] == [{"path": "/etc/rigkit/secrets/gateway.env", "format": "raw"}]

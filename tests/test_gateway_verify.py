@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from rigkit.config.schema import GatewaySpec, ModelConfig, ModelSpec, RigConfig, RigSpec
-from rigkit.gateway.config import render_config
+from rigkit.gateway.config import BESIDE_CONFIG, render_config
 from rigkit.gateway.plan import RigView, plan
 from rigkit.plumbing.render import template_path
 from rigkit.gateway import verify as gv
@@ -73,7 +73,8 @@ def proxy(tmp_path_factory):
                          gateway=gateway if name == "kept" else None, gateway_address="127.0.0.1") for name in KEYS]
         config = render_config(plan(views)).replace("- rigkit_drain.handler", "- rigkit_drain.handler\n  - strip_usage.handler")
         (folder / "config.yaml").write_text(config)
-        shutil.copy(template_path("gateway/rigkit_drain.py"), folder / "rigkit_drain.py")
+        for module in BESIDE_CONFIG:  # the drain filter and the key check, as the deployed gateway has them
+            shutil.copy(template_path(module), folder / Path(module).name)
         shutil.copy(REPO / "tests/gateway/strip_usage.py", folder / "strip_usage.py")
         env = dict(os.environ, LITELLM_MASTER_KEY=MASTER, LITELLM_LOG="ERROR", STRIP_USAGE_MODELS="stripped",
                    **{f"RIGKIT_KEY_RIG_{name.upper()}": key for name, key in KEYS.items()})

@@ -437,6 +437,8 @@ def entry_rows(tmp_path: Path) -> list[tuple[str, list[str], list[str]]]:
     inventory(tmp_path, rig, catalog)  # inv.py again
     fifo = tmp_path / "key.fifo"
     os.mkfifo(fifo)
+    not_pem = tmp_path / "not-a-ca.pem"  # text, but no certificate in it
+    not_pem.write_text("hello\n")
     b = ["bench", "--url", "http://127.0.0.1:1", "--model", "m"]
     topo_fifo = tmp_path / "topo.fifo"
     os.mkfifo(topo_fifo)
@@ -525,6 +527,11 @@ def entry_rows(tmp_path: Path) -> list[tuple[str, list[str], list[str]]]:
         ("bench-api-key-fifo", [*b, "--api-key-file", str(fifo)], ["--api-key-file", "not a regular file"]),
         ("bench-api-key-missing", [*b, "--api-key-file", str(tmp_path / "no.key")], ["--api-key-file", "does not exist"]),
         ("bench-prompt-tokens-text", [*b, "--prompt-tokens", "many"], ["--prompt-tokens", "'many'"]),
+        ("bench-ca-file-http", [*b, "--ca-file", str(tmp_path / "ca.pem")], ["--ca-file", "the URL is not https"]),
+        ("bench-ca-file-missing", ["bench", "--url", "https://127.0.0.1:1", "--model", "m", "--ca-file",
+                                   str(tmp_path / "no-ca.pem")], ["--ca-file", "no such file"]),
+        ("bench-ca-file-not-pem", ["bench", "--url", "https://127.0.0.1:1", "--model", "m", "--ca-file", str(not_pem)],
+         ["--ca-file", "not a PEM certificate file"]),
     ]
     return rows
 

@@ -211,3 +211,22 @@ def test_what_docker_could_not_say_is_not_said():
     table = status_table(doc)
     assert re.search(r"^test-alpha\s+\?\s", table, re.M) and not re.search(r"^test-\w+\s+NO\s", table, re.M), table
     assert "None in manifest" not in table and "not read" in table, table
+
+
+def test_the_gateways_certificate_is_judged_by_what_it_serves_and_when_it_expires():
+    """Pure: the probe's reading of the gateway's HTTPS (tests/test_gateway.py reads a real one)."""
+    def judged(found):
+        facts = probe()
+        facts["gateway_tls"] = found
+        return status(facts=facts)
+
+    fine = judged({"not_after": (NOW + timedelta(days=200)).timestamp(), "issued_by_rigkit": True})
+    assert fine["ok"] and fine["gateway_tls"]["days_left"] == 200, fine
+    near = judged({"not_after": (NOW + timedelta(days=10)).timestamp(), "issued_by_rigkit": True})
+    [drift] = near["drift"]
+    assert drift["what"] == "gateway: certificate" and "(10 days)" in drift["found"] and "rigkit deploy" in drift["repair"]
+    theirs = judged({"not_after": (NOW - timedelta(days=1)).timestamp(), "issued_by_rigkit": False})
+    assert theirs["drift"][0]["found"].startswith("expired ")
+    assert "put a current certificate in gateway.tls.cert_file" in theirs["drift"][0]["repair"]
+    other = judged({"error": "it serves a certificate other than the one deployed (unable to get local issuer)"})
+    assert [f["what"] for f in other["failures"]] == ["gateway"] and "other than the one deployed" in other["failures"][0]["detail"]

@@ -395,9 +395,16 @@ def gateway_spec(host) -> GatewaySpec | None:
         allowed = ", ".join(GatewaySpec.model_fields)
         lines = []
         for error in exc.errors():
-            field = ".".join(str(p) for p in error["loc"])
-            if error["type"] == "extra_forbidden":
-                lines.append(f"{GATEWAY_KEY}.{field}: unknown key (a typo?); allowed: {allowed}")
+            # `tls` is a word or a mapping: pydantic reports each form it tried; one line says both.
+            loc = [p for p in error["loc"] if p != "GatewayTlsFiles"]
+            field = ".".join(str(p) for p in loc)
+            if error["loc"][0] == "tls" and (len(loc) == 1 or "literal" in str(error["loc"][1])):
+                if not isinstance(data.get("tls"), dict) and not any("tls: " in line for line in lines):
+                    lines.append(f"{GATEWAY_KEY}.tls: {data.get('tls')!r}: allowed: rigkit (a certificate from the "
+                                 "fleet's CA), none (plain HTTP), or a mapping with cert_file and key_file")
+            elif error["type"] == "extra_forbidden":
+                fields = "cert_file, key_file" if loc[0] == "tls" else allowed
+                lines.append(f"{GATEWAY_KEY}.{field}: unknown key (a typo?); allowed: {fields}")
             elif error["type"] == "missing":
                 lines.append(f"{GATEWAY_KEY}.{field}: required field is missing")
             else:

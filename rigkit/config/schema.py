@@ -489,6 +489,30 @@ class ModelSpec(_Strict):
 LITELLM_IMAGE = "ghcr.io/berriai/litellm@sha256:bd089afdcd35b894b14a93f9743cdc8b591f82da1a38dd43a010a7b0c9de5fd7"
 
 
+# A name a TLS certificate may be issued for: a DNS name (letters, digits, '-', dots between labels)
+# or an IP address (checked by ipaddress in the validator).
+_DNS_NAME = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _tls_name(value: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if not _DNS_NAME.fullmatch(value):
+        raise ValueError("a DNS name (letters, digits and '-' in labels between dots) or an IP address")
+    return value
+
+
+class GatewayTlsFiles(_Strict):
+    """A certificate the user gives for the gateway, on the control machine: PEM files."""
+
+    cert_file: str  # the certificate, then any intermediates
+    key_file: str  # its private key, unencrypted, mode 600
+
+
 class GatewaySpec(_Strict):
     """The LiteLLM gateway: the inventory host whose data has `gateway:` runs it (roles/gateway.py)."""
 
@@ -515,6 +539,20 @@ class GatewaySpec(_Strict):
     # measured on a shared 2-core machine (2026-12-01; the deployed test saw 47 ms, docs/gateway.md), so
     # only a gateway that buffers, retries or queues trips it.
     max_added_ttft_ms: int = Field(default=250, ge=1, le=600_000)
+    # Keys clients may use besides the master key, one file each on the control machine (mode 600). A
+    # deploy changes the list without restarting the gateway: rotate by adding the new file, moving the
+    # clients, then removing the old one (docs/gateway.md, "Keys").
+    client_key_files: list[str] = Field(default_factory=list, max_length=64)
+    # HTTPS (docs/security.md): "rigkit" issues a certificate from the fleet's CA kept in ca_dir; a
+    # mapping gives your own (cert_file, key_file); "none" serves plain HTTP (keys cross the network
+    # in clear where the gateway binds beyond loopback, so each deploy warns).
+    tls: Literal["rigkit", "none"] | GatewayTlsFiles = "rigkit"
+    # rigkit's certificate covers 127.0.0.1, localhost, the gateway rig's inventory address and the
+    # bind address; add here the other names clients use (a DNS name, another address).
+    tls_names: list[Annotated[str, AfterValidator(_tls_name)]] = Field(default_factory=list, max_length=32)
+    # Where the fleet's CA lives on the control machine (ca.pem for clients, ca.key mode 600). None:
+    # the folder rigkit-ca beside master_key_file (rigkit.gateway.tls.CA_DIR_NAME).
+    ca_dir: str | None = None
 
     @field_validator("image")
     @classmethod

@@ -18,6 +18,9 @@ from rigkit.gateway.plan import GatewayPlan, gateway_plan
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 NO_KEY = "no-key"  # vLLM without --api-key ignores it; the OpenAI client refuses an empty one
 DRAIN_CALLBACK = "rigkit_drain.handler"  # module file beside config.yaml, object in it
+CUSTOM_AUTH = "rigkit_auth.user_api_key_auth"  # the master key and the client keys listed at run time
+# The modules those two name, from templates/: they sit beside config.yaml wherever LiteLLM runs it.
+BESIDE_CONFIG = ("gateway/rigkit_drain.py", "gateway/rigkit_auth.py")
 # A health check is one completion of this many tokens (model_info.health_check_max_tokens; LiteLLM's
 # own default is 16). It goes to /v1/completions (mode: completion): a base model without a chat
 # template answers that endpoint, not /v1/chat/completions.
@@ -26,8 +29,8 @@ HEALTH_CHECK_MODE = "completion"
 
 
 def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
-    """`drain`: load rigkit's drain filter (the deployed gateway has it beside its config; a config
-    printed for a LiteLLM of the user's own has not, and rigkit cannot drain that one)."""
+    """`drain`: load rigkit's drain filter and key check (the deployed gateway has them beside its config;
+    a config printed for a LiteLLM of the user's own has not, and rigkit cannot drain that one)."""
     spec = plan.spec
     model_list = []
     for replica in plan.replicas:
@@ -64,7 +67,8 @@ def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
         "model_list": model_list,
         "router_settings": router,
         "litellm_settings": {"request_timeout": spec.request_timeout_s, **({"callbacks": [DRAIN_CALLBACK]} if drain else {})},
-        "general_settings": {"master_key": f"os.environ/{MASTER_KEY_ENV}", **_health_check_settings(spec)},
+        "general_settings": {"master_key": f"os.environ/{MASTER_KEY_ENV}", **({"custom_auth": CUSTOM_AUTH} if drain else {}),
+                             **_health_check_settings(spec)},
     }
 
 

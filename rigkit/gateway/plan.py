@@ -47,6 +47,7 @@ class GatewayPlan:
     spec: GatewaySpec
     replicas: tuple[Replica, ...]
     keyed_rigs: tuple[tuple[str, str], ...]  # (host, env name) of every rig whose models need a key
+    address: str = "127.0.0.1"  # the gateway rig's inventory address, where its clients reach it
 
     def replicas_of(self, host: str) -> list[Replica]:
         return [r for r in self.replicas if r.rig == host]
@@ -92,7 +93,7 @@ def plan(views: list[RigView]) -> GatewayPlan | None:
                                  "models in a rig file, or remove `gateway` from the inventory")
     _check_distinct(replicas)
     _check_fallbacks(replicas)
-    return GatewayPlan(runner.host, runner.gateway, tuple(replicas), tuple(keyed))
+    return GatewayPlan(runner.host, runner.gateway, tuple(replicas), tuple(keyed), runner.address)
 
 
 def gateway_plan(inventory, rigs=None) -> GatewayPlan | None:

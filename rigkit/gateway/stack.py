@@ -9,21 +9,31 @@ The config and the drain filter travel inside the compose file as Compose `confi
 
 from __future__ import annotations
 
+import hashlib
 import json
 
-from rigkit.gateway.config import MASTER_KEY_ENV, render_config
+from rigkit.gateway.config import BESIDE_CONFIG, MASTER_KEY_ENV, render_config
 from rigkit.gateway.plan import GatewayPlan
 from rigkit.plumbing.render import template_text
 
 from rigkit.rigside.names import (
+    GATEWAY_CLIENT_KEYS_PATH,
     GATEWAY_DIR,
     GATEWAY_PROJECT,
     GATEWAY_SECRETS_ENV_FILE,
+    GATEWAY_TLS_CERT_PATH,
+    GATEWAY_TLS_KEY_PATH,
 )
 
 COMPOSE_PATH = f"{GATEWAY_DIR}/compose.yml"
 CONTAINER_DIR = "/etc/litellm"  # config.yaml, rigkit_drain.py and drained.json inside the container
 DRAINED_FILE = f"{CONTAINER_DIR}/drained.json"
+CLIENT_KEYS_FILE = f"{CONTAINER_DIR}/client_keys.json"  # the hashes rigkit_auth.py reads, written at run time
+# TLS: the chain is an inline config like config.yaml; the key a Compose secret that Compose takes from
+# this environment variable (set by the helper from the root-only key file) and copies into the
+# container as /run/secrets/<name>, readable by root only.
+TLS_KEY_SECRET = "gateway_tls_key"
+TLS_KEY_ENV = "RIGKIT_GATEWAY_TLS_KEY"
 
 
 class GatewaySecretError(Exception):
@@ -38,6 +48,11 @@ def env_file(master_key: str, rig_keys: dict[str, str]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def client_key_hashes(keys: list[str]) -> str:
+    """What the gateway's key check reads (rigkit_auth.py): the SHA-256 of each client key, never a key."""
+    return json.dumps({"sha256": sorted({hashlib.sha256(k.encode()).hexdigest() for k in keys})}, indent=2) + "\n"
+
+
 def _dollars(value):
     """Compose interpolates `$` everywhere in the file, inline config content included: double it."""
     if isinstance(value, str):
@@ -49,8 +64,9 @@ def _dollars(value):
     return value
 
 
-def render_compose(plan: GatewayPlan, image: str | None = None) -> str:
-    """The compose file (JSON, which is YAML). `image`: tests give a locally built one."""
+def render_compose(plan: GatewayPlan, tls_chain: bytes | None, image: str | None = None) -> str:
+    """The compose file (JSON, which is YAML). `tls_chain`: the certificates LiteLLM serves (PEM; None:
+    plain HTTP). `image`: tests give a locally built one."""
     spec = plan.spec
     document = {
         "name": GATEWAY_PROJECT,
@@ -66,20 +82,36 @@ def render_compose(plan: GatewayPlan, image: str | None = None) -> str:
             "environment": {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"},
             "configs": [
                 {"source": "litellm_config", "target": f"{CONTAINER_DIR}/config.yaml"},
-                {"source": "rigkit_drain", "target": f"{CONTAINER_DIR}/rigkit_drain.py"},
+                *({"source": _stem(m), "target": f"{CONTAINER_DIR}/{_stem(m)}.py"} for m in BESIDE_CONFIG),
             ],
         }},
         "configs": {
             "litellm_config": {"content": render_config(plan)},
-            "rigkit_drain": {"content": template_text("gateway/rigkit_drain.py")},
+            **{_stem(m): {"content": template_text(m)} for m in BESIDE_CONFIG},
         },
     }
+    if tls_chain is not None:
+        service = document["services"]["litellm"]
+        service["command"] += ["--ssl_certfile_path", f"{CONTAINER_DIR}/tls-cert.pem",
+                               "--ssl_keyfile_path", f"/run/secrets/{TLS_KEY_SECRET}"]
+        service["configs"].append({"source": "tls_cert", "target": f"{CONTAINER_DIR}/tls-cert.pem"})
+        service["secrets"] = [{"source": TLS_KEY_SECRET, "target": TLS_KEY_SECRET, "mode": 0o400}]
+        document["configs"]["tls_cert"] = {"content": tls_chain.decode("ascii")}
+        document["secrets"] = {TLS_KEY_SECRET: {"environment": TLS_KEY_ENV}}
     header = "# Rendered by rigkit from the inventory's gateway entry (docs/gateway.md); edits are overwritten.\n"
     return header + json.dumps(_dollars(document), indent=2) + "\n"
 
 
+def _stem(template: str) -> str:
+    return template.rsplit("/", 1)[1].removesuffix(".py")
+
+
 def probe_host(plan: GatewayPlan) -> str:
     return "127.0.0.1" if plan.spec.bind_address == "0.0.0.0" else plan.spec.bind_address
+
+
+def scheme(plan: GatewayPlan) -> str:
+    return "http" if plan.spec.tls == "none" else "https"
 
 
 # A routing probe waits for LiteLLM's own view to change: a replica it marked unhealthy (a health check
@@ -99,13 +131,17 @@ def settings(plan: GatewayPlan) -> str:
     return json.dumps({
         "project": GATEWAY_PROJECT,
         "compose": COMPOSE_PATH,
-        "url": f"http://{probe_host(plan)}:{plan.spec.port}",
+        "url": f"{scheme(plan)}://{probe_host(plan)}:{plan.spec.port}",
+        **({} if plan.spec.tls == "none" else
+           {"tls_cert": GATEWAY_TLS_CERT_PATH, "tls_key": GATEWAY_TLS_KEY_PATH, "tls_key_env": TLS_KEY_ENV}),
         "env_file": GATEWAY_SECRETS_ENV_FILE,
         "master_key_env": MASTER_KEY_ENV,
         "ready_timeout_s": plan.spec.ready_timeout_s,
         "drain_timeout_s": plan.spec.drain_timeout_s,
         "route_timeout_s": route_timeout_s(plan.spec),
         "drained_file": DRAINED_FILE,
+        "client_keys": GATEWAY_CLIENT_KEYS_PATH,
+        "client_keys_file": CLIENT_KEYS_FILE,
         "models": sorted({r.model_name for r in plan.replicas}),
         "replicas": [{"rig": r.rig, "id": r.deployment_id, "model": r.model_name,
                       "metrics": r.api_base.removesuffix("/v1") + "/metrics"} for r in plan.replicas],

@@ -116,7 +116,7 @@ def _listed(document: dict) -> dict:
 
 def compare_ttft(direct_url: str, direct_key: str | None, gateway_url: str, gateway_key: str, model: str,
                  direct_replica: str, timeout_s: float, blocks: int = TTFT_BLOCKS, budget_s: float = TTFT_BUDGET_S,
-                 seed: int | None = None) -> TtftComparison:
+                 seed: int | None = None, gateway_verify=True) -> TtftComparison:
     """Time to first token on each path, alternating; one unmeasured warm-up request per path first
     (connections, the proxy's first-call work). A path whose warm-up fails is not measured."""
     rng = random.Random(seed)
@@ -124,7 +124,8 @@ def compare_ttft(direct_url: str, direct_key: str | None, gateway_url: str, gate
     keys = {"direct": direct_key, "gateway": gateway_key}
     samples: dict[str, list[float]] = {"direct": [], "gateway": []}
     errors: list[str] = []
-    clients = {p: http_client({"Authorization": f"Bearer {k}"} if k else {}, timeout_s) for p, k in keys.items()}
+    clients = {p: http_client({"Authorization": f"Bearer {k}"} if k else {}, timeout_s,
+                              verify=gateway_verify if p == "gateway" else True) for p, k in keys.items()}
     try:
         def one(path: str) -> StreamResult:
             return stream_completion(clients[path], urls[path], model, make_prompt(TTFT_PROMPT_TOKENS, rng),
@@ -153,12 +154,13 @@ def compare_ttft(direct_url: str, direct_key: str | None, gateway_url: str, gate
 
 
 def probe_usage(direct_url: str, direct_key: str | None, gateway_url: str, gateway_key: str, model: str,
-                timeout_s: float, seed: int | None = None) -> UsageProbe:
+                timeout_s: float, seed: int | None = None, gateway_verify=True) -> UsageProbe:
     """One prompt direct, then through the gateway; the usage each reported."""
     prompt = make_prompt(PROBE_PROMPT_TOKENS, random.Random(None if seed is None else -seed))  # not compare_ttft's
     counted = {}
-    for path, url, key in (("direct", direct_url, direct_key), ("gateway", gateway_url, gateway_key)):
-        with http_client({"Authorization": f"Bearer {key}"} if key else {}, timeout_s) as client:
+    for path, url, key, verify in (("direct", direct_url, direct_key, True),
+                                   ("gateway", gateway_url, gateway_key, gateway_verify)):
+        with http_client({"Authorization": f"Bearer {key}"} if key else {}, timeout_s, verify=verify) as client:
             result = stream_completion(client, url.rstrip("/"), model, prompt, PROBE_PROMPT_TOKENS,
                                        PROBE_OUTPUT_TOKENS, timeout_s)
         if result.error:
@@ -219,15 +221,17 @@ def _first_error(bench: BenchResult) -> str:
 
 def measure_model(gateway_url: str, gateway_key: str, direct_url: str, direct_key: str | None, model: str,
                   replicas: list[str], direct_replica: str, timeout_s: float, seed: int | None = None,
-                  max_added_ttft_ms: float | None = None) -> GatewayModelResult:
-    """The benchmark through the gateway, then (if it got tokens) the TTFT comparison."""
+                  max_added_ttft_ms: float | None = None, gateway_verify=True) -> GatewayModelResult:
+    """The benchmark through the gateway, then (if it got tokens) the TTFT comparison. `gateway_verify`:
+    how the gateway's certificate is checked (rigkit.gateway.tls.client_context: the one deployed)."""
     bench = run_bench(gateway_url, model, PROMPT_TOKENS, OUTPUT_TOKENS, timeout_s=timeout_s, api_key=gateway_key,
-                      seed=seed)
+                      seed=seed, verify=gateway_verify)
     if bench.completion_tokens is None:
         ttft = TtftComparison(direct_replica, [], [], [], "not measured: the benchmark through the gateway got no usage")
         return GatewayModelResult(model, replicas, bench, ttft, [*bench.checks, check_usage(bench, None)])
-    probe = probe_usage(direct_url, direct_key, gateway_url, gateway_key, model, timeout_s, seed)
-    ttft = compare_ttft(direct_url, direct_key, gateway_url, gateway_key, model, direct_replica, timeout_s, seed=seed)
+    probe = probe_usage(direct_url, direct_key, gateway_url, gateway_key, model, timeout_s, seed, gateway_verify)
+    ttft = compare_ttft(direct_url, direct_key, gateway_url, gateway_key, model, direct_replica, timeout_s, seed=seed,
+                        gateway_verify=gateway_verify)
     checks = [*bench.checks, check_usage(bench, probe), check_ttft(ttft, max_added_ttft_ms)]
     return GatewayModelResult(model, replicas, bench, ttft, checks, probe)
 

@@ -84,6 +84,9 @@ GATEWAY_HELPER_PATH = f"{SBIN_DIR}/rigkit-gateway"
 GATEWAY_DIR = f"{ETC_DIR}/gateway"
 GATEWAY_SECRETS_ENV_FILE = f"{SECRETS_DIR}/gateway.env"
 GATEWAY_SETTINGS_PATH = f"{GATEWAY_DIR}/gateway.json"  # what the rig-side helper reads
+GATEWAY_CLIENT_KEYS_PATH = f"{GATEWAY_DIR}/client-keys.json"  # SHA-256 of each client key (no key)
+GATEWAY_TLS_CERT_PATH = f"{GATEWAY_DIR}/tls-cert.pem"  # the chain the gateway serves; the helper trusts it
+GATEWAY_TLS_KEY_PATH = f"{SECRETS_DIR}/gateway-tls.key"  # its key, root only
 
 # Monitoring (roles/monitoring.py, templates/monitoring/; docs/monitoring.md)
 EXPORTER_PATH = f"{SBIN_DIR}/rigkit-exporter"

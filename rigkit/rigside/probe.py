@@ -5,9 +5,26 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
+
+
+def pinned_context(chain_path: str) -> ssl.SSLContext:
+    """For a server on this rig whose certificate chain rigkit deployed at `chain_path` (the gateway): trust
+    exactly its first certificate, the leaf (OpenSSL's partial-chain flag), whatever name it is reached by.
+    Not the CA after it: another certificate of the same CA is not the one deployed. Raises OSError,
+    ssl.SSLError."""
+    with open(chain_path) as file:
+        text = file.read()
+    end = text.find("-----END CERTIFICATE-----")
+    if end < 0:
+        raise ssl.SSLError(f"{chain_path} holds no certificate")
+    context = ssl.create_default_context(cadata=text[:end + len("-----END CERTIFICATE-----")] + "\n")
+    context.check_hostname = False
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
 
 
 class NoAnswer(Exception):
@@ -26,10 +43,11 @@ class NoAnswer(Exception):
 
 
 def complete_at(base_url: str, model: str, key: str | None, prompt: str, max_tokens: int, timeout_s: float,
-                require_choices: bool = True):
+                require_choices: bool = True, context=None):
     """One /v1/completions request to `base_url` (a server, or the gateway in front of several)
     answered within `timeout_s` (the bound on the connection and on each read), with choices unless
-    `require_choices` is False: the response's headers. Raises NoAnswer."""
+    `require_choices` is False: the response's headers. `context`: the ssl.SSLContext of an https
+    URL (the gateway's). Raises NoAnswer."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens}).encode()
     request = urllib.request.Request(f"{base_url}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"}, method="POST")
@@ -37,7 +55,7 @@ def complete_at(base_url: str, model: str, key: str | None, prompt: str, max_tok
         request.add_header("Authorization", f"Bearer {key}")
     started = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             data, headers = response.read(), response.headers
             payload = json.loads(data) if require_choices else {}
     except urllib.error.HTTPError as exc:

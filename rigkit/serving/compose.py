@@ -78,6 +78,14 @@ def comment_text(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], text)
 
 
+# vLLM's workers open torch.distributed's Gloo sockets (and, across GPUs, NCCL's bootstrap) on the address
+# the host's name resolves to: with host networking, the rig's LAN address. A scan of a rig from the LAN
+# found twelve such ports of one engine (VLLM::Worker, 10.199.8.2:33000-47000, tests/test_surface_scan.py),
+# open to every host whatever the firewall said of the API port. A rig is one node: they belong on lo.
+# The catalog's `env` may still set them (a model spread over rigs is not rigkit's).
+NODE_LOCAL_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
+
+
 def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE,
                    host: str = "127.0.0.1", publish: bool = False, topology_args: tuple[str, ...] = (),
                    topology_env: dict[str, str] | None = None) -> str:
@@ -88,7 +96,10 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
     usable P2P (--disable-custom-all-reduce, NCCL_P2P_DISABLE=1); the catalog's `env` wins where both
     name a variable (docs/topology.md)."""
     spec = model.spec
-    environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **(topology_env or {}), **spec.env}
+    # Published (Windows): the container has a network of its own, where nothing but the port is reached.
+    node_local = {} if publish else NODE_LOCAL_ENV
+    environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **node_local, **(topology_env or {}),
+                   **spec.env}
     if spec.weights.storage == "volume":
         mount = {"type": "volume", "source": "weights", "target": container_model_path(model), "read_only": True}
         volumes = {"weights": {"external": True, "name": volume_name(model)}}

@@ -22,7 +22,7 @@ from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
 from rigkit.rigside.stack import FAILED_COMPOSE_FILE, PROVEN_COMPOSE_FILE, rollout_command
-from rigkit.status.surface import judge_surface
+from rigkit.status.surface import judge_gateway_tls, judge_surface
 
 ENFORCED_TOLERANCE_W = 0.5
 
@@ -83,6 +83,7 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     doc["notes"] += [f"results history: {note}" for note in history_notes]
     _watchdog(doc, rig, probe.get("watchdog"), commands, drift)
     judge_surface(doc, rig, probe.get("surface"), known or {}, commands, drift, failure)
+    judge_gateway_tls(doc, probe.get("gateway_tls"), now, commands, drift, failure)
     doc["ok"] = not doc["drift"] and not doc["failures"]
     return doc
 

@@ -3,7 +3,10 @@ what rigkit opened there (docs/security.md). Pure: the probe's findings in, drif
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from rigkit.config.schema import RigConfig
+from rigkit.gateway.tls import RENEW_DAYS
 
 
 def known_ports(rig: RigConfig, gateway_bind: tuple[str, int] | None) -> dict[int, str]:
@@ -50,3 +53,23 @@ def judge_surface(doc: dict, rig: RigConfig, found: dict | None, known: dict[int
             failure("surface", f"port {port} ({entry['process']}) answers beyond loopback ({where}); {answer}; "
                     "rigkit did not open it",
                     commands.on_rig(f"stop it, bind it to 127.0.0.1, or close port {port} in the rig's firewall"))
+
+
+def judge_gateway_tls(doc: dict, found: dict | None, now: datetime, commands, drift, failure) -> None:
+    """`found`: the probe's "gateway_tls" ({"not_after": epoch seconds} or {"error"}), on the gateway's rig
+    when it speaks HTTPS. A gateway not serving the deployed certificate is a failure; one whose certificate
+    has RENEW_DAYS or fewer left is drift (the next deploy issues a new one; a user's own is theirs to renew)."""
+    if not found:
+        return
+    if found.get("error"):
+        failure("gateway", f"HTTPS: {found['error']}", commands.deploy)
+        return
+    expires = datetime.fromtimestamp(found["not_after"], timezone.utc)
+    days = (expires - now).total_seconds() / 86400
+    doc["gateway_tls"] = {"expires": expires.isoformat(timespec="seconds"), "days_left": int(days)}
+    if days <= RENEW_DAYS:
+        # rigkit renews its own at the next deploy; a certificate the user gave is theirs to renew.
+        repair = commands.deploy if found.get("issued_by_rigkit") else (
+            f"put a current certificate in gateway.tls.cert_file (and its key_file), then {commands.deploy}")
+        drift("gateway: certificate", f"expires {expires:%Y-%m-%d} ({int(days)} days)" if days > 0 else
+              f"expired {expires:%Y-%m-%d}", f"more than {RENEW_DAYS} days left", repair)

@@ -34,12 +34,13 @@ def bench(args: argparse.Namespace) -> int:
         levels = tuple(c for c in positive_ints("--concurrency", args.concurrency) if c > 1)
         json_path = output_file("--json", args.json)
         api_key = _api_key(args.api_key_file)
+        verify = _trust(args.ca_file, scheme.lower())
     except (BadInput, OutputPathError) as exc:
         print(f"rigkit bench: {exc}", file=sys.stderr)
         return CONFIG_ERROR
     result = run_bench(url, args.model, args.prompt_tokens, args.output_tokens, levels, args.timeout, api_key,
                        args.expect_decode, roofline_tok_s=args.roofline_tok_s,
-                       draft_tokens_per_step=args.draft_tokens, endpoint=args.endpoint)
+                       draft_tokens_per_step=args.draft_tokens, endpoint=args.endpoint, verify=verify)
     print(bench_table(result))
     if json_path:
         json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -56,6 +57,23 @@ def _api_key(path: str | None) -> str | None:
         return read_key_file(path, "--api-key-file")
     except SecretFileError as exc:
         raise BadInput(str(exc)) from None
+
+
+def _trust(path: str | None, scheme: str):
+    """How an https server's certificate is checked: against `--ca-file` (a rigkit gateway's fleet CA, its
+    ca.pem), else the system's CAs; the host name always."""
+    if not path:
+        return True
+    if scheme != "https":
+        raise BadInput(f"--ca-file {shown(path)}: the URL is not https; a CA checks only an https server")
+    import ssl
+
+    try:
+        return ssl.create_default_context(cafile=path)
+    except FileNotFoundError:
+        raise BadInput(f"--ca-file {shown(path)}: no such file") from None
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise BadInput(f"--ca-file {shown(path)}: not a PEM certificate file ({exc})") from None
 
 
 def positive_ints(option: str, text: str | None) -> tuple[int, ...]:

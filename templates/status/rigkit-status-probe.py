@@ -287,6 +287,30 @@ def surface(args):
             "firewall": {"loaded": code == 0, "closed_ports": sorted(closed)}}
 
 
+def gateway_tls(gateway):
+    """Whether the gateway on this rig serves the certificate deployed (gateway["cert"], pinned: the leaf
+    as trust anchor, any name) and when it expires ("not_after", seconds since the epoch)."""
+    import socket
+    import ssl
+    try:
+        from rigside.probe import pinned_context  # here: a runtime from before it loses this check only
+    except ImportError:
+        return {"error": "the rig's runtime predates the gateway's HTTPS check; `rigkit deploy` updates it"}
+    try:
+        context = pinned_context(gateway["cert"])
+    except (OSError, ssl.SSLError) as exc:
+        return {"error": f"the deployed certificate {gateway['cert']} cannot be read ({exc})"}
+    try:
+        with socket.create_connection((gateway["host"], gateway["port"]), timeout=3) as raw:
+            with context.wrap_socket(raw) as tls:
+                cert = tls.getpeercert()
+    except ssl.SSLCertVerificationError as exc:
+        return {"error": f"it serves a certificate other than the one deployed ({exc.verify_message})"}
+    except (OSError, ssl.SSLError) as exc:
+        return {"error": f"no HTTPS answer at {gateway['host']}:{gateway['port']} ({exc})"}
+    return {"not_after": ssl.cert_time_to_seconds(cert["notAfter"]), "issued_by_rigkit": gateway.get("issued_by_rigkit")}
+
+
 def existing_stacks(stacks_dir):
     try:
         return sorted(d for d in os.listdir(stacks_dir) if os.path.isdir(os.path.join(stacks_dir, d)))
@@ -305,6 +329,7 @@ def main(argv):
         timer = pool.submit(unit, args["watchdog_timer"], False)
         keeper = pool.submit(unit, args["gpu_keeper_unit"], False) if args.get("gpu_keeper_unit") else None
         surface_found = pool.submit(surface, args)
+        tls = pool.submit(gateway_tls, args["gateway_tls"]) if args.get("gateway_tls") else None
         report = {
             "driver_version": version.result()[0], "driver_error": version.result()[1],
             "gpu_unit": gpu_unit.result(),
@@ -315,6 +340,8 @@ def main(argv):
             "stacks_on_rig": existing_stacks(args["stacks_dir"]),
             "surface": surface_found.result(),
         }
+        if tls is not None:
+            report["gateway_tls"] = tls.result()
         if keeper is not None:  # the GPU policy keeper's unit and its state file (repairs by cause)
             state = load_json(args["gpu_keeper_state"])
             state = state if isinstance(state, dict) else None
