@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.second_in_slot)
         if module in WINDOWS_MODULES:
             item.add_marker(pytest.mark.windows)
+
+
+
+def wait_for(what: str, check, timeout_s: float, every_s: float = 0.25):
+    """Poll `check()` until it returns something true, within timeout_s: that value; else fail naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(every_s)
+    return value
 
 
 @contextmanager

@@ -26,7 +26,7 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import DATA, REPO, STATE_ROOT, run_deploy
+from tests.conftest import DATA, REPO, STATE_ROOT, run_deploy, wait_for
 from tests.simrig.rig import SimRig, ssh_keypair
 
 pytestmark = pytest.mark.simrig
@@ -52,17 +52,6 @@ def trust() -> ssl.SSLContext:
 
 def gateway_client() -> httpx.Client:
     return httpx.Client(verify=trust())
-
-
-def wait_for(what: str, check, timeout_s: float, every_s: float = 0.25):
-    """Poll `check()` until it returns something true, within timeout_s; fail naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        time.sleep(every_s)
 
 
 def litellm_health() -> dict:

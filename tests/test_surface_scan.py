@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from rigkit.gateway.tls import gateway_tls, wanted_names
 from rigkit.serving.compose import render_compose
 from rigkit.surface.plan import open_paths_warning, surface_plan
 from rigkit.surface.rules import ruleset
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, REPO, wait_for
 
 pytestmark = pytest.mark.simrig
 
@@ -132,16 +131,6 @@ def sh(*command: str, timeout: int = 120, **kwargs) -> str:
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
     assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
     return done.stdout
-
-
-def wait_for(what: str, check, timeout_s: float, every_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        time.sleep(every_s)
 
 
 def rig_file(folder: Path, serve_clients: list[str]) -> Path:

@@ -22,13 +22,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import docker
 import pytest
 
-from tests.conftest import DATA, REPO, STATE_ROOT, DeployRun, _changed
+from tests.conftest import DATA, REPO, STATE_ROOT, DeployRun, _changed, wait_for
 from tests.simrig.rig import SimRig, ssh_keypair
 from tests.simrig.weights import SIM_MODELS
 from tests.test_weights import make_checkpoint, sha256s
@@ -106,14 +105,6 @@ def rigkit_dir(client, volume: str) -> Path:
     return Path(client.volumes.get(volume).attrs["Mountpoint"]) / ".rigkit"
 
 
-def wait_for(what: str, check, timeout_s: float, every_s: float = 0.01):
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        time.sleep(every_s)
-    return value
-
-
 def journaled(state: Path) -> int:
     try:
         return sum(1 for line in (state / "chunks.jsonl").read_text().splitlines() if line.endswith("}"))
@@ -141,7 +132,8 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
             return None
     state = wait_for("rig B's receiver to create its volume", receiving, 300, every_s=0.05)
     # 9 journal lines: config.json's one chunk (first in the manifest's order) and 8 of the shard's.
-    wait_for("rig B's receiver to journal 9 chunks", lambda: journaled(state) >= 9 or proc.poll() is not None, 300)
+    wait_for("rig B's receiver to journal 9 chunks", lambda: journaled(state) >= 9 or proc.poll() is not None, 300,
+             every_s=0.01)  # the kill lands mid-relay: look often
     assert proc.poll() is None, (folder / "first.log").read_text()[-4000:]
     client.containers.get("rigkit-weights-relay-b-receive").kill()
     first = finish(proc, folder / "first.log")
