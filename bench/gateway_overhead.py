@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rigkit.config.schema import GatewaySpec, ModelConfig, ModelSpec, RigConfig, RigSpec  # noqa: E402
 from rigkit.gateway.config import BESIDE_CONFIG, render_config  # noqa: E402
 from rigkit.gateway.plan import RigView, plan  # noqa: E402
-from rigkit.gateway.tls import client_context, gateway_tls  # noqa: E402
+from rigkit.gateway.tls import gateway_tls  # noqa: E402
+from rigkit.rigside.probe import pinned_context  # noqa: E402
 from rigkit.plumbing.render import template_path  # noqa: E402
 from rigkit.verify.client import http_client, make_prompt, run_bench  # noqa: E402
 from rigkit.verify.stream import stream_completion  # noqa: E402
@@ -78,7 +79,7 @@ def start_gateway(folder: Path, ports: list[int], tls: bool = False) -> tuple[st
         (folder / "key.pem").write_bytes(material.key_pem)
         (folder / "key.pem").chmod(0o600)
         ssl_args = ["--ssl_certfile_path", str(folder / "chain.pem"), "--ssl_keyfile_path", str(folder / "key.pem")]
-        verify, scheme = client_context(material.cert_pem), "https"
+        verify, scheme = pinned_context(material.cert_pem.decode()), "https"
     proc = subprocess.Popen([str(litellm_python()), "-m", "litellm.proxy.proxy_cli", "--config",
                              str(folder / "config.yaml"), "--host", "127.0.0.1", "--port", str(port),
                              "--num_workers", "1", *ssl_args], env=env, stdout=subprocess.DEVNULL,

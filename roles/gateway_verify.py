@@ -24,7 +24,8 @@ from pyinfra.operations import python
 
 from rigkit.gateway.facts import GatewayRunning
 from rigkit.gateway.stack import probe_host, scheme
-from rigkit.gateway.tls import TlsError, client_context, plan_tls
+from rigkit.gateway.tls import TlsError, plan_tls
+from rigkit.rigside.probe import pinned_context
 from rigkit.gateway.plan import GatewayPlan, Replica
 from rigkit.rigside.names import GATEWAY_PROJECT
 from rigkit.serving.api_key import SecretFileError, read_api_key, read_key_file
@@ -70,9 +71,9 @@ def _verify(plan: GatewayPlan, rigs: dict, results_dir: Path) -> None:
         tls = plan_tls(plan)  # the certificate the gateway role deployed (saved, so the same one)
     except TlsError as exc:
         raise OperationError(f"host {plan.host}: {exc}") from None
-    verify = True if tls is None else client_context(tls.cert_pem)
+    verify = True if tls is None else pinned_context(tls.cert_pem.decode())
     transport = host.connector.client.get_transport()
-    gateway_host = probe_host(plan)
+    gateway_host = probe_host(plan.spec)
     results = []
     with forward(transport, plan.spec.port, gateway_host) as gateway_port:
         gateway_url = f"{scheme(plan)}://127.0.0.1:{gateway_port}"

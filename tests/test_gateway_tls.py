@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from rigkit.config.schema import GatewaySpec, GatewayTlsFiles
 from rigkit.gateway import tls
 from rigkit.gateway.plan import GatewayPlan
-from rigkit.rigside.probe import pinned_context
+from rigkit.rigside.probe import pinned_context, pinned_file
 from rigkit.gateway.stack import TLS_KEY_ENV, TLS_KEY_SECRET, render_compose, settings
 
 NAMES = ("127.0.0.1", "localhost", "10.0.0.5", "gw.lan")
@@ -122,7 +122,7 @@ def test_rigkits_clients_accept_only_the_certificate_deployed_and_users_verify_t
     deployed = issued(folder, now=dt.datetime.now(dt.timezone.utc))
     with https_server(deployed, tmp_path) as port:
         # rigkit's own clients: the deployed certificate pinned, at whatever name (an SSH forward's 127.0.0.1).
-        assert httpx.get(f"https://127.0.0.1:{port}/", verify=tls.client_context(deployed.cert_pem)).text == "ok"
+        assert httpx.get(f"https://127.0.0.1:{port}/", verify=pinned_context(deployed.cert_pem.decode())).text == "ok"
         # A user's client: the fleet CA and the host name, as any HTTPS client checks them.
         ca = ssl.create_default_context(cafile=str(folder / "ca.pem"))
         assert httpx.get(f"https://localhost:{port}/", verify=ca).text == "ok"
@@ -131,13 +131,13 @@ def test_rigkits_clients_accept_only_the_certificate_deployed_and_users_verify_t
             httpx.get(f"https://127.0.0.1:{port}/")
         sibling = tls.gateway_tls("rigkit", folder, ("127.0.0.1", "other"), dt.datetime.now(dt.timezone.utc))
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            httpx.get(f"https://127.0.0.1:{port}/", verify=tls.client_context(sibling.cert_pem))
+            httpx.get(f"https://127.0.0.1:{port}/", verify=pinned_context(sibling.cert_pem.decode()))
         # The rig-side probes (the helper, `rigkit status`) pin the deployed chain file's leaf the same way.
         (tmp_path / "deployed.pem").write_bytes(deployed.cert_pem)
         (tmp_path / "sibling.pem").write_bytes(sibling.cert_pem)
-        assert httpx.get(f"https://127.0.0.1:{port}/", verify=pinned_context(str(tmp_path / "deployed.pem"))).text == "ok"
+        assert httpx.get(f"https://127.0.0.1:{port}/", verify=pinned_file(str(tmp_path / "deployed.pem"))).text == "ok"
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            httpx.get(f"https://127.0.0.1:{port}/", verify=pinned_context(str(tmp_path / "sibling.pem")))
+            httpx.get(f"https://127.0.0.1:{port}/", verify=pinned_file(str(tmp_path / "sibling.pem")))
 
 
 def user_files(tmp_path, material, key_mode=0o600):

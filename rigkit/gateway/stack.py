@@ -106,8 +106,9 @@ def _stem(template: str) -> str:
     return template.rsplit("/", 1)[1].removesuffix(".py")
 
 
-def probe_host(plan: GatewayPlan) -> str:
-    return "127.0.0.1" if plan.spec.bind_address == "0.0.0.0" else plan.spec.bind_address
+def probe_host(spec) -> str:
+    """Where the gateway's own rig reaches it (a GatewaySpec's bind address; its loopback for 0.0.0.0)."""
+    return "127.0.0.1" if spec.bind_address == "0.0.0.0" else spec.bind_address
 
 
 def scheme(plan: GatewayPlan) -> str:
@@ -131,7 +132,7 @@ def settings(plan: GatewayPlan) -> str:
     return json.dumps({
         "project": GATEWAY_PROJECT,
         "compose": COMPOSE_PATH,
-        "url": f"{scheme(plan)}://{probe_host(plan)}:{plan.spec.port}",
+        "url": f"{scheme(plan)}://{probe_host(plan.spec)}:{plan.spec.port}",
         **({} if plan.spec.tls == "none" else
            {"tls_cert": GATEWAY_TLS_CERT_PATH, "tls_key": GATEWAY_TLS_KEY_PATH, "tls_key_env": TLS_KEY_ENV}),
         "env_file": GATEWAY_SECRETS_ENV_FILE,

@@ -9,10 +9,11 @@ old state (the next one issues again); one interrupted after it finds the saved 
 and sends it. A saved certificate is reused while it names the same hosts, is signed by the fleet's
 CA and has more than RENEW_DAYS left, so a second deploy changes nothing.
 
-rigkit's own clients trust exactly the certificate deployed (`TlsMaterial.cert_pem`, with OpenSSL's
-partial-chain flag) and skip the host name check: they reach the gateway over SSH forwards and on
-the rig's loopback, where the name is the tunnel's, not the certificate's. Pinning the deployed
-certificate is the stronger check there. Users' clients verify the fleet CA (`ca.pem`) and the name.
+rigkit's own clients trust exactly the certificate deployed (`TlsMaterial.cert_pem`, through
+rigkit.rigside.probe.pinned_context, which the rig-side probes use too) and skip the host name check:
+they reach the gateway over SSH forwards and on the rig's loopback, where the name is the tunnel's, not
+the certificate's. Pinning the deployed certificate is the stronger check there. Users' clients verify
+the fleet CA (`ca.pem`) and the name.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import datetime as dt
 import hashlib
 import ipaddress
 import os
-import ssl
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +54,6 @@ class TlsMaterial:
 
     cert_pem: bytes  # the chain LiteLLM serves (leaf first)
     key_pem: bytes  # its private key: root-only on the rig, never in a rendered file
-    names: tuple[str, ...]  # what the leaf is issued for (DNS names and IP addresses)
-    not_after: dt.datetime
     issued_by_rigkit: bool
     pending: tuple[tuple[str, bytes, int], ...] = ()
 
@@ -63,16 +61,6 @@ class TlsMaterial:
         """Write what was issued (the CA first, once: a CA that appeared meanwhile is not replaced)."""
         for path, data, mode in self.pending:
             _write_private(Path(path), data, mode, exclusive=Path(path).name in (CA_CERT, CA_KEY))
-
-
-def client_context(cert_pem: bytes) -> ssl.SSLContext:
-    """An SSL context for rigkit's own clients: it accepts exactly the deployed certificate (the leaf
-    as the trust anchor, OpenSSL's partial-chain flag), whoever issued it, at whatever name it is
-    reached by (an SSH forward, the rig's loopback)."""
-    context = ssl.create_default_context(cadata=_leaf(cert_pem).public_bytes(serialization.Encoding.PEM).decode())
-    context.check_hostname = False
-    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-    return context
 
 
 def wanted_names(gateway_address: str | None, bind_address: str, extra: tuple[str, ...]) -> tuple[str, ...]:
@@ -114,7 +102,7 @@ def _fleet_certificate(ca_dir: Path, names: tuple[str, ...], now: dt.datetime) -
         cert, key = _issue(ca_cert, ca_key, names, now)
         pending += [(str(key_path), _key_pem(key), 0o600), (str(cert_path), _cert_pem(cert), 0o644)]
     chain = _cert_pem(cert) + _cert_pem(ca_cert)
-    return TlsMaterial(chain, _key_pem(key), names, cert.not_valid_after_utc, True, tuple(pending))
+    return TlsMaterial(chain, _key_pem(key), True, tuple(pending))
 
 
 def _load_ca(ca_dir: Path):
@@ -217,7 +205,7 @@ def _user_certificate(tls, now: dt.datetime) -> TlsMaterial:
         raise TlsError(f"gateway.tls.cert_file {tls.cert_file}: the certificate expired on "
                        f"{leaf.not_valid_after_utc:%Y-%m-%d}; give a current one")
     pem = b"".join(_cert_pem(c) for c in chain)
-    return TlsMaterial(pem, _key_pem(key), tuple(_san_names(leaf)), leaf.not_valid_after_utc, False)
+    return TlsMaterial(pem, _key_pem(key), False)
 
 
 # ----- files ------------------------------------------------------------------
@@ -286,10 +274,6 @@ def _cert_pem(cert: x509.Certificate) -> bytes:
 
 def _key_pem(key) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-
-
-def _leaf(pem: bytes) -> x509.Certificate:
-    return x509.load_pem_x509_certificates(pem)[0]
 
 
 def _same_key(cert: x509.Certificate, key) -> bool:

@@ -223,7 +223,7 @@ def measure_model(gateway_url: str, gateway_key: str, direct_url: str, direct_ke
                   replicas: list[str], direct_replica: str, timeout_s: float, seed: int | None = None,
                   max_added_ttft_ms: float | None = None, gateway_verify=True) -> GatewayModelResult:
     """The benchmark through the gateway, then (if it got tokens) the TTFT comparison. `gateway_verify`:
-    how the gateway's certificate is checked (rigkit.gateway.tls.client_context: the one deployed)."""
+    how the gateway's certificate is checked (rigkit.rigside.probe.pinned_context: the one deployed)."""
     bench = run_bench(gateway_url, model, PROMPT_TOKENS, OUTPUT_TOKENS, timeout_s=timeout_s, api_key=gateway_key,
                       seed=seed, verify=gateway_verify)
     if bench.completion_tokens is None:

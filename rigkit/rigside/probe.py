@@ -11,20 +11,24 @@ import urllib.error
 import urllib.request
 
 
-def pinned_context(chain_path: str) -> ssl.SSLContext:
-    """For a server on this rig whose certificate chain rigkit deployed at `chain_path` (the gateway): trust
-    exactly its first certificate, the leaf (OpenSSL's partial-chain flag), whatever name it is reached by.
-    Not the CA after it: another certificate of the same CA is not the one deployed. Raises OSError,
-    ssl.SSLError."""
-    with open(chain_path) as file:
-        text = file.read()
-    end = text.find("-----END CERTIFICATE-----")
+def pinned_context(chain_pem: str, where: str = "the chain") -> ssl.SSLContext:
+    """For the gateway, whose certificate chain (PEM) rigkit deployed: trust exactly its first certificate,
+    the leaf (OpenSSL's partial-chain flag), whatever name it is reached by (an SSH forward, this rig's
+    loopback). Not the CA after it: another certificate of the same CA is not the one deployed. Used on
+    the rig (pinned_file) and by the control machine's clients. Raises ssl.SSLError."""
+    end = chain_pem.find("-----END CERTIFICATE-----")
     if end < 0:
-        raise ssl.SSLError(f"{chain_path} holds no certificate")
-    context = ssl.create_default_context(cadata=text[:end + len("-----END CERTIFICATE-----")] + "\n")
+        raise ssl.SSLError(f"{where} holds no certificate")
+    context = ssl.create_default_context(cadata=chain_pem[:end + len("-----END CERTIFICATE-----")] + "\n")
     context.check_hostname = False
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     return context
+
+
+def pinned_file(chain_path: str) -> ssl.SSLContext:
+    """pinned_context of the chain file rigkit deployed at `chain_path`. Raises OSError, ssl.SSLError."""
+    with open(chain_path) as file:
+        return pinned_context(file.read(), chain_path)
 
 
 class NoAnswer(Exception):

@@ -20,6 +20,7 @@ from rigkit.rigside.names import GPU_KEEPER_STATE_PATH, GPU_KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport
 from rigkit.plumbing.rig_reads import TIMED_OUT_CODES
 from rigkit.config.inventory import gateway_spec
+from rigkit.gateway.stack import probe_host
 from rigkit.rigside.names import (
     GATEWAY_TLS_CERT_PATH,
     GPU_POLICY_UNIT,
@@ -89,7 +90,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
         gpu_keeper_unit=GPU_KEEPER_UNIT, gpu_keeper_state=GPU_KEEPER_STATE_PATH,
         deadline_s=READY_DEADLINE_S, known_ports=known, surface_table=SURFACE_TABLE,
         gateway_tls=None if gateway is None or gateway.tls == "none" else
-        {"host": "127.0.0.1" if gateway.bind_address == "0.0.0.0" else gateway.bind_address, "port": gateway.port,
+        {"host": probe_host(gateway), "port": gateway.port,
          "cert": GATEWAY_TLS_CERT_PATH, "issued_by_rigkit": gateway.tls == "rigkit"},
         models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
                  "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}

@@ -460,7 +460,7 @@ def _prefix_cache(single: StreamResult, repeat: StreamResult | None, warnings: l
         return None, None
     speedup = single.ttft_s / repeat.ttft_s if single.ttft_s and repeat.ttft_s > 0 else None
     prefill_shows = single.ttft_s >= PREFIX_CACHE_EVIDENT * warm_ttft_s if warm_ttft_s and single.ttft_s else True
-    not_cached = bool(single.ttft_s) and _looks_uncached(single, repeat, warm_ttft_s if single.ttft_s else None)
+    not_cached = bool(single.ttft_s) and _looks_uncached(single, repeat, warm_ttft_s)
     if speedup is not None and not_cached and prefill_shows and single.requested_prompt_tokens >= PREFIX_CACHE_MIN_PROMPT:
         warnings.append(f"prefix cache: the same {single.requested_prompt_tokens}-token prompt sent again took "
                         f"{repeat.ttft_s:.3f} s to its first token, {single.ttft_s:.3f} s the first time "

@@ -293,11 +293,11 @@ def gateway_tls(gateway):
     import socket
     import ssl
     try:
-        from rigside.probe import pinned_context  # here: a runtime from before it loses this check only
+        from rigside.probe import pinned_file  # here: a runtime from before it loses this check only
     except ImportError:
         return {"error": "the rig's runtime predates the gateway's HTTPS check; `rigkit deploy` updates it"}
     try:
-        context = pinned_context(gateway["cert"])
+        context = pinned_file(gateway["cert"])
     except (OSError, ssl.SSLError) as exc:
         return {"error": f"the deployed certificate {gateway['cert']} cannot be read ({exc})"}
     try:
