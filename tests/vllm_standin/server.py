@@ -628,10 +628,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wait_until(arrived + ENGINE.queue_s)
         scheduled = time.monotonic()
         field = ENGINE.token_field or ("content" if chat else "text")
-        # The first token comes with the prefill; each later one at the decode rate.
+        # The first token comes with the prefill; each later one at the decode rate, counted from when the
+        # first really went out: an engine whose first token was late (this process starved on a loaded
+        # machine) does not then decode the rest faster to catch up. Timed from `scheduled`, the stand-in
+        # once sent 48 tokens at 108 tok/s for a curve of 85 (its own decode histogram said the same).
         emitted, first = 0, None
         for i, n in enumerate(steps):
-            target = scheduled + prefill_s + (max(0, emitted + n - 1) / decode_tok_s if i else 0)
+            target = scheduled + prefill_s if not i else first + (emitted + n - 1) / decode_tok_s
             self.wait_until(target)
             if first is None and chat:  # vLLM's first chunk of a chat stream: the role, with the first output
                 self.write_event({"id": rid, "object": kind, "model": model, "choices": [
