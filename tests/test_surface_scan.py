@@ -45,6 +45,7 @@ SUBNET, HOST_SIDE = "10.199.8.0/24", "10.199.8.1"
 RIG, GATEWAY, CLIENT, OUTSIDER = "10.199.8.2", "10.199.8.5", "10.199.8.6", "10.199.8.9"
 RIG_KEY, MASTER_KEY = "sk-scan-rig-3d9f", "sk-scan-master-77aa"
 GATEWAY_PORT = 4000
+PROJECTS, LABELS = ("rigkit-scan-rig", "rigkit-scan-gateway"), {"rigkit.test": "surface-scan"}
 GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # vLLM 0.32's AuthenticationMiddleware.GUARDED_PREFIX
 
 # Run in a scanner container: every TCP port of each target, then on each open one what it is (SSH, TLS, HTTP)
@@ -155,11 +156,26 @@ class Lan:
         self.processes: list[subprocess.Popen] = []
 
     def __enter__(self):
-        for stale in self.client.networks.list(names=[self.network]):
-            stale.remove()
+        self._clear_leftovers()
         self.client.networks.create(self.network, driver="bridge", ipam=docker.types.IPAMConfig(
             pool_configs=[docker.types.IPAMPool(subnet=SUBNET, gateway=HOST_SIDE)]))
         return self
+
+    def _clear_leftovers(self) -> None:
+        """What a killed run of this test left behind: its stacks, its containers and its network, whose subnet
+        would otherwise refuse this run's ("Pool overlaps with other one on this address space"). Only one
+        Docker-based suite runs at a time (the lock in ./run), so any such leftover is no other run's."""
+        for project in PROJECTS:
+            subprocess.run(["docker", "compose", "-p", project, "down", "-v", "--remove-orphans"],
+                           capture_output=True, timeout=120)
+        for container in self.client.containers.list(all=True, filters={"label": "rigkit.test=surface-scan"}):
+            container.remove(force=True)
+        for network in self.client.networks.list(names=["rigkit-scan-"]):
+            if network.name.startswith("rigkit-scan-"):
+                network.reload()
+                for container in network.containers:
+                    container.remove(force=True)
+                network.remove()
 
     def __exit__(self, *exc):
         for process in self.processes:
@@ -194,14 +210,15 @@ class Lan:
 
         [rig] = self.client.containers.list(filters={"label": f"com.docker.compose.project={project}"})
         self.containers.append(self.client.containers.run(ensure_image(self.client), command, entrypoint=[],
-                                                          network_mode=f"container:{rig.id}", detach=True))
+                                                          labels=LABELS, network_mode=f"container:{rig.id}",
+                                                          detach=True))
 
     def scan(self, source: str, targets: dict[str, str | None], routes: list[tuple[str, str]]) -> dict:
         """Scan `targets` ({address: the key to try}) from a host at `source` on this network."""
         from tests.simrig.image import ensure_image
 
         container = self.client.containers.create(ensure_image(self.client), ["sh", "-c", "python3 /scan.py < /job.json"],
-                                                  entrypoint=[], network=self.network)
+                                                  entrypoint=[], labels=LABELS, network=self.network)
         self.containers.append(container)
         self.client.api.disconnect_container_from_network(container.id, self.network)
         self.client.api.connect_container_to_network(container.id, self.network, ipv4_address=source)
