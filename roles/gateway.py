@@ -26,6 +26,7 @@ from rigkit.gateway.stack import (
     COMPOSE_PATH,
     GATEWAY_DIR,
     GatewaySecretError,
+    backend_keys,
     client_key_hashes,
     env_file,
     render_compose,
@@ -37,6 +38,7 @@ from rigkit.plumbing.private_file import private_file
 from rigkit.plumbing.ssh import rig_call
 from rigkit.plumbing.render import template_text
 from rigkit.rigside.names import (
+    GATEWAY_BACKEND_KEYS_PATH,
     GATEWAY_CLIENT_KEYS_PATH,
     GATEWAY_HELPER_PATH,
     GATEWAY_PROJECT,
@@ -55,7 +57,7 @@ def gateway(plan: GatewayPlan, rigs: dict) -> list:
     try:
         master = read_key_file(plan.spec.master_key_file, f"host {plan.host}: gateway.master_key_file")
         keys = {env: read_api_key(rigs[name]) for name, env in plan.keyed_rigs}
-        secret = env_file(master, keys)
+        secret = env_file(master)
         clients = [read_key_file(path, f"host {plan.host}: gateway.client_key_files[{n}]")
                    for n, path in enumerate(plan.spec.client_key_files)]
         tls = plan_tls(plan)
@@ -77,7 +79,10 @@ def gateway(plan: GatewayPlan, rigs: dict) -> list:
         put(name="Gateway compose file (LiteLLM config inline)", data=render_compose(plan, tls and tls.cert_pem),
             dest=COMPOSE_PATH, mode="644", batch=paths),
         put(name="Gateway helper settings", data=settings(plan), dest=GATEWAY_SETTINGS_PATH, mode="644", batch=paths),
-        private_file(name="Gateway keys (root only)", dest=GATEWAY_SECRETS_ENV_FILE, data=secret),
+        private_file(name="Gateway master key (root only)", dest=GATEWAY_SECRETS_ENV_FILE, data=secret),
+        # Changed alone, `up` recreates nothing either: the proxy sends the rigs' new keys from its next call.
+        private_file(name=f"The keys of the gateway's {len(keys)} keyed rig(s) (root only)",
+                     dest=GATEWAY_BACKEND_KEYS_PATH, data=backend_keys(plan, keys)),
         # Changed alone, `up` recreates nothing: it hands the new list to the running proxy (no request fails).
         put(name=f"Gateway client keys ({len(clients)}, as SHA-256)", data=client_key_hashes(clients),
             dest=GATEWAY_CLIENT_KEYS_PATH, mode="600", batch=paths),

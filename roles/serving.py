@@ -31,8 +31,15 @@ from rigkit.plumbing.files import FileStates, put
 from rigkit.plumbing.private_file import private_file
 from rigkit.plumbing.render import template_text
 from rigkit.rigside import stack
-from rigkit.serving.api_key import SecretFileError, api_key_env_file, read_api_key
+from rigkit.serving.api_key import (
+    SecretFileError,
+    accepted_keys_config,
+    api_key_env_file,
+    read_accepted_keys,
+    read_api_key,
+)
 from rigkit.rigside.names import (
+    ACCEPTED_KEYS_FILE,
     P2P_PROBE_SCRIPT_PATH,
     P2P_VERDICT_DIR,
     SECRETS_ENV_FILE,
@@ -75,6 +82,8 @@ def _role_files(rig: RigConfig) -> tuple[str, ...]:
 def serving_reads(rig: RigConfig) -> list[Read]:
     """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
     key_file = [(FileStates, {"paths": (SECRETS_ENV_FILE,)})] if rig.spec.api_key_file else []  # private_file's
+    if rig.spec.accept_api_key_files:
+        key_file.append((FileStates, {"paths": (ACCEPTED_KEYS_FILE,)}))
     checks = [(P2pVerdicts, {"verdict_dir": P2P_VERDICT_DIR})] if needs_topology(rig) else []
     return [(RigkitStacks, {"stacks_dir": STACKS_DIR}), (FileStates, {"paths": _role_files(rig)}), *key_file, *checks,
             (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (WATCHDOG_TIMER,)}), *volume_states_reads(rig)]
@@ -108,6 +117,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         logger.warning(f"{host.print_prefix}serving config: {warning}")
     try:
         api_key = read_api_key(rig)
+        accepted = read_accepted_keys(rig, api_key) if api_key is not None else []
     except SecretFileError as exc:
         raise DeployError(str(exc)) from None
     with_key = api_key is not None
@@ -124,6 +134,11 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         files.directory(name="Secrets folder, root only", path=str(Path(SECRETS_ENV_FILE).parent), mode="700")
         key = private_file(name="Install the API key (root only)", dest=SECRETS_ENV_FILE,
                            data=api_key_env_file(api_key))
+    if accepted:
+        # The key the servers take: a rotation's set, or the one key of the env file. A swap of the key rigkit
+        # sends keeps the set, so it restarts no server (the rig-side tools read the new one from the env file).
+        key = private_file(name=f"Install the {len(accepted)} keys accepted during a rotation (root only)",
+                           dest=ACCEPTED_KEYS_FILE, data=accepted_keys_config(accepted))
 
     passed = read_once(P2pVerdicts, verdict_dir=P2P_VERDICT_DIR) if needs_topology(rig) else set()
     if needs_topology(rig):
@@ -132,7 +147,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
     for model in rig.models:
         compose_path, settings_path = wanted_files[model.name]
         compose = put(name=f"Compose file for {model.name}",
-                      data=render_compose(model, with_key, host=rig.spec.serve_address,
+                      data=render_compose(model, with_key, host=rig.spec.serve_address, accepted_keys=bool(accepted),
                                           **compose_additions(topology.get(model.name))),
                       dest=compose_path, mode="644", batch=paths)
         settings = put(name=f"Readiness settings for {model.name}", data=stack_settings(model, with_key),
@@ -149,7 +164,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         rollout = server.shell(
             name=f"Roll out {model.name}",
             commands=[stack.rollout_command(model.name, gate=gate)],
-            # A new key changes no file here but the container's environment: roll out on it too.
+            # A new key (or set of keys) changes no file here but what the container reads: roll out on it too.
             _if=lambda c=compose, s=settings, st=state: (c.did_change() or s.did_change() or st["pending"]
                                                          or not st["running"] or bool(key and key.did_change())),
         )
@@ -178,6 +193,9 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
             server.shell(name=f"Take down {name} (no longer in the rig file)",
                          commands=[stack.down_command(name)])
         )
+    if with_key and not accepted:
+        # Last, once every model rolled out on the one key: a rollback before this still finds the keys it needs.
+        files.file(name="No rotation's keys", path=ACCEPTED_KEYS_FILE, present=False)
     _watchdog(rig, with_key)
     return changes
 

@@ -245,12 +245,17 @@ def test_deploy_routes_to_both_rigs_usage_streams_through_and_a_second_deploy_ch
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert "vllm:generation_tokens_total" in metrics
     # The rig's key reached the stand-ins (they refuse requests without it) and no secret is world-readable.
-    code, listing = fleet.rig_a.exec("stat -c '%a %n' /etc/rigkit/secrets/gateway.env /etc/rigkit/secrets/gateway-tls.key")
-    assert "600 /etc/rigkit/secrets/gateway.env" in listing and "600 /etc/rigkit/secrets/gateway-tls.key" in listing
+    secrets = ("gateway.env", "gateway-tls.key", "gateway-backend-keys.json")
+    code, listing = fleet.rig_a.exec("stat -c '%a %n' " + " ".join(f"/etc/rigkit/secrets/{s}" for s in secrets))
+    assert all(f"600 /etc/rigkit/secrets/{s}" in listing for s in secrets), listing
+    inside = docker.from_env().containers.get("rigkit-gateway-litellm-1").exec_run(
+        ["stat", "-c", "%a", "/etc/litellm/backend_keys.json"])
+    assert inside.output.decode().strip() == "600", inside  # the rigs' keys, handed to the running proxy
     code, compose = fleet.rig_a.exec("cat /etc/rigkit/gateway/compose.yml")
     assert MASTER_KEY not in compose and "$$ and" not in compose and RIG_KEY not in compose
-    assert "PRIVATE KEY" not in compose and "PRIVATE KEY" not in json.dumps(
-        docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs)  # not in its env or command either
+    attrs = json.dumps(docker.from_env().containers.get("rigkit-gateway-litellm-1").attrs)
+    assert "PRIVATE KEY" not in compose and "PRIVATE KEY" not in attrs  # not in its env or command either
+    assert json.dumps(RIG_KEY)[1:-1] not in attrs  # the rigs' keys are not in the proxy's environment
     # HTTPS only: plain HTTP on the gateway's port gets no answer, and the fleet CA's certificate names it.
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{GATEWAY_PORT}/health/liveliness", timeout=5)
@@ -611,3 +616,73 @@ def test_client_keys_rotate_under_load_with_no_failed_request(fleet):
           f"accepted after {switched - began:.1f} s)")
     for line in added.output.splitlines():
         assert old not in line and new not in line  # no key in anything the deploy prints
+
+
+def with_rig_keys(fleet, sent: str, accepted: str | None) -> None:
+    """Both rigs' files: `sent` in their api_key_file, and `accepted`, when given, in accept_api_key_files."""
+    for path, key in ((fleet.folder / "rig.key", sent), (fleet.folder / "rig-other.key", accepted)):
+        if key is not None:
+            path.write_text(key + "\n")
+            path.chmod(0o600)
+    for rig in ("rig-a", "rig-b"):
+        path = fleet.folder / f"{rig}.yml"
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("accept_api_key_files:")]
+        if accepted is not None:
+            lines.append(f"accept_api_key_files: [{fleet.folder / 'rig-other.key'}]")
+        path.write_text("\n".join(lines) + "\n")
+
+
+def replica_answers(key: str) -> set:
+    """What each replica says, asked directly (not through the gateway) with `key`."""
+    return {httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"},
+                      timeout=10).status_code for port in PORTS.values()}
+
+
+def test_the_models_key_rotates_under_load_with_no_failed_request(fleet):
+    """Four streams through the gateway while the models' key rotates in three rollouts: the new key accepted
+    beside the old (each rig drained while its servers restart), then sent instead of it (no server and not the
+    proxy restarted: the proxy sends the new key from its next call), then the old one dropped (drained again).
+    Not one request fails; after, the servers refuse the old key."""
+    old, new = RIG_KEY, "sk-models-new-2b7e"
+    client = docker.from_env()
+    first = fleet.deploy()  # the fleet as the tests before left it, with the gateway up
+    assert first.returncode == 0, first.output[-6000:]
+
+    def engines():
+        return {n: client.containers.get(f"rigkit-{n}-vllm-1").id for n in PORTS}
+
+    def rollout():
+        done = subprocess.run([sys.executable, "-m", "rigkit.cli", "rollout", str(fleet.inventory)], cwd=REPO,
+                              env=fleet.env(), capture_output=True, text=True, timeout=900)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-6000:]
+        assert old not in output and new not in output  # no key in anything rigkit prints
+        return output
+
+    proxy_started = client.containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"]
+    with Load() as load:
+        load.wait_count(20)
+        began = time.monotonic()
+        before = engines()
+        with_rig_keys(fleet, old, new)  # 1. both accepted, the old one sent
+        added = rollout()
+        assert "drained rig-a" in added and "drained rig-b" in added, added[-3000:]
+        assert all(engines()[n] != before[n] for n in PORTS)  # the servers restarted with both keys
+        assert replica_answers(old) == replica_answers(new) == {200}
+        swapped_at = time.monotonic()
+        kept = engines()
+        with_rig_keys(fleet, new, old)  # 2. the new one sent, both still accepted
+        rollout()
+        assert engines() == kept  # nothing the servers take changed: none restarted
+        load.wait_count(20, after=time.monotonic())
+        with_rig_keys(fleet, new, None)  # 3. the old one dropped
+        rollout()
+        ended = time.monotonic()
+        load.wait_count(20, after=ended)
+    assert not load.failures(), (load.failures()[:3], len(load.failures()), gateway_container())
+    assert client.containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"] == proxy_started
+    assert replica_answers(old) == {401} and replica_answers(new) == {200}
+    during = [r for r in load.results if began <= r["started"] <= ended]
+    print(f"models' key rotation under {load.workers} streams: {len(load.results)} requests, 0 failed; {len(during)} "
+          f"during the rotation, which took {ended - began:.1f} s (three rollouts; the new key sent after "
+          f"{swapped_at - began:.1f} s)")

@@ -92,13 +92,15 @@ def test_gateway_config_prints_every_replica_without_secrets(fleet):
     config = yaml.safe_load(run.stdout)
     chat = [d for d in config["model_list"] if d["model_name"] == "chat"]
     assert {d["litellm_params"]["api_base"] for d in chat} == {"http://127.0.0.1:18101/v1", "http://10.1.2.3:18102/v1"}
-    assert "callbacks" not in config["litellm_settings"]  # a user's own LiteLLM has no drain filter
+    assert "callbacks" not in config["litellm_settings"]  # a user's own LiteLLM has no drain filter...
+    keys = {d["litellm_params"]["api_base"]: d["litellm_params"]["api_key"] for d in chat}
+    assert keys["http://10.1.2.3:18102/v1"] == "os.environ/RIGKIT_KEY_RIG_B"  # ...so it reads the rig's key itself
 
 
 def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
-    """LiteLLM reads the config the role deploys (drain filter beside it) and resolves the key references."""
+    """LiteLLM reads the config the role deploys (drain filter beside it) and resolves the master key's reference."""
     from rigkit.config.schema import GatewaySpec
-    from rigkit.gateway.config import BESIDE_CONFIG, render_config
+    from rigkit.gateway.config import BACKEND_KEY, BESIDE_CONFIG, render_config
     from rigkit.gateway.plan import RigView, plan as make_plan
 
     text = fleet.read_text()
@@ -112,14 +114,14 @@ def test_rendered_config_passes_litellms_own_loader(fleet, tmp_path):
     (folder / "config.yaml").write_text(render_config(plan))
     for module in BESIDE_CONFIG:  # the drain filter and the key check, as the deployed gateway has them
         shutil.copy(template_path(module), folder / Path(module).name)
-    env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-1", "RIGKIT_KEY_RIG_B": KEY_B}
+    env = {**os.environ, "LITELLM_MASTER_KEY": "sk-master-1"}
     run = subprocess.run([str(litellm_python()), str(REPO / "tests/gateway/litellm_load.py"),
                           str(folder / "config.yaml")], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     by_id = {d["id"]: d for d in seen["deployments"]}
     assert set(by_id) == {"rig-a.chat-r0", "rig-a.coder", "rig-b.chat-r1"}
-    assert by_id["rig-b.chat-r1"]["api_key"] == KEY_B  # LiteLLM resolved os.environ/RIGKIT_KEY_RIG_B
+    assert by_id["rig-b.chat-r1"]["api_key"] == BACKEND_KEY  # the rig's key is sent by rigkit's callback
     assert by_id["rig-b.chat-r1"]["model"] == "openai/chat" and by_id["rig-b.chat-r1"]["rig"] == "rig-b"
     # Background health checks, as LiteLLM's own loader read them: on, at the inventory default, steering
     # routing; each a 1-token completion.
@@ -239,9 +241,11 @@ def test_drain_filter_skips_drained_rigs_inside_litellm(tmp_path):
 
 def test_compose_file_carries_the_config_inline_with_no_secret_and_no_interpolation(fleet, tmp_path):
     """The compose file Compose will read: the config and drain filter as inline configs (copied into the
-    container, nothing bind-mounted), keys only through the raw env file, every `$` doubled."""
+    container, nothing bind-mounted), the master key only through the raw env file, the rigs' keys in a file
+handed to the running proxy, every `$` doubled."""
     from rigkit.config.schema import GatewaySpec
-    from rigkit.gateway.stack import env_file, render_compose, settings
+    from rigkit.gateway.config import BACKEND_KEY
+    from rigkit.gateway.stack import backend_keys, env_file, render_compose, settings
     from rigkit.gateway.plan import RigView, plan as make_plan
 
     text = fleet.read_text()
@@ -258,14 +262,16 @@ def test_compose_file_carries_the_config_inline_with_no_secret_and_no_interpolat
     inline = yaml.safe_load(compose["configs"]["litellm_config"]["content"].replace("$$", "$"))
     assert inline["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
     assert "$" not in compose_text.replace("$$", "")  # no single `$` left for Compose to interpolate
-    secret = env_file("sk-master", {"RIGKIT_KEY_RIG_B": KEY_B})
-    assert secret == f"LITELLM_MASTER_KEY=sk-master\nRIGKIT_KEY_RIG_B={KEY_B}\n".encode()
+    assert env_file("sk-master") == b"LITELLM_MASTER_KEY=sk-master\n"  # no rig's key: a rotation recreates nothing
+    sent = json.loads(backend_keys(plan, {"RIGKIT_KEY_RIG_B": KEY_B}))["keys"]
+    assert sent == {"http://10.1.2.3:18102/v1": KEY_B}  # rig-a's models want no key
+    assert inline["model_list"][-1]["litellm_params"]["api_key"] == BACKEND_KEY
     assert KEY_B not in compose_text and "sk-master" not in compose_text
     replicas = json.loads(settings(plan))["replicas"]
     assert {r["metrics"] for r in replicas} == {"http://127.0.0.1:18101/metrics", "http://127.0.0.1:18103/metrics",
                                                 "http://10.1.2.3:18102/metrics"}
     with pytest.raises(Exception, match="must start with sk-"):
-        env_file("master", {})
+        env_file("master")
 
 
 def test_gateway_config_names_a_missing_or_broken_inventory_in_one_line(tmp_path, capsys):

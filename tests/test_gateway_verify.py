@@ -28,6 +28,7 @@ import pytest
 from rigkit.config.schema import GatewaySpec, ModelConfig, ModelSpec, RigConfig, RigSpec
 from rigkit.gateway.config import BESIDE_CONFIG, render_config
 from rigkit.gateway.plan import RigView, plan
+from rigkit.gateway.stack import backend_keys
 from rigkit.plumbing.render import template_path
 from rigkit.gateway import verify as gv
 from tests.gateway.venv import litellm_python
@@ -71,13 +72,16 @@ def proxy(tmp_path_factory):
         gateway = GatewaySpec(port=port, master_key_file="/unused", health_check_interval_s=HEALTH_CHECK_INTERVAL_S)
         views = [RigView(f"rig-{name}", rig(folder, name, int(urls[name].rsplit(":", 1)[1])), "127.0.0.1",
                          gateway=gateway if name == "kept" else None, gateway_address="127.0.0.1") for name in KEYS]
-        config = render_config(plan(views)).replace("- rigkit_drain.handler", "- rigkit_drain.handler\n  - strip_usage.handler")
+        gateway_plan = plan(views)
+        config = render_config(gateway_plan).replace("- rigkit_drain.handler", "- rigkit_drain.handler\n  - strip_usage.handler")
         (folder / "config.yaml").write_text(config)
+        # What `rigkit-gateway up` hands the proxy: each replica's key, sent by rigkit's callback.
+        (folder / "backend_keys.json").write_bytes(
+            backend_keys(gateway_plan, {f"RIGKIT_KEY_RIG_{name.upper()}": key for name, key in KEYS.items()}))
         for module in BESIDE_CONFIG:  # the drain filter and the key check, as the deployed gateway has them
             shutil.copy(template_path(module), folder / Path(module).name)
         shutil.copy(REPO / "tests/gateway/strip_usage.py", folder / "strip_usage.py")
-        env = dict(os.environ, LITELLM_MASTER_KEY=MASTER, LITELLM_LOG="ERROR", STRIP_USAGE_MODELS="stripped",
-                   **{f"RIGKIT_KEY_RIG_{name.upper()}": key for name, key in KEYS.items()})
+        env = dict(os.environ, LITELLM_MASTER_KEY=MASTER, LITELLM_LOG="ERROR", STRIP_USAGE_MODELS="stripped")
         log = open(folder / "litellm.log", "w")
         proc = subprocess.Popen([str(litellm_python()), "-m", "litellm.proxy.proxy_cli", "--config",
                                  str(folder / "config.yaml"), "--host", "127.0.0.1", "--port", str(port)],

@@ -136,6 +136,7 @@ def test_a_key_with_dollars_quotes_hashes_and_spaces_survives_compose_byte_for_b
         "model_file": "m.yml", "project": "rigkit-k", "image": "busybox:1", "command": ["x"],
         "environment": {"E": "\U0001f600 $x"}, "env_files": [{"path": str(env_file), "format": "raw"}],
         "mounts": [], "volumes": {}, "device_ids": ["0"], "windows_mount": False, "published": [], "memory_limit": None,
+        "secrets": {}, "secret_mounts": [],
     })
     (tmp_path / "compose.yml").write_text(compose)
     out = subprocess.run(["docker", "compose", "-f", str(tmp_path / "compose.yml"), "config", "--format", "json"],
@@ -145,6 +146,77 @@ def test_a_key_with_dollars_quotes_hashes_and_spaces_survives_compose_byte_for_b
     # `config` prints $ doubled (re-escaped for interpolation); the container gets one $.
     assert environment["VLLM_API_KEY"].replace("$$", "$") == key
     assert environment["E"].replace("$$", "$") == "\U0001f600 $x"
+
+
+def _rotation_rig(tmp_path: Path, sent: str, *others: str) -> Path:
+    """A rig file whose api_key_file holds `sent` and whose accept_api_key_files hold `others`."""
+    tmp_path.mkdir(exist_ok=True)
+    paths = []
+    for n, key in enumerate((sent, *others)):
+        path = tmp_path / f"key-{n}"
+        path.write_text(key + "\n")
+        path.chmod(0o600)
+        paths.append(str(path))
+    rig = tmp_path / "rig.yml"
+    rig.write_text(SERVING_RIG.read_text() + f"api_key_file: {paths[0]}\n"
+                   + (f"accept_api_key_files: {paths[1:]}\n" if others else ""))
+    return rig
+
+
+def test_keys_accepted_during_a_rotation_reach_vllm_as_its_config_file_and_a_swap_changes_nothing(tmp_path):
+    """What the servers take during a rotation: every key, sorted, as `vllm serve --config` reads it, through a
+    Compose secret the real Compose CLI accepts; the compose file holds no key and no env file. Swapping the key
+    rigkit sends with the one accepted beside it changes neither file, so no server restarts."""
+    from rigkit.rigside.keyfile import compose_env
+    from rigkit.rigside.names import ACCEPTED_KEYS_ENV
+    from rigkit.serving.api_key import accepted_keys_config, read_accepted_keys, read_api_key
+    from rigkit.serving.compose import ACCEPTED_KEYS_SECRET, render_compose
+
+    old, new = "sk-old $x #1", "sk-new-2"
+    rig = load_rig(_rotation_rig(tmp_path / "a", old, new), TEST_CATALOG)
+    keys = read_accepted_keys(rig, read_api_key(rig))
+    assert keys == sorted([old, new]) and yaml.safe_load(accepted_keys_config(keys)) == {"api-key": keys}
+    swapped = load_rig(_rotation_rig(tmp_path / "b", new, old), TEST_CATALOG)
+    assert accepted_keys_config(read_accepted_keys(swapped, read_api_key(swapped))) == accepted_keys_config(keys)
+    compose = render_compose(rig.models[0], True, accepted_keys=True)
+    assert compose == render_compose(swapped.models[0], True, accepted_keys=True)
+    assert old not in compose and new not in compose
+    (tmp_path / "compose.yml").write_text(compose)
+    keys_file = tmp_path / "vllm-api-keys.yaml"
+    keys_file.write_bytes(accepted_keys_config(keys))
+    out = subprocess.run(["docker", "compose", "-f", str(tmp_path / "compose.yml"), "config", "--format", "json"],
+                         capture_output=True, text=True, timeout=60, env=compose_env(str(keys_file)))
+    assert out.returncode == 0, out.stderr
+    config = yaml.safe_load(out.stdout)
+    service = config["services"]["vllm"]
+    assert service["command"][-2:] == ["--config", f"/run/secrets/{ACCEPTED_KEYS_SECRET}"]
+    [mount] = service["secrets"]
+    assert mount["target"] == ACCEPTED_KEYS_SECRET and mount["mode"] in ("0400", 0o400) and "env_file" not in service
+    assert config["secrets"][mount["source"]]["environment"] == ACCEPTED_KEYS_ENV  # copied in, not bind-mounted
+    assert "VLLM_API_KEY" not in service["environment"]
+
+
+@pytest.mark.parametrize("others, problem", [
+    (("sk-same",), "holds a key listed already"),
+    (("sk-b", "sk-b"), "holds a key listed already"),
+    (("-sk-dash",), "starts with '-', which vLLM would read as an option"),
+])
+def test_a_rotation_s_bad_key_is_refused_with_the_reason(tmp_path, others, problem):
+    from rigkit.serving.api_key import read_accepted_keys, read_api_key
+
+    rig = load_rig(_rotation_rig(tmp_path, "sk-same", *others), TEST_CATALOG)
+    with pytest.raises(SecretFileError, match=problem):
+        read_accepted_keys(rig, read_api_key(rig))
+
+
+def test_keys_accepted_beside_none_sent_are_refused_before_any_rig(tmp_path):
+    key = tmp_path / "k"
+    key.write_text("sk-k\n")
+    key.chmod(0o600)
+    rig = tmp_path / "rig.yml"
+    rig.write_text(SERVING_RIG.read_text() + f"accept_api_key_files: [{key}]\n")
+    with pytest.raises(ConfigError, match="accept_api_key_files.*need api_key_file, the one rigkit sends"):
+        load_rig(rig, TEST_CATALOG)
 
 
 def test_docker_api_forward_is_a_socket_only_its_user_can_open():

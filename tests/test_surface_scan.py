@@ -32,9 +32,11 @@ import yaml
 from rigkit.config.loader import load_rig
 from rigkit.config.schema import GatewaySpec
 from rigkit.gateway.plan import RigView, plan as gateway_plan
-from rigkit.gateway.stack import TLS_KEY_ENV, env_file, render_compose as gateway_compose
+from rigkit.gateway.stack import BACKEND_KEYS_FILE, TLS_KEY_ENV, backend_keys, env_file, render_compose as gateway_compose
 from rigkit.gateway.tls import gateway_tls, wanted_names
-from rigkit.serving.compose import render_compose
+from rigkit.rigside.keyfile import compose_env
+from rigkit.serving.api_key import accepted_keys_config
+from rigkit.serving.compose import ACCEPTED_KEYS_SECRET, render_compose
 from rigkit.surface.plan import open_paths_warning, surface_plan
 from rigkit.surface.rules import ruleset
 from tests.conftest import DATA, REPO, wait_for
@@ -43,7 +45,7 @@ pytestmark = pytest.mark.simrig
 
 SUBNET, HOST_SIDE = "10.199.8.0/24", "10.199.8.1"
 RIG, GATEWAY, CLIENT, OUTSIDER = "10.199.8.2", "10.199.8.5", "10.199.8.6", "10.199.8.9"
-RIG_KEY, MASTER_KEY = "sk-scan-rig-3d9f", "sk-scan-master-77aa"
+RIG_KEY, NEXT_RIG_KEY, MASTER_KEY = "sk-scan-rig-3d9f", "sk-scan-rig-next-51c0", "sk-scan-master-77aa"
 GATEWAY_PORT = 4000
 PROJECTS, LABELS = ("rigkit-scan-rig", "rigkit-scan-gateway"), {"rigkit.test": "surface-scan"}
 GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # vLLM 0.32's AuthenticationMiddleware.GUARDED_PREFIX
@@ -250,17 +252,22 @@ def lan(tmp_path_factory):
     rig = load_rig(rig_file(folder, []), DATA / "models")
     with ExitStack() as stack:
         net = stack.enter_context(Lan(folder))
-        # The rig: the model's container as rigkit renders it for serve_address 0.0.0.0 (its key from a raw env file).
+        # The rig: the model's container as rigkit renders it for serve_address 0.0.0.0, in the middle of a key
+        # rotation: vLLM takes both keys from rigkit's config file (a Compose secret, `--config`); rigkit's own
+        # tools read the one they send from the env file.
         keys = folder / "vllm.env"
         keys.write_text(f"{API_KEY_ENV_NAME}={RIG_KEY}\n")
+        accepted = folder / "vllm-api-keys.yaml"
+        accepted.write_bytes(accepted_keys_config(sorted([RIG_KEY, NEXT_RIG_KEY])))
         [model] = rig.models
-        document = yaml.safe_load(render_compose(model, with_api_key=True, host="0.0.0.0"))
+        document = yaml.safe_load(render_compose(model, with_api_key=True, host="0.0.0.0", accepted_keys=True))
         service = document["services"]["vllm"]
-        service["env_file"] = [{"path": str(keys), "format": "raw"}]
+        assert "env_file" not in service and "--config" in service["command"], service
+        assert service["secrets"][0]["target"] == ACCEPTED_KEYS_SECRET
         service["volumes"] = [{"type": "bind", "source": str(model_dir), "target": f"/models/{model.name}",
                                "read_only": True}]
         document.pop("volumes", None)
-        net.compose("rigkit-scan-rig", document, RIG)
+        net.compose("rigkit-scan-rig", document, RIG, env=compose_env(str(accepted)))
         base = f"http://{RIG}:{model.spec.port}"
         wait_for("the engine to answer /health", lambda: _status(f"{base}/health") == 200, 400, 2)
         openapi = httpx.get(f"{base}/openapi.json", timeout=30).json()
@@ -291,11 +298,15 @@ def lan(tmp_path_factory):
         tls = gateway_tls("rigkit", folder / "ca", wanted_names(GATEWAY, "0.0.0.0", ()))
         tls.save()
         secrets = folder / "gateway.env"
-        secrets.write_bytes(env_file(MASTER_KEY, {env: RIG_KEY for _, env in plan.keyed_rigs}))
+        secrets.write_bytes(env_file(MASTER_KEY))
         text = gateway_compose(plan, tls.cert_pem)
         document = json.loads(text[text.index("{"):])
         document["services"]["litellm"]["env_file"] = [{"path": str(secrets), "format": "raw"}]
         net.compose("rigkit-scan-gateway", document, GATEWAY, env={TLS_KEY_ENV: tls.key_pem.decode()})
+        # What `rigkit-gateway up` hands the running proxy: the rig's key, sent by rigkit's callback.
+        [proxy] = net.client.containers.list(filters={"label": "com.docker.compose.project=rigkit-scan-gateway"})
+        sh("docker", "exec", "-i", proxy.id, "sh", "-c", f"cat > {BACKEND_KEYS_FILE}",
+           input=backend_keys(plan, {env: RIG_KEY for _, env in plan.keyed_rigs}).decode())
         trust = tls_trust(folder)
         wait_for("the gateway to answer over TLS",
                  lambda: _status(f"https://{GATEWAY}:{GATEWAY_PORT}/health/liveliness", verify=trust) == 200, 180, 2)
@@ -381,3 +392,19 @@ def test_on_the_lan_without_a_gateway_only_serve_clients_reach_the_model_and_the
     assert unguarded and not {401, 403} & set(unguarded.values()), unguarded
     print(f"serve_clients host {CLIENT}: the model's port {port} open; {len(guarded)} routes under /v1 want the key, "
           f"{len(unguarded)} others answer without it: {sorted(unguarded.items())}")
+
+
+def test_during_a_key_rotation_the_real_engine_accepts_both_keys_and_no_other(lan):
+    """vLLM itself, given rigkit's keys file through `--config` (the compose file holds neither key): asked
+    from the rig's own namespace (loopback is always let in)."""
+    url = f"http://127.0.0.1:{lan['model'].spec.port}/v1/models"
+    ask = ("import sys, urllib.request, urllib.error\n"
+           "request = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + sys.stdin.read()})\n"
+           "try:\n    print(urllib.request.urlopen(request, timeout=30).status)\n"
+           "except urllib.error.HTTPError as exc:\n    print(exc.code)\n")
+    codes = {key: sh("nsenter", "-t", str(lan["pid"]), "-n", sys.executable, "-c", ask, url, input=key).strip()
+             for key in (RIG_KEY, NEXT_RIG_KEY, "sk-scan-not-a-key")}
+    assert codes == {RIG_KEY: "200", NEXT_RIG_KEY: "200", "sk-scan-not-a-key": "401"}, codes
+    inspected = json.dumps(lan["net"].client.containers.list(
+        filters={"label": "com.docker.compose.project=rigkit-scan-rig"})[0].attrs)
+    assert RIG_KEY not in inspected and NEXT_RIG_KEY not in inspected  # not in its command line or environment

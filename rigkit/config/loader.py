@@ -26,6 +26,7 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
     rig_file, catalog_dir = Path(rig_file), Path(catalog_dir)
     spec = _validate(RigSpec, rig_file)
     models, problems = [], _file_name_problems(rig_file, "rig") + _serve_address_problems(spec, rig_file)
+    problems += _accepted_keys_problems(spec, rig_file)
     for position, name in enumerate(spec.models):
         model_file = catalog_dir / f"{name}.yml"
         if not (model_file.is_file() or model_file.is_symlink() or model_file.exists()):
@@ -58,6 +59,18 @@ def _monitoring_port_problems(spec: RigSpec, rig_file: Path, models: list[ModelC
     return [Problem(rig_file, f"monitoring.{field}", model.spec.port,
                     f"port {model.spec.port} is also the port of model {model.name} ({model.file}); pick another")
             for model in models for port, field in ports.items() if model.spec.port == port]
+
+
+def _accepted_keys_problems(spec: RigSpec, rig_file: Path) -> list[Problem]:
+    if not spec.accept_api_key_files:
+        return []
+    if spec.os == "windows":
+        return [Problem(rig_file, "accept_api_key_files", spec.accept_api_key_files,
+                        "not built for Windows rigs yet (their models take one key); remove the field")]
+    if not spec.api_key_file:
+        return [Problem(rig_file, "accept_api_key_files", spec.accept_api_key_files,
+                        "keys accepted besides api_key_file need api_key_file, the one rigkit sends")]
+    return []
 
 
 def _serve_address_problems(spec: RigSpec, rig_file: Path) -> list[Problem]:

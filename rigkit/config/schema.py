@@ -224,6 +224,10 @@ class RigSpec(_Strict):
     p2p_check_timeout_s: int = Field(default=90, ge=10, le=110)
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
     api_key_file: str | None = None
+    # During a rotation of that key: files of other keys the vLLM servers accept too (mode 600 each); rigkit
+    # and the gateway send only api_key_file's. Add the new key here, swap the two, then remove the old one
+    # (docs/security.md, "Rotating the models' key"). Linux rigs.
+    accept_api_key_files: list[str] = Field(default_factory=list, max_length=4)
     # Where the vLLM servers listen: loopback only (default), or every interface so a gateway on another
     # rig can reach them (then api_key_file is required: rigkit.config.loader refuses it without one).
     serve_address: Literal["127.0.0.1", "0.0.0.0"] = "127.0.0.1"

@@ -2,10 +2,11 @@
 `inventory_config` (`rigkit gateway-config`), which reads the inventory file first.
 
 Every replica of a model on every rig is one deployment of the same `model_name` (its served name),
-`openai/<served name>` at the replica's api_base. Secrets are never in the file: each rig's key and
-the master key are `os.environ/...` references, filled from the gateway's root-only env file.
-The drain filter (templates/gateway/rigkit_drain.py) sits beside config.yaml and is loaded by
-LiteLLM as a callback; it skips the replicas of the rigs listed in drained.json.
+`openai/<served name>` at the replica's api_base. Secrets are never in the file: the master key is an
+`os.environ/...` reference, filled from the gateway's root-only env file, and a keyed replica's api_key is
+BACKEND_KEY: rigkit's callback (templates/gateway/rigkit_drain.py, beside config.yaml) sends each call
+with the replica's key from backend_keys.json, which a rotation replaces without restarting the proxy.
+The same callback skips the replicas of the rigs listed in drained.json.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rigkit.gateway.plan import GatewayPlan, gateway_plan
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 NO_KEY = "no-key"  # vLLM without --api-key ignores it; the OpenAI client refuses an empty one
+BACKEND_KEY = "rigkit-sends-the-rigs-key"  # replaced on every call by rigkit_drain.py; no replica accepts it
 DRAIN_CALLBACK = "rigkit_drain.handler"  # module file beside config.yaml, object in it
 CUSTOM_AUTH = "rigkit_auth.user_api_key_auth"  # the master key and the client keys listed at run time
 # The modules those two name, from templates/: they sit beside config.yaml wherever LiteLLM runs it.
@@ -29,8 +31,9 @@ HEALTH_CHECK_MODE = "completion"
 
 
 def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
-    """`drain`: load rigkit's drain filter and key check (the deployed gateway has them beside its config;
-    a config printed for a LiteLLM of the user's own has not, and rigkit cannot drain that one)."""
+    """`drain`: load rigkit's callback (drain filter, rigs' keys) and key check (the deployed gateway has them
+    beside its config; a config printed for a LiteLLM of the user's own has not, and rigkit cannot drain that
+    one: it names each rig's key as an environment variable instead)."""
     spec = plan.spec
     model_list = []
     for replica in plan.replicas:
@@ -40,7 +43,7 @@ def litellm_config(plan: GatewayPlan, drain: bool = True) -> dict:
             "litellm_params": {
                 "model": f"openai/{name}",
                 "api_base": replica.api_base,
-                "api_key": f"os.environ/{replica.key_env}" if replica.key_env else NO_KEY,
+                "api_key": (BACKEND_KEY if drain else f"os.environ/{replica.key_env}") if replica.key_env else NO_KEY,
                 # Both timeouts cover the whole prefill: a long prompt sends its first token late.
                 "timeout": spec.request_timeout_s,
                 "stream_timeout": spec.request_timeout_s,

@@ -28,7 +28,7 @@ class Replica:
     rig: str  # inventory host name
     model: ModelConfig
     api_base: str  # http://host:port/v1
-    key_env: str | None  # the env variable holding this rig's API key inside the gateway, or None
+    key_env: str | None  # the name of this rig's API key in the gateway (rigkit.gateway.stack.backend_keys), or None
 
     @property
     def model_name(self) -> str:
@@ -46,7 +46,7 @@ class GatewayPlan:
     host: str  # the inventory host that runs it
     spec: GatewaySpec
     replicas: tuple[Replica, ...]
-    keyed_rigs: tuple[tuple[str, str], ...]  # (host, env name) of every rig whose models need a key
+    keyed_rigs: tuple[tuple[str, str], ...]  # (host, key name) of every rig whose models need a key
     address: str = "127.0.0.1"  # the gateway rig's inventory address, where its clients reach it
 
     def replicas_of(self, host: str) -> list[Replica]:
@@ -54,8 +54,8 @@ class GatewayPlan:
 
 
 def key_env_name(host: str) -> str:
-    """An environment variable name for the host's key: anything but A-Z, 0-9 and _ becomes _, so
-    an inventory host name never breaks the env file's `NAME=value` lines or LiteLLM's lookup."""
+    """A name for the host's key: anything but A-Z, 0-9 and _ becomes _, so that two hosts' keys are told
+    apart by a name safe anywhere (two hosts that give one name are refused)."""
     return "RIGKIT_KEY_" + re.sub(r"[^A-Z0-9_]", "_", host.upper())
 
 

@@ -1,6 +1,6 @@
 """What the gateway becomes on its rig: a Compose project `rigkit-gateway` (the LiteLLM proxy, host
-networking), its root-only env file (master key, each rig's API key) and the settings the rig-side
-helper (templates/gateway/rigkit-gateway) reads. Pure functions; roles/gateway.py installs them.
+networking), its root-only env file (the master key), the rigs' API keys (root only, handed to the
+running proxy by the rig-side helper) and the settings that helper (templates/gateway/rigkit-gateway) reads. Pure functions; roles/gateway.py installs them.
 
 The config and the drain filter travel inside the compose file as Compose `configs` with inline
 `content`: Compose copies them into the container, so nothing is bind-mounted from the rig's disk
@@ -17,6 +17,7 @@ from rigkit.gateway.plan import GatewayPlan
 from rigkit.plumbing.render import template_text
 
 from rigkit.rigside.names import (
+    GATEWAY_BACKEND_KEYS_PATH,
     GATEWAY_CLIENT_KEYS_PATH,
     GATEWAY_DIR,
     GATEWAY_PROJECT,
@@ -29,6 +30,7 @@ COMPOSE_PATH = f"{GATEWAY_DIR}/compose.yml"
 CONTAINER_DIR = "/etc/litellm"  # config.yaml, rigkit_drain.py and drained.json inside the container
 DRAINED_FILE = f"{CONTAINER_DIR}/drained.json"
 CLIENT_KEYS_FILE = f"{CONTAINER_DIR}/client_keys.json"  # the hashes rigkit_auth.py reads, written at run time
+BACKEND_KEYS_FILE = f"{CONTAINER_DIR}/backend_keys.json"  # the rigs' keys rigkit_drain.py sends, written at run time
 # TLS: the chain is an inline config like config.yaml; the key a Compose secret that Compose takes from
 # this environment variable (set by the helper from the root-only key file) and copies into the
 # container as /run/secrets/<name>, readable by root only.
@@ -40,12 +42,19 @@ class GatewaySecretError(Exception):
     pass
 
 
-def env_file(master_key: str, rig_keys: dict[str, str]) -> bytes:
-    """The env file Compose reads raw (no interpolation): the master key and {env name: key}."""
+def env_file(master_key: str) -> bytes:
+    """The env file Compose reads raw (no interpolation): the master key. Nothing that rotates without a
+    restart of the proxy is in it: a changed env file recreates the container."""
     if not master_key.startswith("sk-"):
         raise GatewaySecretError("the gateway's master key must start with sk- (LiteLLM refuses others)")
-    lines = [f"{MASTER_KEY_ENV}={master_key}", *(f"{name}={key}" for name, key in sorted(rig_keys.items()))]
-    return ("\n".join(lines) + "\n").encode()
+    return f"{MASTER_KEY_ENV}={master_key}\n".encode()
+
+
+def backend_keys(plan: GatewayPlan, rig_keys: dict[str, str]) -> bytes:
+    """What rigkit's callback in the proxy sends each replica (rigkit_drain.py): {api_base: its rig's key},
+    from {key name (Replica.key_env): key}."""
+    keys = {r.api_base.rstrip("/"): rig_keys[r.key_env] for r in plan.replicas if r.key_env}
+    return (json.dumps({"keys": keys}, indent=2, sort_keys=True) + "\n").encode()
 
 
 def client_key_hashes(keys: list[str]) -> str:
@@ -143,6 +152,8 @@ def settings(plan: GatewayPlan) -> str:
         "drained_file": DRAINED_FILE,
         "client_keys": GATEWAY_CLIENT_KEYS_PATH,
         "client_keys_file": CLIENT_KEYS_FILE,
+        "backend_keys": GATEWAY_BACKEND_KEYS_PATH,
+        "backend_keys_file": BACKEND_KEYS_FILE,
         "models": sorted({r.model_name for r in plan.replicas}),
         "replicas": [{"rig": r.rig, "id": r.deployment_id, "model": r.model_name,
                       "metrics": r.api_base.removesuffix("/v1") + "/metrics"} for r in plan.replicas],

@@ -6,8 +6,24 @@ And checking a request's key as vLLM checks it: `Authorization: Bearer <key>`, e
 from __future__ import annotations
 
 import hmac
+import os
+
+from .names import ACCEPTED_KEYS_ENV, ACCEPTED_KEYS_FILE
 
 API_KEY_ENV_NAME = "VLLM_API_KEY"
+
+
+def compose_env(accepted_keys_file: str = ACCEPTED_KEYS_FILE) -> dict:
+    """The environment of a `docker compose` command for a model's stack: during a key rotation, the keys
+    every server accepts (the root-only file), for the compose file's secret that takes them from the
+    environment. Compose copies them into the container: nothing on the rig's disk is bind-mounted."""
+    env = dict(os.environ)
+    try:
+        with open(accepted_keys_file, encoding="utf-8") as file:
+            env[ACCEPTED_KEYS_ENV] = file.read()
+    except FileNotFoundError:
+        pass
+    return env
 
 
 def env_value(path: str, name: str) -> str | None:

@@ -25,6 +25,10 @@ RUNTIME_DIR = f"{LIB_DIR}/rigside"
 STACKS_DIR = f"{ETC_DIR}/stacks"
 SECRETS_DIR = f"{ETC_DIR}/secrets"
 SECRETS_ENV_FILE = f"{SECRETS_DIR}/vllm-api-key.env"
+# During a key rotation: every key the models accept, as a vLLM config file (rigkit.serving.api_key), and
+# the variable Compose takes it from (rigside.keyfile.compose_env) to copy it into the container.
+ACCEPTED_KEYS_FILE = f"{SECRETS_DIR}/vllm-api-keys.yaml"
+ACCEPTED_KEYS_ENV = "RIGKIT_VLLM_API_KEYS"
 STACK_HELPER_PATH = f"{SBIN_DIR}/rigkit-stack"
 PROJECT_PREFIX = "rigkit-"
 # What is in a stack's folder, and rigkit-stack's command line: its contract, rigkit/rigside/stack.py
@@ -83,6 +87,7 @@ GATEWAY_PROJECT = "rigkit-gateway"
 GATEWAY_HELPER_PATH = f"{SBIN_DIR}/rigkit-gateway"
 GATEWAY_DIR = f"{ETC_DIR}/gateway"
 GATEWAY_SECRETS_ENV_FILE = f"{SECRETS_DIR}/gateway.env"
+GATEWAY_BACKEND_KEYS_PATH = f"{SECRETS_DIR}/gateway-backend-keys.json"  # each replica's key, root only
 GATEWAY_SETTINGS_PATH = f"{GATEWAY_DIR}/gateway.json"  # what the rig-side helper reads
 GATEWAY_CLIENT_KEYS_PATH = f"{GATEWAY_DIR}/client-keys.json"  # SHA-256 of each client key (no key)
 GATEWAY_TLS_CERT_PATH = f"{GATEWAY_DIR}/tls-cert.pem"  # the chain the gateway serves; the helper trusts it

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 
-from . import atomic, names
+from . import atomic, keyfile, names
 
 SERVICE = "vllm"  # the compose file's one service (templates/serving/compose.yml.j2)
 INSPECT_TIMEOUT_S = 60  # docker image inspect, docker rm
@@ -34,7 +34,7 @@ class ProbeFailed(Exception):
 
 def _run(command, timeout_s, what):
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=keyfile.compose_env())
     except subprocess.TimeoutExpired:
         raise ProbeFailed(f"{what} did not finish within {timeout_s} s") from None
 

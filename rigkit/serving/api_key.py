@@ -8,6 +8,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import yaml
+
 from rigkit.config.schema import RigConfig
 from rigkit.config.yamlfile import read_small_file
 from rigkit.rigside.keyfile import API_KEY_ENV_NAME
@@ -69,6 +71,35 @@ def read_api_key(rig: RigConfig) -> str | None:
     if path is None:
         return None
     return read_key_file(path, f"{rig.file}: api_key_file")
+
+
+def read_accepted_keys(rig: RigConfig, key: str) -> list[str]:
+    """Every key the rig's vLLM servers accept during a rotation: `key` (api_key_file's, the one sent) and
+    those of `accept_api_key_files`, sorted, so that swapping which one is sent changes nothing here.
+    Empty when the rig names no other key: then the servers take `key` alone, from the env file."""
+    extra = []
+    for n, name in enumerate(rig.spec.accept_api_key_files):
+        what = f"{rig.file}: accept_api_key_files[{n}]"
+        other = read_key_file(Path(rig.file).parent / Path(name).expanduser(), what)
+        if other == key or other in extra:
+            raise SecretFileError(f"{what} {name} holds a key listed already (api_key_file's or another's); "
+                                  "list each other key once")
+        extra.append(other)
+    if not extra:
+        return []
+    for accepted in (key, *extra):
+        if accepted.startswith("-"):
+            # vLLM reads its keys as the arguments of --api-key: one starting with - would be an option.
+            raise SecretFileError(f"{rig.file}: a key accepted during a rotation starts with '-', which vLLM would "
+                                  "read as an option; use a key that does not")
+    return sorted({key, *extra})
+
+
+def accepted_keys_config(keys: list[str]) -> bytes:
+    """The vLLM config file (`vllm serve --config`, YAML) that gives the servers every accepted key:
+    vLLM takes a list as `--api-key K1 K2`, inside its own process, never on a command line or in a log
+    (its log of the arguments redacts api_key)."""
+    return yaml.safe_dump({"api-key": list(keys)}, default_flow_style=False).encode()
 
 
 def api_key_env_file(key: str) -> bytes:

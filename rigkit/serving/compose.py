@@ -10,7 +10,7 @@ import re
 from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
 from rigkit.plumbing.render import render
-from rigkit.rigside.names import SECRETS_ENV_FILE, project_name, served_name, volume_name
+from rigkit.rigside.names import ACCEPTED_KEYS_ENV, SECRETS_ENV_FILE, project_name, served_name, volume_name
 
 MODELS_MOUNT = "/models"
 
@@ -86,15 +86,22 @@ def comment_text(text: str) -> str:
 NODE_LOCAL_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
 
 
+# vLLM wants a config file's name to end in .yaml; Compose copies the secret to /run/secrets/<target>.
+ACCEPTED_KEYS_SECRET = "vllm-api-keys.yaml"
+
+
 def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRETS_ENV_FILE,
                    host: str = "127.0.0.1", publish: bool = False, topology_args: tuple[str, ...] = (),
-                   topology_env: dict[str, str] | None = None) -> str:
+                   topology_env: dict[str, str] | None = None, accepted_keys: bool = False) -> str:
     """`env_file`: where the rig keeps the API key's env file (a Windows rig: under C:\\ProgramData\\rigkit).
     `host`: the address the API is reached on (the rig file's `serve_address`). `publish` (Windows rigs):
     the port published on `host` instead of host networking, vLLM listening inside on 0.0.0.0.
     `topology_args`/`topology_env`: what the topology preflight sets for a model spanning GPUs without
     usable P2P (--disable-custom-all-reduce, NCCL_P2P_DISABLE=1); the catalog's `env` wins where both
-    name a variable (docs/topology.md)."""
+    name a variable (docs/topology.md).
+    `accepted_keys`: during a key rotation, vLLM takes every accepted key from the rig's root-only config
+    file (ACCEPTED_KEYS_FILE, through a Compose secret) instead of the one key of the env file. Which of them
+    rigkit sends is not in it, so swapping them restarts nothing."""
     spec = model.spec
     # Published (Windows): the container has a network of its own, where nothing but the port is reached.
     node_local = {} if publish else NODE_LOCAL_ENV
@@ -111,12 +118,17 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         model_file=comment_text(str(model.file)),
         project=project_name(model),
         image=spec.image,
-        command=vllm_args(model, "0.0.0.0" if publish else host, topology_args),
+        command=vllm_args(model, "0.0.0.0" if publish else host, topology_args)
+        + (["--config", f"/run/secrets/{ACCEPTED_KEYS_SECRET}"] if accepted_keys else []),
         # host:port:port, TCP; Compose's long syntax would need a separate `host_ip`.
         published=[f"{host}:{spec.port}:{spec.port}"] if publish else [],
         environment=environment,
         # raw: Compose neither interpolates `$` nor strips quotes or `#` in the key.
-        env_files=[{"path": env_file, "format": "raw"}] if with_api_key else [],
+        env_files=[{"path": env_file, "format": "raw"}] if with_api_key and not accepted_keys else [],
+        # Taken from the environment of the rig's compose commands (rigside.keyfile.compose_env) and copied into
+        # the container, readable by root only: a file secret would be a bind mount of the rig's disk.
+        secrets={"vllm_api_keys": {"environment": ACCEPTED_KEYS_ENV}} if accepted_keys else {},
+        secret_mounts=[{"source": "vllm_api_keys", "target": ACCEPTED_KEYS_SECRET, "mode": 0o400}] if accepted_keys else [],
         mounts=[mount],
         volumes=volumes,
         device_ids=[str(i) for i in spec.gpus],

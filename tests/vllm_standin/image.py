@@ -2,8 +2,8 @@
 
 FROM the simulated rig's image (it has python3; no registry is reachable), plus
 server.py as the entrypoint, so the rendered compose file's command (the model
-path, then vLLM's flags) reaches it as it would reach `vllm serve`, and the torch
-stand-in (torch/: only what rigkit's P2P check calls) where the real image has torch. Tagged with a
+path, then vLLM's flags) reaches it as it would reach `vllm serve`, the torch
+stand-in (torch/: only what rigkit's P2P check calls) where the real image has torch, and PyYAML. Tagged with a
 content hash and with the stable tag `sim` that the demo's catalog names.
 """
 
@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import docker
+import yaml
 
 from tests.simrig.image import ensure_image
 
@@ -23,13 +24,17 @@ STABLE_TAG = f"{REPO}:sim"
 SERVER = Path(__file__).with_name("server.py")
 CURVES = Path(__file__).parents[1] / "sim_curves.py"  # the tuning curves, shared with the simulated NVML
 TORCH = sorted(Path(__file__).with_name("torch").glob("*.py"))  # the torch stand-in
+# PyYAML's pure-Python modules (the controller's own copy): `--config` files are read with yaml.safe_load,
+# as vLLM reads them; the rig's image has no PyYAML.
+YAML = sorted(Path(yaml.__file__).parent.glob("*.py"))
 
 
 def ensure_standin_image(client: docker.DockerClient | None = None, log=print) -> str:
     client = client or docker.from_env()
     base = ensure_image(client, log=log)
     digest = hashlib.sha256(base.encode() + SERVER.read_bytes() + CURVES.read_bytes()
-                            + b"".join(p.name.encode() + p.read_bytes() for p in TORCH)).hexdigest()[:16]
+                            + b"".join(p.name.encode() + p.read_bytes() for p in TORCH)
+                            + b"".join(p.name.encode() + p.read_bytes() for p in YAML)).hexdigest()[:16]
     tag = f"{REPO}:{digest}"
     try:
         client.images.get(tag)
@@ -40,6 +45,7 @@ def ensure_standin_image(client: docker.DockerClient | None = None, log=print) -
             "COPY server.py /opt/vllm-standin/server.py\n"
             "COPY rigkit_sim_curves.py /opt/vllm-standin/rigkit_sim_curves.py\n"
             "COPY torch /opt/vllm-standin/lib/torch\n"
+            "COPY yaml /opt/vllm-standin/lib/yaml\n"
             "ENV PYTHONPATH=/opt/vllm-standin/lib\n"
             'ENTRYPOINT ["python3", "-u", "/opt/vllm-standin/server.py"]\n'
             "CMD []\n"
@@ -48,7 +54,8 @@ def ensure_standin_image(client: docker.DockerClient | None = None, log=print) -
         with tarfile.open(fileobj=context, mode="w") as tar:
             for name, data in (("Dockerfile", dockerfile.encode()), ("server.py", SERVER.read_bytes()),
                                ("rigkit_sim_curves.py", CURVES.read_bytes()),
-                               *((f"torch/{p.name}", p.read_bytes()) for p in TORCH)):
+                               *((f"torch/{p.name}", p.read_bytes()) for p in TORCH),
+                               *((f"yaml/{p.name}", p.read_bytes()) for p in YAML)):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))

@@ -106,7 +106,9 @@ What it fakes, and the traps it reproduces:
   relative sd of each request's rates (1.5x for prefill); STANDIN_DRIFT_PER_S (e.g. -0.0005)
   changes both rates linearly with the seconds since the server started (a card heating up).
 - GET /version answers {"version": "standin"}, as vLLM answers its version.
-- The API key (--api-key or VLLM_API_KEY) is enforced on /v1/* as vLLM does.
+- The API key (--api-key, one or more, or VLLM_API_KEY) is enforced on /v1/* as vLLM does; `--config
+  FILE.yaml` adds the file's options first, as vLLM's FlexibleArgumentParser does (a list as one
+  option with several values; a file not named .yaml or .yml refused).
 - The model path must hold a config.json, as vLLM needs one: the weights must really be mounted.
 - GET /standin/info reports the parsed flags and NVIDIA_VISIBLE_DEVICES as set by
   Docker's NVIDIA device request, so tests can see what the compose file asked for.
@@ -164,11 +166,36 @@ def parse_args(argv):
     p.add_argument("--safetensors-load-strategy")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--api-key")
+    p.add_argument("--api-key", nargs="+")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--disable-log-requests", action="store_true")
     p.add_argument("--disable-custom-all-reduce", action="store_true")  # vLLM ParallelConfig.disable_custom_all_reduce
-    return p.parse_args(argv)
+    return p.parse_args(_with_config(argv))
+
+
+def _with_config(argv: list[str]) -> list[str]:
+    """vLLM's `--config`: the YAML file's options (`key: value`, a list as `--key v1 v2`) go between the
+    model (the first argument) and the rest, so the command line wins."""
+    if "--config" not in argv:
+        return argv
+    index = argv.index("--config")
+    path = argv[index + 1]
+    if path.split(".")[-1] not in ("yaml", "yml"):
+        raise ValueError(f"Config file must be of a yaml/yml type. {path.split('.')[-1]} supplied")
+    import yaml
+
+    with open(path) as file:
+        config = yaml.safe_load(file)
+    options = []
+    for key, value in config.items():
+        if isinstance(value, bool):
+            options += [f"--{key}"] if value else []
+        elif isinstance(value, list):
+            options += [f"--{key}", *map(str, value)] if value else []
+        else:
+            options += [f"--{key}", str(value)]
+    rest = argv[:index] + argv[index + 2:]
+    return rest[:1] + options + rest[1:]
 
 
 STARTS_FILE = "/tmp/rigkit-standin-starts"  # in the container's own filesystem: kept by a restart, not a recreate
@@ -246,7 +273,7 @@ class Engine:
         self.observed = {name: [] for name in HISTOGRAMS}
         self.active = 0
         self.busy_arrivals = 0
-        self.api_key = args.api_key or env.get("VLLM_API_KEY")
+        self.api_keys = [k for k in (args.api_key or [env.get("VLLM_API_KEY")]) if k]
         self.wedge_after = int(env.get("STANDIN_WEDGE_AFTER", "0")) if "wedge" in self.faults else None
         self.wedged = False
         self.long_prefill_s = float(env.get("STANDIN_LONG_PREFILL_S", "0"))
@@ -449,7 +476,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def authorised(self) -> bool:
-        if ENGINE.api_key and self.headers.get("Authorization") != f"Bearer {ENGINE.api_key}":
+        if ENGINE.api_keys and self.headers.get("Authorization") not in {f"Bearer {k}" for k in ENGINE.api_keys}:
             self.send_json(401, {"error": "Unauthorized"})
             return False
         return True
