@@ -22,7 +22,7 @@ from pathlib import Path
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import files, python, server, systemd
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing import systemd_units as units
@@ -30,6 +30,7 @@ from rigkit.plumbing.facts_once import Read, read_once
 from rigkit.plumbing.files import FileStates, put
 from rigkit.plumbing.private_file import private_file
 from rigkit.plumbing.render import template_text
+from rigkit.plumbing.ssh import rig_call
 from rigkit.rigside import stack
 from rigkit.serving.api_key import (
     SecretFileError,
@@ -169,6 +170,8 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
                                                          or not st["running"] or bool(key and key.did_change())),
         )
         changes.append(rollout)
+        python.call(name=f"Where the start of {model.name} went", function=rig_call(_say_start), rollout=rollout,
+                    _if=rollout.did_change)
         if rollouts is not None:
             rollouts[model.name] = rollout
         if model.name in weights_ops:
@@ -198,6 +201,14 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
         files.file(name="No rotation's keys", path=ACCEPTED_KEYS_FILE, present=False)
     _watchdog(rig, with_key)
     return changes
+
+
+def _say_start(rollout) -> None:
+    """The startup table rigkit-stack said for the start it proved (docs/serving.md, "Time to ready"): pyinfra
+    shows a command's output only when it fails."""
+    table = stack.start_tables(rollout.stdout_lines + rollout.stderr_lines)
+    if table:
+        logger.info(host.print_prefix + f"\n{host.print_prefix}".join(table))
 
 
 def _watchdog(rig: RigConfig, with_key: bool) -> None:

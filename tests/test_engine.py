@@ -100,6 +100,14 @@ def test_a_first_deploy_serves_vllm_itself_ready_by_a_real_completion_and_verifi
     # The engine's own counters saw at least what the benchmark counted from usage.
     assert engine_metric("vllm:generation_tokens_total") >= bench["completion_tokens"]
     assert engine_metric("vllm:spec_decode_num_drafts_total") > 0
+    # Where its start went, read from vLLM's own log: every phase to the first token, said by the deploy.
+    assert "start of engine-alpha: " in run.output, run.output[-6000:]
+    table = run.output[run.output.index("start of engine-alpha: "):].splitlines()
+    said = "\n".join(table[:14])
+    for phase in ("imports, to vLLM's banner", "weights load", "memory profiling and KV cache", "API up",
+                  "first token (rigkit's readiness completion)"):
+        assert phase in said, said
+    assert "compile cache" not in said  # enforce_eager: nothing compiled, nothing to say of a cache
 
 
 def test_a_second_deploy_changes_nothing_and_restarts_nothing(rig):
@@ -117,6 +125,10 @@ def test_status_reads_the_real_engine_as_ready(rig, tmp_path):
     (doc,) = report["rigs"]
     (stack,) = doc["stacks"]
     assert stack["running"] and stack["ready"] and stack["compose_as_rendered"], stack
+    start = stack["last_start"]  # the start the first deploy proved, with its first token
+    assert start["proven_by"] == "rigkit-stack" and start["to"] == "first token (rigkit's readiness completion)", start
+    assert 5 < start["total_s"] < 300 and start["slowest"]["s"] > 0, start
+    assert f"{start['total_s']:.0f} s, " in text, text
     assert [v["passed"] for v in doc["verification"]] == [True]
 
 

@@ -172,6 +172,20 @@ def test_keeper_repairs_watchdog_restarts_and_the_last_verification_per_model():
     assert value(samples, "rigkit_model_gpu_info", model="alpha", gpu="0") == 1
 
 
+def test_the_last_proven_start_per_model_its_phases_and_its_compile_cache():
+    """The startup table rigkit-stack keeps (rigside.startup, from a real vLLM start's log) as series."""
+    from rigkit.rigside.startup import stamp, startup
+    from tests.test_startup_table import COLD, COLD_STARTED
+
+    start = startup(COLD, COLD_STARTED, ready_at=COLD_STARTED + 52.0)
+    _, samples = scrape(None, starts={"alpha": start, "beta": {"phases": ["x"], "total_s": "long"}})
+    assert value(samples, "rigkit_model_start_seconds", model="alpha") == 52.0
+    assert value(samples, "rigkit_model_start_timestamp_seconds", model="alpha") == stamp("2026-12-04T17:48:28.77559812Z")
+    assert 24 <= value(samples, "rigkit_model_start_phase_seconds", model="alpha", phase="compile") <= 25
+    assert value(samples, "rigkit_model_start_compile_cache_hit", model="alpha") == 0
+    assert not [v for (n, ls), v in samples.items() if dict(ls).get("model") == "beta"]  # a broken file: nothing
+
+
 def test_nvml_down_says_so_and_still_serves_rigkits_own_figures():
     text, samples = scrape(None)
     assert value(samples, "rigkit_exporter_nvml_up") == 0
@@ -240,7 +254,7 @@ def collector_on_files(module, tmp_path, nvml_read_s: float) -> CollectorRegistr
     (tmp_path / "keeper.json").write_text(json.dumps(KEEPER))
     settings = {"gpus": [0], "models": {"alpha": [0]}, "policy_path": str(tmp_path / "policy"),
                 "keeper_state_path": str(tmp_path / "keeper.json"), "watchdog_state_dir": str(tmp_path),
-                "verify_summary_dir": str(tmp_path), "nvml_read_s": nvml_read_s}
+                "verify_summary_dir": str(tmp_path), "stacks_dir": str(tmp_path), "nvml_read_s": nvml_read_s}
     registry = CollectorRegistry()
     registry.register(module.RigCollector(settings, xid.XidCounts()))
     return registry
@@ -270,7 +284,7 @@ def test_on_the_lan_the_exporter_wants_the_key_and_never_starts_without_it(tmp_p
     registry = CollectorRegistry()
     registry.register(module.RigCollector({"gpus": [0], "models": {}, "policy_path": "/nonexistent",
                                            "keeper_state_path": "/nonexistent", "watchdog_state_dir": "/nonexistent",
-                                           "verify_summary_dir": "/nonexistent"}, xid.XidCounts()))
+                                           "verify_summary_dir": "/nonexistent", "stacks_dir": "/nonexistent"}, xid.XidCounts()))
     app = module.keyed(make_wsgi_app(registry), key)
 
     def get(header):

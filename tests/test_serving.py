@@ -468,3 +468,50 @@ def test_a_topology_known_to_hang_is_refused_at_deploy_with_the_fix_and_nothing_
     assert "Fix: turn ACS off in the BIOS" in run.output and "topology_override: allow-risky-p2p" in run.output
     assert OPERATIONS_STARTED not in run.output
     assert rig.exec("sha256sum /etc/rigkit/stacks/*/* 2>/dev/null; true")[1] == files_before
+
+
+def test_each_start_says_where_its_time_went_and_compiled_graphs_outlive_the_container(rig, tmp_path):
+    """Each start rigkit-stack proves is cut into phases from the container's own log, and the compile cache
+    (a Docker volume, vLLM's cache root) serves the next container: a redeploy and a rollback load what was
+    compiled, a graph-changing flag misses and is named. Simulated: vLLM's GPU build compiling (the stand-in's
+    STANDIN_COMPILE_S model of it: keys under VLLM_CACHE_ROOT, vLLM 0.32's log lines)."""
+    length = 3000 + int(time.time()) % 1000  # a key no earlier run of this test left in the cache
+
+    def catalog(name, length, *more):
+        return copy_catalog(tmp_path / name, test_alpha=[
+            ("env:\n", 'env:\n  STANDIN_COMPILE_S: "3"\n'), ("  dtype: bfloat16\n", f"  dtype: bfloat16\n  max_model_len: {length}\n"),
+            *more])
+
+    def last_start():
+        code, out = rig.exec("cat /etc/rigkit/stacks/test-alpha/startup.json")
+        assert code == 0, out
+        return json.loads(out)
+
+    first = run_deploy(rig, SERVING_RIG, catalog=catalog("first", length))
+    assert first.returncode == 0, first.output[-4000:]
+    start = last_start()
+    phases = {p["phase"]: p["s"] for p in start["phases"]}
+    assert start["compile_cache"]["cache"] == "miss" and 3 <= phases["compile"] < 10, start
+    assert start["to"] == "first token (rigkit's readiness completion)" and "weights load" in phases, start
+    assert "start of test-alpha: " in first.output and "compile cache: miss" in first.output, first.output[-4000:]
+    # A redeploy that changes nothing the graph depends on: a new container, the graphs loaded from the volume.
+    before = started("test-alpha")
+    marker = ('  STANDIN_DECODE_TOK_S: "100"\n', '  STANDIN_DECODE_TOK_S: "101"\n')
+    again = run_deploy(rig, SERVING_RIG, catalog=catalog("again", length, marker))
+    assert again.returncode == 0 and started("test-alpha") != before, again.output[-4000:]
+    start = last_start()
+    assert start["compile_cache"]["cache"] == "hit" and {p["phase"]: p["s"] for p in start["phases"]}["compile"] < 2, start
+    # A graph-changing flag misses, and the start says which flag changed.
+    longer = run_deploy(rig, SERVING_RIG, catalog=catalog("longer", length + 1, marker))
+    assert longer.returncode == 0, longer.output[-4000:]
+    start = last_start()
+    assert start["compile_cache"]["cache"] == "miss", start
+    assert start["compile_cache"]["changed"] == [f"--max-model-len {length} -> {length + 1}"], start
+    assert f"changed since the last start: --max-model-len {length} -> {length + 1}" in longer.output
+    # A config that fails at start is rolled back: the last proven one starts again, warm.
+    failing = run_deploy(rig, SERVING_RIG, catalog=catalog("failing", length + 1, marker,
+                                                            ("env:\n", "env:\n  STANDIN_FAULT: fail_at_start\n")))
+    assert failing.returncode != 0 and "ROLLED BACK" in failing.output, failing.output[-4000:]
+    start = last_start()
+    assert start["compile_cache"]["cache"] == "hit", start
+    assert run_deploy(rig, SERVING_RIG).returncode == 0

@@ -88,7 +88,9 @@ def render_compose(plan: GatewayPlan, tls_chain: bytes | None, image: str | None
             "network_mode": "host",
             "restart": "unless-stopped",
             "env_file": [{"path": GATEWAY_SECRETS_ENV_FILE, "format": "raw"}],
-            "environment": {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"},
+            # LITELLM_LOCAL_MODEL_COST_MAP: the price list LiteLLM ships, instead of fetching it from GitHub at
+            # every start (three tries with pauses where the rig has no route out; nothing leaves the rig).
+            "environment": {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
             "configs": [
                 {"source": "litellm_config", "target": f"{CONTAINER_DIR}/config.yaml"},
                 *({"source": _stem(m), "target": f"{CONTAINER_DIR}/{_stem(m)}.py"} for m in BESIDE_CONFIG),

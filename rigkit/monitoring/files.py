@@ -26,6 +26,7 @@ from rigkit.rigside.names import (
     GPU_POLICY_PATH,
     PROMETHEUS_RULES_PATH,
     SECRETS_ENV_FILE,
+    STACKS_DIR,
     VERIFY_SUMMARY_DIR,
     WATCHDOG_STATE_DIR,
 )
@@ -58,6 +59,7 @@ def exporter_settings(rig: RigConfig) -> str:
         "keeper_state_path": GPU_KEEPER_STATE_PATH,
         "watchdog_state_dir": WATCHDOG_STATE_DIR,
         "verify_summary_dir": VERIFY_SUMMARY_DIR,
+        "stacks_dir": STACKS_DIR,
         "nvml_read_s": EXPORTER_NVML_READ_S,
     }, indent=1, sort_keys=True) + "\n"
 

@@ -58,6 +58,10 @@ RIG_METRICS = {
     "rigkit_verify_passed": ("gauge", "1 when the model's last verification passed all its checks."),
     "rigkit_verify_timestamp_seconds": ("gauge", "When the model's last verification ran (Unix time)."),
     "rigkit_model_gpu_info": ("gauge", "1 for each GPU a served model runs on (join key for per-model power)."),
+    "rigkit_model_start_seconds": ("gauge", "The model's last start rigkit proved: from its container's start to its first token (s)."),
+    "rigkit_model_start_phase_seconds": ("gauge", "Each phase of that start, as vLLM's log marks them (docs/serving.md, Time to ready)."),
+    "rigkit_model_start_compile_cache_hit": ("gauge", "1 when that start loaded its compiled graph from the cache, 0 when it compiled (absent: nothing compiled)."),
+    "rigkit_model_start_timestamp_seconds": ("gauge", "When that start began (Unix time)."),
     "rigkit_exporter_nvml_up": ("gauge", "1 when NVML answered this scrape."),
 }
 METRICS = {**GPU_METRICS, **XID_METRICS, **POLICY_METRICS, **RIG_METRICS}
@@ -166,12 +170,12 @@ def _iso_seconds(text) -> float | None:
 
 def build(readings: list[dict] | None, policy: dict[int, dict], keeper_state: dict | None,
           watchdog_states: dict[str, dict], verifications: dict[str, dict], model_gpus: dict[str, list[int]],
-          now: float, xids: dict[int, tuple[int, int]] | None = None) -> list[Family]:
+          now: float, xids: dict[int, tuple[int, int]] | None = None, starts: dict[str, dict] | None = None) -> list[Family]:
     """Every family of one scrape. `readings`: read_gpu's per GPU, or None when NVML did not answer;
     `xids`: rigside.xid.XidCounts.snapshot() ({GPU: (count, last Xid)} of the GPUs watched);
     `keeper_state`: the keeper's state file; `watchdog_states`: {model: its state file};
     `verifications`: {model: the last verification's summary (verification_summary)};
-    `model_gpus`: {model: its GPU indexes}."""
+    `model_gpus`: {model: its GPU indexes}; `starts`: {model: its last proven start (rigside.startup's table)}."""
     families = {name: Family(name, kind, text) for name, (kind, text) in METRICS.items()}
 
     def add(name, labels, value):
@@ -220,6 +224,17 @@ def build(readings: list[dict] | None, policy: dict[int, dict], keeper_state: di
         if isinstance(summary.get("passed"), bool):
             add("rigkit_verify_passed", labels, int(summary["passed"]))
         add("rigkit_verify_timestamp_seconds", labels, _iso_seconds(summary.get("time")))
+
+    for model, start in sorted((starts or {}).items()):
+        labels = {"model": model}
+        add("rigkit_model_start_seconds", labels, _num(start.get("total_s")))
+        add("rigkit_model_start_timestamp_seconds", labels, _num(start.get("started_at")))
+        for phase in start.get("phases") or []:
+            if isinstance(phase, dict) and isinstance(phase.get("phase"), str):
+                add("rigkit_model_start_phase_seconds", {"model": model, "phase": phase["phase"]}, _num(phase.get("s")))
+        cache = (start.get("compile_cache") or {}).get("cache")
+        if cache in ("hit", "miss"):
+            add("rigkit_model_start_compile_cache_hit", labels, int(cache == "hit"))
 
     for model, gpus in sorted(model_gpus.items()):
         for index in gpus:

@@ -131,6 +131,11 @@ def volume_name(model) -> str:
     return model.spec.weights.volume or f"{PROJECT_PREFIX}weights-{model.name}"
 
 
+def compile_cache_volume(model) -> str:
+    """The Docker volume that keeps the model's compiled graphs (vLLM's cache root) across its containers."""
+    return f"{PROJECT_PREFIX}compile-cache-{model.name}"
+
+
 def weights_helper_name(model, side: str = "helper") -> str:
     """The container of a model's weights copier: "helper" (a copy from a folder), or a relay's side
     ("manifest", "send", "receive", "verify"). One of each at a time: a new one replaces it."""

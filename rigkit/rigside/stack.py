@@ -22,6 +22,9 @@ FAILED_COMPOSE_FILE = "compose.failed.yml"  # the last wanted config that did no
 # The candidate held un-promoted for the rollout gate: `rollout NAME gate` writes the SHA-256 of its wanted
 # files there; promote or rollback removes it
 GATE_PENDING_FILE = "gate.pending"
+# Where the last start rigkit-stack proved spent its time (rigside.startup's table, JSON): read by `rigkit
+# status` and the exporter
+STARTUP_FILE = "startup.json"
 STACK_FILES = (PROVEN_COMPOSE_FILE, WANTED_COMPOSE_FILE, PROVEN_SETTINGS_FILE, WANTED_SETTINGS_FILE,
                FAILED_COMPOSE_FILE)  # what `rigkit status` compares (besides the gate's mark)
 
@@ -156,3 +159,17 @@ def parse_command(args) -> StackCommand:
 def said_lines(lines) -> list:
     """What rigkit-stack said (its SAID_PREFIX lines, the prefix off), in order, from its output's lines."""
     return [line.split(SAID_PREFIX, 1)[1].strip() for line in lines if SAID_PREFIX in line]
+
+
+START_TABLE = "start of "  # the first line of a start's table (rigside.startup.table); its rows are indented
+
+
+def start_tables(lines) -> list[str]:
+    """The startup tables rigkit-stack said (rigside.startup.table), indentation kept, from its output's lines."""
+    said = [line.split(SAID_PREFIX, 1)[1][1:].rstrip() for line in lines if SAID_PREFIX in line]
+    tables, inside = [], False
+    for line in said:
+        inside = line.startswith(START_TABLE) or (inside and line.startswith("  "))
+        if inside:
+            tables.append(line)
+    return tables

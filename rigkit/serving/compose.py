@@ -10,7 +10,7 @@ import re
 from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
 from rigkit.plumbing.render import render
-from rigkit.rigside.names import ACCEPTED_KEYS_ENV, SECRETS_ENV_FILE, project_name, served_name, volume_name
+from rigkit.rigside.names import ACCEPTED_KEYS_ENV, SECRETS_ENV_FILE, compile_cache_volume, project_name, served_name, volume_name
 
 MODELS_MOUNT = "/models"
 
@@ -86,6 +86,8 @@ def comment_text(text: str) -> str:
 NODE_LOCAL_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
 
 
+COMPILE_CACHE_PATH = "/var/cache/rigkit-vllm"  # VLLM_CACHE_ROOT in the container, whoever vLLM runs as
+
 # vLLM wants a config file's name to end in .yaml; Compose copies the secret to /run/secrets/<target>.
 ACCEPTED_KEYS_SECRET = "vllm-api-keys.yaml"
 
@@ -105,14 +107,18 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
     spec = model.spec
     # Published (Windows): the container has a network of its own, where nothing but the port is reached.
     node_local = {} if publish else NODE_LOCAL_ENV
-    environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), **node_local, **(topology_env or {}),
-                   **spec.env}
+    environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), "VLLM_CACHE_ROOT": COMPILE_CACHE_PATH,
+                   **node_local, **(topology_env or {}), **spec.env}
     if spec.weights.storage == "volume":
         mount = {"type": "volume", "source": "weights", "target": container_model_path(model), "read_only": True}
         volumes = {"weights": {"external": True, "name": volume_name(model)}}
     else:
         mount = {"type": "bind", "source": spec.weights.source, "target": container_model_path(model), "read_only": True}
         volumes = {}
+    # vLLM's cache (compiled graphs, keyed by vLLM itself) outlives the container: a redeploy, a rollback, a
+    # reboot start warm where vLLM can load what it compiled (docs/serving.md, "Time to ready").
+    volumes["compile_cache"] = {"name": compile_cache_volume(model)}
+    cache = {"type": "volume", "source": "compile_cache", "target": COMPILE_CACHE_PATH}
     return render(
         "serving/compose.yml.j2",
         model_file=comment_text(str(model.file)),
@@ -129,7 +135,7 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         # the container, readable by root only: a file secret would be a bind mount of the rig's disk.
         secrets={"vllm_api_keys": {"environment": ACCEPTED_KEYS_ENV}} if accepted_keys else {},
         secret_mounts=[{"source": "vllm_api_keys", "target": ACCEPTED_KEYS_SECRET, "mode": 0o400}] if accepted_keys else [],
-        mounts=[mount],
+        mounts=[mount, cache],
         volumes=volumes,
         device_ids=[str(i) for i in spec.gpus],
         memory_limit=f"{spec.memory_limit_gb}g" if spec.memory_limit_gb else None,

@@ -245,6 +245,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             "image_id": containers[0].get("image_id") if containers else None,
             "catalog_image_id": catalog_image.get("id"), "repo_digests": catalog_image.get("repo_digests", []),
             "compose_as_rendered": compose_as_rendered, "gate": gate,
+            "last_start": _last_start(found.get("startup")),
         }
         doc["stacks"].append(entry)
         if not found.get("deployed"):
@@ -291,6 +292,18 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
     for name in probe.get("stacks_on_rig", []):
         if name not in wanted_names:
             drift(f"stack {name}", "on the rig", "absent (not in the rig file)", commands.deploy)
+
+
+def _last_start(start) -> dict | None:
+    """The running container's start, for the table: its time, to which phase, its slowest phase, the compile
+    cache, and whether rigkit proved it (rigkit-stack's table, with the first token) or read it from the log."""
+    if not isinstance(start, dict) or not isinstance(start.get("total_s"), (int, float)):
+        return None
+    phases = [p for p in start.get("phases") or [] if isinstance(p, dict) and isinstance(p.get("s"), (int, float))]
+    slowest = max(phases, key=lambda p: p["s"], default=None)
+    return {"total_s": start["total_s"], "to": start.get("to"), "proven_by": start.get("proven_by"),
+            "slowest": slowest, "phases": phases, "compile_cache": start.get("compile_cache"),
+            "started_at": start.get("started_at")}
 
 
 def _weights_after_start(rig, weights, stacks, commands, drift):

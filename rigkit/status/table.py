@@ -21,6 +21,18 @@ def _watts(value) -> str:
     return "-" if value is None else f"{value:.0f} W"
 
 
+def _start(start) -> str:
+    """A start in a cell: its time to the first token (or to the API, where rigkit did not prove it), its
+    slowest phase, and the compile cache's verdict."""
+    if not start:
+        return "-"
+    cache = (start.get("compile_cache") or {}).get("cache")
+    slowest = start.get("slowest") or {}
+    return (f"{start['total_s']:.0f} s" + ("" if start.get("proven_by") else " to API")
+            + (f", {slowest['phase'].split(',')[0]} {slowest['s']:.0f} s" if slowest else "")
+            + (f", cache {cache}" if cache in ("hit", "miss") else ""))
+
+
 def status_table(doc: dict) -> str:
     verdict = "OK" if doc.get("ok") else "UNREACHABLE" if not doc.get("reachable") else (
         f"DRIFT ({len(doc['drift'])}), FAILED ({len(doc['failures'])})")
@@ -38,10 +50,10 @@ def status_table(doc: dict) -> str:
         lines.append(f"{unit['unit']}: {unit['enabled']}, {unit['active']} ({unit['result']}), "
                      f"{'ran' if unit['ran_this_boot'] else 'did NOT run'} this boot; last: {last}")
     if doc.get("stacks"):
-        lines += _rows(["stack", "running", "restarts", "watchdog/h", "ready", "image", "compose"],
+        lines += _rows(["stack", "running", "restarts", "watchdog/h", "ready", "last start", "image", "compose"],
                        [[s["model"], {True: "yes", False: "NO"}.get(s["running"], "?"), s["restarts_since_deploy"],
                          s["watchdog_restarts_last_hour"] if s["watchdog_restarts_last_hour"] is not None else "-",
-                         f"yes {s['ready_s']:.2f} s" if s["ready"] else "NO",
+                         f"yes {s['ready_s']:.2f} s" if s["ready"] else "NO", _start(s.get("last_start")),
                          f"{s['image']} {(s['image_id'] or '')[:19]}",
                          "as rendered" if s["compose_as_rendered"] else {"held": "HELD for the gate",
                          "refused": "REFUSED, old serves"}.get(s.get("gate"), "DIFFERS")] for s in doc["stacks"]])

@@ -9,7 +9,7 @@ python3-prometheus-client and pynvml (the rig's nvidia-ml-py, else the copy rigk
 Every scrape reads NVML (per GPU: power, requested/enforced/default limits, SM and memory clocks,
 temperature, clock event reasons, the energy counter, ECC counts where NVML has them) and rigkit's
 own files: the GPU policy (configured caps and locks), the keeper's state (repairs by cause), the
-watchdog's state per model (restarts), the last verification per model. Names and the metric set:
+watchdog's state per model (restarts), the last verification per model, the last proven start per model. Names and the metric set:
 the rig-side runtime's rigside.metrics (DCGM's names where DCGM has the metric). Nothing is read
 between scrapes (the cost follows the scrape interval), except Xid errors: NVML delivers them only
 as events, which a thread waits for in bounded waits and counts (rigside.xid).
@@ -40,6 +40,7 @@ sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 from rigside import atomic, keyfile, metrics, names, xid  # noqa: E402
 from rigside.sdnotify import notify  # noqa: E402
+from rigside.stack import STARTUP_FILE  # noqa: E402
 
 try:
     from prometheus_client import REGISTRY, make_wsgi_app
@@ -117,21 +118,24 @@ class RigCollector:
         except OSError:
             policy = {}
         keeper = atomic.read_json(s["keeper_state_path"])
-        watchdog, verified = {}, {}
+        watchdog, verified, starts = {}, {}, {}
         for model in s["models"]:
+            start = atomic.read_json(os.path.join(s["stacks_dir"], model, STARTUP_FILE))
+            if isinstance(start, dict):
+                starts[model] = start
             state = atomic.read_json(os.path.join(s["watchdog_state_dir"], f"{model}.json"))
             if isinstance(state, dict):
                 watchdog[model] = state
             summary = atomic.read_json(os.path.join(s["verify_summary_dir"], f"{model}.json"))
             if isinstance(summary, dict):
                 verified[model] = summary
-        return policy, keeper if isinstance(keeper, dict) else None, watchdog, verified
+        return policy, keeper if isinstance(keeper, dict) else None, watchdog, verified, starts
 
     def collect(self):
         readings = self.gpu_readings()
-        policy, keeper, watchdog, verified = self.read_files()
+        policy, keeper, watchdog, verified, starts = self.read_files()
         families = metrics.build(readings, policy, keeper, watchdog, verified, self.settings["models"], time.time(),
-                                 self.xids.snapshot())
+                                 self.xids.snapshot(), starts)
         yield from metrics.to_prometheus(families, core)
 
 

@@ -33,9 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 try:
-    from rigside import atomic, keyfile
+    from rigside import atomic, keyfile, startup
     from rigside.probe import NoAnswer, one_token
-    from rigside.stack import GATE_PENDING_FILE, PROVEN_SETTINGS_FILE, STACK_FILES, is_sha256
+    from rigside.stack import GATE_PENDING_FILE, PROVEN_SETTINGS_FILE, STACK_FILES, STARTUP_FILE, is_sha256
 except ImportError as exc:  # a rig rigkit has not deployed yet
     print(json.dumps({"error": f"rigkit's rig-side runtime is not on this rig ({exc}): deploy the rig first"}))
     sys.exit(0)
@@ -161,7 +161,33 @@ def stack(args, model):
     served = (settings or {}).get("served_model_name", model["served_model_name"])
     found["ready"] = ready(port, served, keyfile.api_key(settings), args["deadline_s"])
     found["ready"]["port"] = port
+    found["startup"] = last_start(folder, found["containers"] or [])
     return found
+
+
+START_READ_S = 1800  # a start's log is read this far from the container's start: past any ready timeout
+
+
+def last_start(folder, containers):
+    """The running container's start: rigkit-stack's table when it proved that start (with its first token),
+    else one read now from the container's log (a start by the rig's boot, the watchdog or Docker's policy:
+    no first token measured). None when no single container runs or its log cannot be read."""
+    running = [c for c in containers if c.get("running")]
+    if len(running) != 1 or not running[0].get("started_at"):
+        return None
+    try:
+        started_at = startup.stamp(running[0]["started_at"])
+    except ValueError:
+        return None
+    kept = load_json(os.path.join(folder, STARTUP_FILE))
+    if isinstance(kept, dict) and abs((kept.get("started_at") or 0) - started_at) < 1:
+        return {**kept, "proven_by": "rigkit-stack"}
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at + START_READ_S))
+    code, out, err = run("docker", "logs", "--timestamps", "--since", running[0]["started_at"], "--until", until,
+                         running[0]["name"])
+    if code != 0:
+        return None
+    return {**startup.startup(out + err, started_at), "proven_by": None}
 
 
 def volume(name):

@@ -28,6 +28,9 @@ What it fakes, and the traps it reproduces:
   drawn from STANDIN_SEED's generator; default 0.006 with STANDIN_GPU_DIR, 0 (exact rates) without.
 - STANDIN_PROMPT_INFLATION: usage.prompt_tokens reports that many times the real
   prompt length (a server whose token count disagrees with the request).
+- Start-up: the lines vLLM's GPU build logs as it starts (engine, weights, compile, init engine), STANDIN_LOAD_S
+  (0.5) loading; with STANDIN_COMPILE_S it compiles its graphs as vLLM keeps them under VLLM_CACHE_ROOT (_compile):
+  a key not found there costs that time, a key found a tenth of it.
 - Faults (STANDIN_FAULT, several may be given comma-separated): `fail_at_start` exits
   with an error at start; `hang` loads, answers /health with 200, and never produces a
   token; `slow_load` takes STANDIN_SLOW_LOAD_S (default 30) to load;
@@ -765,6 +768,43 @@ def _shutdown(signum, frame):
     os._exit(0)
 
 
+def _log(process: str, where: str, text: str) -> None:
+    """A line as vLLM logs it: "(Worker pid=N) INFO MM-DD HH:MM:SS [file.py:line] text"."""
+    print(f"({process} pid={os.getpid()}) INFO {time.strftime('%m-%d %H:%M:%S')} [{where}] {text}", flush=True)
+
+
+def _compile(args) -> None:
+    """vLLM's GPU build compiling its graphs, as the stand-in models it (STANDIN_COMPILE_S set, no
+    --enforce-eager): the graphs are keyed on what changes them (the model's config.json and the flags that
+    shape the graph), kept under VLLM_CACHE_ROOT as vLLM keeps them; a key found there loads in a tenth of
+    the compile time (a populated cache cut a boot from 79 to 48 s, vllm#49782), a new one compiles in
+    STANDIN_COMPILE_S and is kept. The lines are vLLM 0.32's (compilation/backends.py and monitor.py)."""
+    compile_s = os.environ.get("STANDIN_COMPILE_S")
+    if not compile_s or args.enforce_eager:
+        return
+    with open(os.path.join(args.model, "config.json"), "rb") as f:
+        config = f.read()
+    shape = json.dumps([args.dtype, args.max_model_len, args.quantization, args.kv_cache_dtype,
+                        args.tensor_parallel_size, args.pipeline_parallel_size, args.speculative_config])
+    key = hashlib.sha256(config + shape.encode()).hexdigest()[:10]
+    root = os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT", "~/.cache/vllm"))
+    folder = os.path.join(root, "torch_compile_cache", key, "rank_0_0", "backbone")
+    started = time.monotonic()
+    if os.path.isfile(os.path.join(folder, "graph")):
+        time.sleep(float(compile_s) / 10)
+        _log("Worker", "backends.py:296", f"[backbone] Directly load the compiled graph(s) for compile range (1, 8192) "
+             f"from the cache, took {time.monotonic() - started:.3f} s")
+    else:
+        time.sleep(float(compile_s))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "graph"), "w") as f:
+            f.write(shape)
+        _log("Worker", "backends.py:399", f"[backbone] Compiling a graph for compile range (1, 8192) takes "
+             f"{time.monotonic() - started:.2f} s")
+    _log("Worker", "monitor.py:62", f"[backbone] torch.compile took {time.monotonic() - started:.2f} s in total "
+         f"(cache {folder})")
+
+
 def main(argv=None):
     global ENGINE
     signal.signal(signal.SIGTERM, _shutdown)
@@ -778,7 +818,14 @@ def main(argv=None):
         print("ERROR: RuntimeError: CUDA error: out of memory (stand-in fault: fail_at_start)", flush=True)
         sys.exit(1)
     load_s = float(os.environ.get("STANDIN_SLOW_LOAD_S", "30")) if "slow_load" in fault else float(os.environ.get("STANDIN_LOAD_S", "0.5"))
+    started = time.monotonic()
+    _log("EngineCore", "core.py:133", f"Initializing a V1 LLM engine (v0.32.0) with config: model='{args.model}'")
+    _log("Worker", "gpu_model_runner.py:4900", f"Starting to load model {args.model}...")
     time.sleep(load_s)
+    _log("Worker", "default_loader.py:502", f"Loading weights took {load_s:.2f} seconds")
+    _compile(args)
+    _log("EngineCore", "core.py:402", f"init engine (profile, create kv cache, warmup model) took "
+         f"{time.monotonic() - started:.2f} seconds")
     ENGINE = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
