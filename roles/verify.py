@@ -177,6 +177,8 @@ def _save_and_judge(rig: RigConfig, model: ModelConfig, folder: Path, result: Ve
                     fail: bool = True) -> Path:
     from rigkit.verify.result import save_result
 
+    if rig.spec.os == "linux":  # rigkit-stack's rigs
+        result = _with_start(model, result)
     path = save_result(folder, result)
     from rigkit.verify.chart import (
         draw,  # matplotlib costs ~0.35 s to import: only when a chart is drawn
@@ -190,6 +192,35 @@ def _save_and_judge(rig: RigConfig, model: ModelConfig, folder: Path, result: Ve
         failed = "; ".join(f"{c.name}: {c.message}" for c in result.failed_checks)
         raise OperationError(f"verification of {model.name} failed: {failed} (details: {path})")
     return path
+
+
+def _with_start(model: ModelConfig, result: VerificationResult) -> VerificationResult:
+    """The result with the start it follows: the table rigkit-stack kept for the model's last proven start,
+    when that start came after the earlier verification, judged against the catalog's ready_budget_s."""
+    from rigkit.verify.checks import check_time_to_ready
+
+    ok, output = host.run_shell_command(command=f"cat {shlex.quote(stack.stack_file(model.name, stack.STARTUP_FILE))}",
+                                        _timeout=COMMAND_TIMEOUT_S)
+    try:
+        start = json.loads("\n".join(output.stdout_lines)) if ok else None
+    except ValueError:
+        start = None
+    earlier = (result.previous or {}).get("time")
+    if not isinstance(start, dict) or (earlier and _iso_epoch(earlier) >= (start.get("started_at") or 0)):
+        return result
+    checks = list(result.checks)
+    if model.spec.ready_budget_s is not None:
+        checks.append(check_time_to_ready(start, model.spec.ready_budget_s))
+    return replace(result, startup=start, checks=checks)
+
+
+def _iso_epoch(text: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _gate_model(rig: RigConfig, model: ModelConfig, results_dir: Path, accept_slower: bool, gated: set,

@@ -55,3 +55,14 @@ def test_a_miss_names_the_flags_and_the_image_that_changed_since_the_last_start(
     assert changed_inputs(before, now) == ["--enforce-eager (unset) -> (set)", "--max-model-len 4096 -> 8192"]
     assert changed_inputs(before, {**before, "image": "sha256:bbb"}) == ["the image (sha256:aaa -> sha256:bbb)"]
     assert changed_inputs(before, before) == [] and changed_inputs(None, now) == []
+
+
+def test_a_start_is_judged_against_its_budget_by_its_total_and_named_by_its_slowest_phase():
+    from rigkit.verify.checks import check_time_to_ready
+
+    start = startup(COLD, COLD_STARTED, ready_at=COLD_STARTED + 52.0)
+    over, within = check_time_to_ready(start, 40), check_time_to_ready(start, 60)
+    assert not over.passed and over.message == ("52.0 s from the container's start to first token (rigkit's readiness "
+                                                "completion), over the budget of 40 s; slowest phase: compile 24.5 s")
+    assert within.passed and "within the budget of 60 s" in within.message
+    assert not check_time_to_ready({}, 1).passed

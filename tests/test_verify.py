@@ -51,6 +51,9 @@ def test_deploy_ends_with_verification_of_both_models(rig):
         assert {f"gpu{gpu}_clock_lock", f"gpu{gpu}_enforced_power_limit", f"gpu{gpu}_power_under_load"} <= names
         assert result["gpus"][0]["max_sm_mhz"] == 2190
         assert result["figures"]["joules_per_token"] > 0
+        # The start this verification followed, as rigkit-stack cut it; no budget in the catalog, no check of it.
+        assert result["startup"]["to"] == "first token (rigkit's readiness completion)", result["startup"]
+        assert "time_to_ready" not in names
     alpha = json.loads(runs("test-alpha")[0].read_text())
     assert alpha["bench"]["decode_tok_s"] == pytest.approx(100, rel=0.02)
     assert alpha["bench"]["acceptance_length"] == pytest.approx(2.4, rel=0.05)
@@ -149,3 +152,18 @@ def test_a_slower_config_accepted_past_the_gate_is_recorded_and_flagged_as_a_reg
     assert latest["previous"]["figures"]["decode_tok_s"] == pytest.approx(60, rel=0.02)
     assert "REGRESSION decode_tok_s" in run.output
     assert '"STANDIN_DECODE_TOK_S": "51"' in rig.exec("cat /etc/rigkit/stacks/test-beta/compose.yml")[1]  # promoted
+
+
+def test_a_start_over_its_ready_budget_fails_time_to_ready_naming_the_slow_phase(rig, tmp_path):
+    """The catalog's ready_budget_s against the start the deploy caused: weights that take 2 s to load (the
+    stand-in's STANDIN_LOAD_S) in a budget of 1 s. The config is as fast as the proven one, so the gate
+    promotes it; its verification keeps the start and fails the budget's check, naming the phase."""
+    folder = copy_catalog(tmp_path, test_alpha=[("env:\n", 'env:\n  STANDIN_LOAD_S: "2"\n'),
+                                                ("ready_timeout_s: 30\n", "ready_timeout_s: 30\nready_budget_s: 1\n")])
+    run = run_deploy(rig, SERVING_RIG, catalog=folder)
+    assert run.returncode == 0, run.output[-4000:]
+    latest = json.loads(runs("test-alpha")[-1].read_text())
+    [check] = [c for c in latest["checks"] if c["name"] == "time_to_ready"]
+    assert not check["passed"] and "over the budget of 1 s; slowest phase: weights load 2." in check["message"], check
+    assert latest["startup"]["compile_cache"]["cache"] == "none"
+    assert run_deploy(rig, SERVING_RIG).returncode == 0

@@ -459,6 +459,9 @@ class ModelSpec(_Strict):
     # At least 10 s: less is no start at all (vLLM's API server alone takes seconds); a tiny model on a fast rig
     # (and the simulated rig's hang tests) may want a short one, a big one minutes.
     ready_timeout_s: int = Field(default=900, ge=10, le=7200)
+    # Optional: the time a start may take from its container's start to its first token. A start over it is a
+    # failed check (time_to_ready) in the verification that follows it, naming its slowest phase.
+    ready_budget_s: float | None = Field(default=None, gt=0, le=7200)
     # The container's memory limit in GiB (Compose `deploy.resources.limits.memory`): host RAM a model may take
     # (vLLM's CPU-side buffers, a CPU build's KV cache) before the kernel stops it, not the rig. None: no limit.
     memory_limit_gb: int | None = Field(default=None, ge=1, le=4096)

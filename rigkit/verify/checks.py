@@ -36,6 +36,19 @@ class GpuLoad:
     duration_s: float
 
 
+def check_time_to_ready(start: dict, budget_s: float) -> Check:
+    """A start (rigkit.rigside.startup's table) against the catalog's ready_budget_s, naming its slowest phase."""
+    phases = [p for p in start.get("phases") or [] if isinstance(p, dict) and isinstance(p.get("s"), (int, float))]
+    total = start.get("total_s")
+    if not isinstance(total, (int, float)) or not phases:
+        return Check("time_to_ready", False, "the start's table has no phases: its time cannot be judged")
+    slowest = max(phases, key=lambda p: p["s"])
+    ok = total <= budget_s
+    return Check("time_to_ready", ok, f"{total:.1f} s from the container's start to {start.get('to')}, "
+                 f"{'within' if ok else 'over'} the budget of {budget_s:g} s; slowest phase: {slowest['phase']} "
+                 f"{slowest['s']:.1f} s")
+
+
 def _numbers(values):
     return [v for v in values if v is not None]
 

@@ -76,6 +76,8 @@ class VerificationResult:
     # Saved for a config the gate measured GATE_RUNS times (the promoted candidate, the restored config): those
     # runs' mean, CV and each (rigkit.verify.gate_record.run_summary), so the next gate knows this result's noise.
     runs: dict | None = None
+    # The start this verification followed (rigkit.rigside.startup's table, as rigkit-stack kept it), if any.
+    startup: dict | None = None
 
     @property
     def passed(self) -> bool:
