@@ -66,3 +66,19 @@ def test_a_start_is_judged_against_its_budget_by_its_total_and_named_by_its_slow
                                                 "completion), over the budget of 40 s; slowest phase: compile 24.5 s")
     assert within.passed and "within the budget of 60 s" in within.message
     assert not check_time_to_ready({}, 1).passed
+
+
+def test_the_wait_for_rigkits_next_probe_is_its_own_phase_and_never_the_slowest():
+    """rigkit's readiness probe pauses up to 2 s between tries: the time from the API's line to the probe
+    that got the first token is rigkit's, not the engine's."""
+    from rigkit.rigside.startup import POLL_WAIT
+    from rigkit.verify.checks import check_time_to_ready
+
+    log = "\n".join(f"2026-12-04T10:00:{s:02d}Z {text}" for s, text in (
+        (1, "INFO vllm-standin: serving /m"), (1, "Starting to load model /m..."), (3, "Loading weights took 2.00 seconds"),
+        (3, "INFO: Application startup complete.")))
+    start = startup(log, stamp("2026-12-04T10:00:00Z"), ready_at=stamp("2026-12-04T10:00:06.5Z"),
+                    asked_at=stamp("2026-12-04T10:00:06Z"))
+    assert [(p["phase"], p["s"]) for p in start["phases"]][-2:] == [(POLL_WAIT, 3.0), (FIRST_TOKEN, 0.5)]
+    assert start["total_s"] == 6.5
+    assert "slowest phase: weights load 2.0 s" in check_time_to_ready(start, 1).message

@@ -28,6 +28,9 @@ MARKS = (
     ("API up", re.compile(r"Application startup complete")),
 )
 FIRST_TOKEN = "first token (rigkit's readiness completion)"
+# Between the API's line and the probe that got the first token: rigkit's poll had not asked yet (its
+# pauses grow to 2 s). Counted in the total, never the slowest phase: it is not the engine's time.
+POLL_WAIT = "waiting for rigkit's next readiness probe"
 # What vLLM says a step took, in its own words.
 OWN_FIGURES = (
     ("weights load", re.compile(r"Loading weights took ([\d.]+) s")),
@@ -67,9 +70,10 @@ def read_lines(log: str, started_at: float) -> list[tuple[float, str]]:
     return sorted(lines, key=lambda line: line[0])  # stdout's and stderr's lines, read apart, in time order
 
 
-def startup(log: str, started_at: float, ready_at: float | None = None) -> dict:
+def startup(log: str, started_at: float, ready_at: float | None = None, asked_at: float | None = None) -> dict:
     """The table of one start: `log` from `docker logs --timestamps`, `started_at` the container's
-    State.StartedAt (seconds), `ready_at` when rigkit's first completion answered (None: not measured)."""
+    State.StartedAt (seconds), `ready_at` when rigkit's first completion answered (None: not measured) and
+    `asked_at` when that request was sent."""
     lines = read_lines(log, started_at)
     found = []
     for phase, pattern in MARKS:
@@ -77,8 +81,11 @@ def startup(log: str, started_at: float, ready_at: float | None = None) -> dict:
         if at is not None:
             found.append((at, phase))
     if ready_at is not None:
+        api_up = max((at for at, _ in found), default=started_at)
+        if asked_at is not None and asked_at > api_up:
+            found.append((asked_at, POLL_WAIT))
         found.append((ready_at, FIRST_TOKEN))
-    found.sort()
+    found.sort(key=lambda mark: mark[0])  # by time only: lines of one instant stay in MARKS' order
     phases, previous = [], started_at
     for at, phase in found:
         phases.append({"phase": phase, "s": round(max(at - previous, 0.0), 3)})
