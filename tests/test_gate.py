@@ -55,7 +55,7 @@ def test_the_noise_widening_stops_at_half_so_a_config_without_its_drafter_is_ref
     # noisy runs: 3x a CV of 5% allows 15%; a 10% drop inside that noise is not called a regression
     (runs(decode=(85.0, 90.0, 95.0)), True, [], "widened from 10%: 3x the runs' CV of 5.6%"),
     (runs(decode=(60.0, 65.0, 70.0)), False, ["decode"], "35.0% slower; 23.1% allowed (widened from 10%"),
-    (runs(ttft=(0.58, 0.57, 0.59)), False, ["ttft"], "proven 0.500 s, candidate 0.580 s (mean of 3): 16.0% longer"),
+    (runs(ttft=(0.58, 0.57, 0.59)), False, ["ttft"], "proven 0.500 s, candidate 0.580 s (median of 3): 16.0% longer"),
     (runs(ttft=(0.51, 0.52, 0.50)), True, [], "2.0% longer"),
     (runs(acceptance=1.0, decode=(33.0, 33.3, 33.6)), False, ["decode", "acceptance"], "1.40 -> 0.00 (0% of"),
     (runs(acceptance=2.0), True, [], "1.40 -> 1.00 (71% of the proven"),
@@ -330,3 +330,22 @@ def test_no_second_look_for_a_plain_regression_or_a_failure_a_start_cannot_expla
 def test_a_second_look_is_asked_for_once():
     verdict = decide(PROVEN, runs(decode=(88.0, 88.5, 88.2)) * 2, starts=2)
     assert not verdict.promote and not verdict.second_look
+
+
+def test_one_stalled_run_does_not_decide_ttft_a_second_start_does():
+    """Measured on vLLM 0.32's CPU build in a fresh clone: a config restored after a rollback read TTFT runs of
+    0.19, 0.12 and 0.98 s against a proven 0.197, 0.108 and 0.095 s (the first run after a start is the
+    slowest every time). Their means (0.432 against 0.133 s) failed it outright; their medians ask for a
+    second start, whose runs decide."""
+    saved = {"figures": {"decode_tok_s": 1325.0, "ttft_s": 0.108}, "passed": True, "bench": {},
+             "runs": {"decode_tok_s": {"mean": 1325.0, "cv": 0.026, "runs": [1293.7, 1319.2, 1362.3]},
+                      "ttft_s": {"mean": 0.133, "cv": 0.416, "runs": [0.197, 0.108, 0.095]}}}
+    proven = from_result(saved)
+    assert proven.ttft_s == 0.108  # the median of its runs
+    first = runs(decode=(1129.9, 1131.0, 1128.8), ttft=(0.192, 0.121, 0.984), acceptance=None)
+    verdict = decide(proven, first)
+    [ttft] = [c for c in verdict.checks if c.name == "ttft"]
+    assert not ttft.passed and "candidate 0.192 s (median of 3)" in ttft.message, ttft.message
+    assert verdict.second_look, verdict.reason
+    second = runs(decode=(1300.0, 1310.0, 1290.0), ttft=(0.188, 0.123, 0.106), acceptance=None)
+    assert decide(proven, [*first, *second], starts=2).promote

@@ -16,7 +16,9 @@ Refused when any of these fails (each is a `Check`, all reported at once):
 - drift: the candidate's mean decode is ALLOWANCE (or the noise allowance above) or more below the
   anchor's, the proven result that last set the line (rigkit.verify.gate_record.anchor_result): each
   step of 100 -> 98 -> 95 -> 93 -> 85 tok/s is under 10% from the last, the last is 15% from 100;
-- ttft: the mean time to first token is that allowance (from the TTFT runs' own CV) or more above;
+- ttft: the median time to first token is that allowance (from the TTFT runs' own CV) or more above. The
+  median, not the mean: one stall of a loaded machine in one run moves a mean of three (a restored config's
+  runs of 0.19, 0.12 and 0.98 s read 3.2x the proven 0.133 s and failed its verification after a rollback);
 - acceptance: with drafting, accepted tokens per draft (mean acceptance length - 1) fell below
   ACCEPTANCE_COLLAPSE (half) of the proven one's: a drafter run in the wrong dtype accepts
   nothing and says nothing;
@@ -86,13 +88,19 @@ def from_result(document: dict) -> RunFigures:
         value = (runs.get(name) or {}).get(key) if isinstance(runs.get(name), dict) else None
         return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
+    def median(name: str, single):
+        """The runs' median where the result records them (TTFT: see the module's docstring), else `mean`'s."""
+        values = (runs.get(name) or {}).get("runs") if isinstance(runs.get(name), dict) else None
+        values = [v for v in values or [] if isinstance(v, (int, float)) and v >= 0]
+        return statistics.median(values) if values else mean(name, single)
+
     def mean(name: str, single):
         """The runs' mean where the result records its runs (a gate's; a verification the gate saved), else
         the one run's figure: a middle run alone is a sample of the same noise."""
         value = stat(name, "mean")
         return single if value is None else value
     return RunFigures(
-        decode_tok_s=mean("decode_tok_s", figures.get("decode_tok_s")), ttft_s=mean("ttft_s", figures.get("ttft_s")),
+        decode_tok_s=mean("decode_tok_s", figures.get("decode_tok_s")), ttft_s=median("ttft_s", figures.get("ttft_s")),
         acceptance_length=bench.get("acceptance_length"), passed=bool(document.get("passed")),
         failed_checks=tuple(c.get("name", "?") for c in document.get("checks", []) if not c.get("passed")),
         gpu_power_w={g["index"]: g["mean_power_under_load_w"] for g in document.get("gpus", [])
@@ -166,7 +174,7 @@ def decide(proven: RunFigures | None, candidates: Sequence[RunFigures], caps_w: 
                          higher_is_better=True, old_cv=anchor.decode_cv, reference="anchor", shortfalls=shortfalls)
         checks.append(Check("drift", drift.passed, f"against the anchor ({anchor_label}): {drift.message}"))
     checks.append(_compare("ttft", "TTFT", proven.ttft_s, [r.ttft_s for r in candidates], "s", higher_is_better=False,
-                           old_cv=proven.ttft_cv, shortfalls=shortfalls))
+                           old_cv=proven.ttft_cv, shortfalls=shortfalls, center=statistics.median))
     acceptance = _acceptance(proven.acceptance_length, [r.acceptance_length for r in candidates])
     if acceptance:
         checks.append(acceptance)
@@ -196,7 +204,7 @@ def _established(check: Check, runs: Sequence[RunFigures]) -> Check:
 
 def _compare(name: str, label: str, old: float | None, runs: list[float | None], unit: str,
              higher_is_better: bool, old_cv: float | None = None, reference: str = "proven",
-             shortfalls: dict[str, float] | None = None) -> Check:
+             shortfalls: dict[str, float] | None = None, center=statistics.fmean) -> Check:
     """`reference`: what `old` is, in the message (the proven result, or the anchor); `shortfalls`: where
     the share by which the candidate is worse, over the allowance, is recorded under `name`."""
     values = [v for v in runs if v is not None]
@@ -204,7 +212,7 @@ def _compare(name: str, label: str, old: float | None, runs: list[float | None],
         return Check(name, True, f"the {reference} result has no {label}: not compared")
     if len(values) < len(runs) or not values:
         return Check(name, False, f"{len(runs) - len(values)} of {len(runs)} candidate run(s) measured no {label}")
-    new = statistics.fmean(values)
+    new = center(values)
     allowed, cv = allowance(values)
     if old_cv:  # both means are noisy: the noise of their difference
         allowed = min(MAX_ALLOWANCE, max(allowed, NOISE_FACTOR * (cv ** 2 + old_cv ** 2) ** 0.5))
@@ -217,7 +225,7 @@ def _compare(name: str, label: str, old: float | None, runs: list[float | None],
                                        if allowed > ALLOWANCE else f" (runs' CV {cv:.1%})")
     word = ("slower" if higher_is_better else "longer") if worse >= 0 else ("faster" if higher_is_better else "shorter")
     digits = ".1f" if unit == "tok/s" else ".3f"
-    detail = (f"{reference} {old:{digits}} {unit}, candidate {new:{digits}} {unit} (mean of {len(values)}): "
+    detail = (f"{reference} {old:{digits}} {unit}, candidate {new:{digits}} {unit} ({'median' if center is statistics.median else 'mean'} of {len(values)}): "
               f"{abs(worse):.1%} {word}; {why}")
     return Check(name, worse < allowed - 1e-9, detail)
 
