@@ -109,6 +109,13 @@ def startup(log: str, started_at: float, ready_at: float | None = None, asked_at
     }
 
 
+def slowest_phase(phases: list) -> dict | None:
+    """The engine's slowest phase of a start's table (never POLL_WAIT, rigkit's own wait); None without one."""
+    timed = [p for p in phases if isinstance(p, dict) and isinstance(p.get("s"), (int, float))
+             and p.get("phase") != POLL_WAIT]
+    return max(timed, key=lambda p: p["s"], default=None)
+
+
 def compile_cache(texts: list[str]) -> dict:
     """What the compile cache did in this start: "hit", "miss" (with vLLM's reason where it gave one) or
     "none" (nothing compiled: --enforce-eager, or a version that says nothing), and its key where logged."""

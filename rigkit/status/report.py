@@ -22,7 +22,7 @@ from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
 from rigkit.rigside.stack import FAILED_COMPOSE_FILE, PROVEN_COMPOSE_FILE, rollout_command
-from rigkit.rigside.startup import POLL_WAIT
+from rigkit.rigside.startup import slowest_phase
 from rigkit.status.surface import judge_gateway_tls, judge_surface
 
 ENFORCED_TOLERANCE_W = 0.5
@@ -301,7 +301,7 @@ def _last_start(start) -> dict | None:
     if not isinstance(start, dict) or not isinstance(start.get("total_s"), (int, float)):
         return None
     phases = [p for p in start.get("phases") or [] if isinstance(p, dict) and isinstance(p.get("s"), (int, float))]
-    slowest = max((p for p in phases if p.get("phase") != POLL_WAIT), key=lambda p: p["s"], default=None)
+    slowest = slowest_phase(phases)
     return {"total_s": start["total_s"], "to": start.get("to"), "proven_by": start.get("proven_by"),
             "slowest": slowest, "phases": phases, "compile_cache": start.get("compile_cache"),
             "started_at": start.get("started_at")}

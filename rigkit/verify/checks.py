@@ -42,9 +42,9 @@ def check_time_to_ready(start: dict, budget_s: float) -> Check:
     total = start.get("total_s")
     if not isinstance(total, (int, float)) or not phases:
         return Check("time_to_ready", False, "the start's table has no phases: its time cannot be judged")
-    from rigkit.rigside.startup import POLL_WAIT
+    from rigkit.rigside.startup import slowest_phase
 
-    slowest = max((p for p in phases if p.get("phase") != POLL_WAIT), key=lambda p: p["s"], default=phases[0])
+    slowest = slowest_phase(phases) or phases[0]
     ok = total <= budget_s
     return Check("time_to_ready", ok, f"{total:.1f} s from the container's start to {start.get('to')}, "
                  f"{'within' if ok else 'over'} the budget of {budget_s:g} s; slowest phase: {slowest['phase']} "
