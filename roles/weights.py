@@ -21,7 +21,7 @@ from pyinfra.operations import server
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.weights.facts import helpers_left, volume_states
-from rigkit.weights.operation import copy_operations, relay_operations
+from rigkit.weights.operation import cache_operations, copy_operations, relay_operations
 from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES
 
 
@@ -45,6 +45,10 @@ def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = WEIGHTS_CHU
     ops = copy_operations([m for m in on_volumes if not m.spec.weights.from_rig], states, verify)
     # After every rig's own copies (pyinfra runs one operation on all rigs before the next): a rig that
     # downloads for the fleet has its volume complete before the others take from it.
-    ops.update(relay_operations([m for m in on_volumes if m.spec.weights.from_rig], states, verify, chunk_bytes))
+    from_rigs = [m for m in on_volumes if m.spec.weights.from_rig]
+    ops.update(relay_operations(from_rigs, states, verify, chunk_bytes))
+    # The graphs vLLM compiled on the same rig, where this rig can load them: not a change of the weights (the
+    # running model is not restarted for them), what its next start needs no longer to compile.
+    cache_operations(from_rigs)
     return ops
 

@@ -43,8 +43,9 @@ SOURCE = SIM_MODELS / "relay-a"
 
 def model_text(name: str) -> str:
     source = str(SOURCE) if name == "relay-a" else "{rig: rig-a, volume: rigkit-weights-relay-a}"
+    # The stand-in compiles its graphs (1 s), keyed as vLLM keys them, under the model's cache volume.
     return (f"image: rigkit-vllm-standin:sim\nweights: {{source: {source}}}\ngpus: [0]\nport: {PORTS[name]}\n"
-            "vllm: {dtype: bfloat16}\nready_timeout_s: 30\n")
+            "vllm: {dtype: bfloat16}\nready_timeout_s: 30\nenv: {STANDIN_COMPILE_S: '1'}\n")
 
 
 def remove_leftovers(client) -> None:
@@ -53,7 +54,8 @@ def remove_leftovers(client) -> None:
             container.remove(force=True)
         for container in client.containers.list(all=True, filters={"label": f"rigkit.weights-helper={name}"}):
             container.remove(force=True)
-        for volume in client.volumes.list(filters={"name": f"rigkit-weights-{name}"}):
+        for volume in [*client.volumes.list(filters={"name": f"rigkit-weights-{name}"}),
+                       *client.volumes.list(filters={"name": f"rigkit-compile-cache-{name}"})]:
             volume.remove(force=True)
 
 
@@ -105,6 +107,13 @@ def rigkit_dir(client, volume: str) -> Path:
     return Path(client.volumes.get(volume).attrs["Mountpoint"]) / ".rigkit"
 
 
+def last_start(rig: SimRig, model: str) -> dict:
+    """The startup table rigkit-stack kept of the model's last proven start on `rig` (an independent read)."""
+    code, out = rig.exec(f"cat /etc/rigkit/stacks/{model}/startup.json")
+    assert code == 0, out
+    return json.loads(out)
+
+
 def journaled(state: Path) -> int:
     try:
         return sum(1 for line in (state / "chunks.jsonl").read_text().splitlines() if line.endswith("}"))
@@ -112,7 +121,7 @@ def journaled(state: Path) -> int:
         return 0
 
 
-def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a_second_deploy_changes_nothing(fleet):
+def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a_second_deploy_changes_nothing(fleet, fresh_rig):
     client, inventory, folder, rig_b = fleet
     total = sum(p.stat().st_size for p in SOURCE.rglob("*") if p.is_file())
     refused = finish(start_deploy(folder / "inventory-paramiko.py", folder / "refused.log"), folder / "refused.log")
@@ -167,6 +176,13 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
     manifest = json.loads((state / "manifest.json").read_text())
     shard = next(e for e in manifest["files"] if e["path"].endswith(".safetensors"))
     assert shard["proof"] == ["safetensors-header"]
+    # Rig A's model compiled its graphs at its start (the first deploy); rig B took them with the weights (same
+    # image, GPU model and driver), so its first start loaded them.
+    started_a, started_b = last_start(fresh_rig, "relay-a"), last_start(rig_b, "relay-b")
+    key = started_a["compile_cache"]["key"]
+    assert started_a["compile_cache"]["cache"] == "miss" and key, started_a
+    assert f"relay-b: compiled graphs {key[:12]} taken from rig rig-a, " in second.output, second.output[-6000:]
+    assert started_b["compile_cache"] == {"cache": "hit", "reason": None, "key": key}, started_b
 
     third = finish(start_deploy(inventory, folder / "third.log"), folder / "third.log")
     assert third.returncode == 0, third.output[-6000:]

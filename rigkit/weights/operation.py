@@ -7,11 +7,13 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api.exceptions import ConnectError, DeployError, NestedOperationError
 from pyinfra.operations import python
+from paramiko import SSHException
 
 from rigkit.config.inventory import ssh_target
 from rigkit.config.schema import ModelConfig
 from rigkit.weights.engine import dial_command, rig_engine
 from rigkit.plumbing.ssh import openssh_command, rig_call
+from rigkit.rigside.names import volume_name
 
 
 class CopyFailed(NestedOperationError):
@@ -111,3 +113,81 @@ def relay_operations(models: list[ModelConfig], states: dict[str, dict], verify:
         function=rig_call(relay_on_rig), model=model, verify=verify, chunk_bytes=chunk_bytes,
         _if=lambda m=model, s=states[model.name]: relay_needed(m, s, verify),
     ) for model in models}
+
+
+def source_model(other, model: ModelConfig) -> ModelConfig | None:
+    """The source rig's model whose weights volume this model copies (rigkit.config.rig_sources checked it is there)."""
+    from rigkit.config.inventory import rig_config
+    from rigkit.weights.relay import source_volume
+
+    kept = {volume_name(m): m for m in rig_config(other).models if m.spec.weights.storage == "volume"}
+    return kept.get(source_volume(model))
+
+
+def cache_needed(model: ModelConfig, plan: dict) -> bool:
+    """At run time, after the weights' relay: does the source rig hold graphs its last start used that this rig's
+    model can load and lacks? What it found goes into `plan` for the shipping. Why a key is not shipped is said;
+    a rig that does not answer is a warning, never a failure (the model then compiles at its start)."""
+    from rigkit.weights import compile_cache as cc
+
+    plan.clear()
+    rig = model.spec.weights.from_rig.rig
+    try:
+        other = source_host(rig)
+        theirs_model = source_model(other, model)
+        if theirs_model is None:
+            return False
+        code, out = cc.run_on(other.connector.client.get_transport(),
+                              cc.identity_command(theirs_model.spec.image, theirs_model.name), cc.READ_TIMEOUT_S)
+        theirs = cc.parse_identity(out)
+        key = cc.shipped_key(theirs["start"])
+        if key is None:  # never started there, or compiled nothing: nothing to ship
+            return False
+        transport = host.connector.client.get_transport()
+        ours = cc.parse_identity(cc.run_on(transport, cc.identity_command(model.spec.image, None), cc.READ_TIMEOUT_S)[1])
+        why = cc.mismatch(list(theirs_model.spec.gpus), theirs, list(model.spec.gpus), ours, rig)
+        if why is not None:
+            logger.info(f"{host.print_prefix}{model.name}: compiled graphs of rig {rig} not taken: {why}")
+            return False
+        if cc.target_has_key(transport, model, key):
+            return False
+    except (ConnectError, OSError, SSHException) as exc:
+        host.log_styled(f"{model.name}: compiled graphs of rig {rig} not taken: {exc}", fg="yellow",
+                        log_func=logger.warning)
+        return False
+    plan.update(key=key, source_model=theirs_model)
+    return True
+
+
+def ship_cache_on_rig(model: ModelConfig, plan: dict) -> None:
+    from rigkit.weights.compile_cache import ship
+
+    rig = model.spec.weights.from_rig.rig
+    other = source_host(rig)
+    openssh = (openssh_command(ssh_target(other)), openssh_command(ssh_target(host)))
+    try:
+        report = ship(model, plan["source_model"], plan["key"], openssh)
+    except RuntimeError as exc:
+        host.log_styled(f"{model.name}: compiled graphs {plan['key'][:12]} of rig {rig} not taken: {exc}; the model "
+                        "compiles them at its start", fg="yellow", log_func=logger.warning)
+        return
+    logger.info(f"{host.print_prefix}{model.name}: compiled graphs {plan['key'][:12]} taken from rig {rig}, "
+                f"{size(report['kib'])} in {report['seconds']:.1f} s: its next start loads them")
+
+
+def size(kib: int) -> str:
+    return f"{kib} KiB" if kib < 1024 else f"{kib / 1024:.1f} MiB"
+
+
+def cache_operations(models: list[ModelConfig]) -> None:
+    """After the weights' relay, each model's compile cache from the same rig, where it fits (docs/serving.md,
+    "Time to ready"); none for a model that compiles nothing (--enforce-eager)."""
+    for model in models:
+        if model.spec.vllm.enforce_eager:
+            continue
+        plan: dict = {}
+        python.call(
+            name=f"Compiled graphs of {model.name} from rig {model.spec.weights.from_rig.rig}",
+            function=rig_call(ship_cache_on_rig), model=model, plan=plan,
+            _if=lambda m=model, p=plan: cache_needed(m, p),
+        )
