@@ -27,6 +27,7 @@ from pyinfra.api.exceptions import DeployError
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing.facts_once import Read, read_once
+from rigkit.fit.check import rig_fits, shapes_reads, shared_gpu_problems
 from rigkit.gpu.facts import NvidiaDriverAndGpus
 from rigkit.preflight.checks import (
     DriverState,
@@ -54,7 +55,7 @@ class Preflight:
 def preflight_reads(rig: RigConfig) -> list[Read]:
     """What the role asks the rig while planning (deploy.py reads them ahead, all at once)."""
     topology = [(GpuTopology, {})] if needs_topology(rig) else []
-    return [(NvidiaDriverAndGpus, {}), *volume_states_reads(rig), *topology]
+    return [(NvidiaDriverAndGpus, {}), *volume_states_reads(rig), *shapes_reads(rig), *topology]
 
 
 @deploy("Preflight")
@@ -69,6 +70,7 @@ def preflight(rig: RigConfig) -> Preflight:
         topology, topology_problems = _topology(rig)
         problems += topology_problems
         problems += _engine_hung(rig) or disk_problems(*_weights_to_copy(rig))
+        problems += _fit(rig)
     for model in rig.models:
         if model.spec.image_requires is None:
             logger.warning(f"{host.print_prefix}{model.name}: no image_requires in {model.file}; the driver "
@@ -99,6 +101,24 @@ def _topology(rig: RigConfig) -> tuple[dict[str, Verdict], list[str]]:
             logger.warning(f"{host.print_prefix}topology: {warning}")
         problems += verdict.errors
     return verdicts, problems
+
+
+def _fit(rig: RigConfig) -> list[str]:
+    """Each model's weights and one sequence's KV cache against its GPUs' memory (rigkit.fit), said per model;
+    a model that would not start is a problem."""
+    answers = {}
+    for fact, kwargs in shapes_reads(rig):
+        answers = read_once(fact, **kwargs)
+    report = read_once(NvidiaDriverAndGpus).gpus
+    memory = {g.index: g.memory_total_mib for g in (report.gpus if report else ())
+              if isinstance(g.memory_total_mib, int) and g.memory_total_mib > 0}
+    problems = shared_gpu_problems(rig)
+    for found in rig_fits(rig, answers, memory):
+        logger.info(f"{host.print_prefix}fit: {found.summary}")
+        for warning in found.warnings:
+            logger.warning(f"{host.print_prefix}fit: {warning}")
+        problems += found.problems
+    return problems
 
 
 def _engine_hung(rig: RigConfig) -> list[str]:

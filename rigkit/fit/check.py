@@ -1,0 +1,63 @@
+"""Each model of a rig against its GPUs (rigkit.fit.memory): from what the rig says (config.json and the weights'
+bytes in the folder vLLM loads, each GPU's memory as nvidia-smi reports it) at deploy, from the catalog's
+`weight_bytes` and the GPU table in `rigkit check`. Pure, but for the one read it names (`shapes_reads`)."""
+
+from __future__ import annotations
+
+from rigkit.config import gpu_models
+from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.fit.facts import ModelShapes
+from rigkit.fit.memory import GIB, Fit, fit
+from rigkit.fit.shape import model_shape
+
+MIB = 1024**2
+
+
+def model_folder(model: ModelConfig) -> str | None:
+    """The folder on the rig vLLM's weights come from: a model's source folder (copied onto its volume or
+    bind-mounted); None for weights from another rig's volume (that rig's deploy reckons them)."""
+    return None if model.spec.weights.from_rig is not None else model.spec.weights.source
+
+
+def shapes_reads(rig: RigConfig) -> list:
+    pairs = tuple((m.name, folder) for m in rig.models if (folder := model_folder(m)))
+    return [(ModelShapes, {"pairs": pairs})] if pairs and rig.spec.os == "linux" else []
+
+
+def model_fit(model: ModelConfig, rig: RigConfig, answer: dict, memory_mib: dict[int, int]) -> Fit | None:
+    """`answer`: ModelShapes' for the model ({} offline); `memory_mib`: {GPU index: total memory} as the rig
+    reports it ({} offline: the rig file's GPU models from the table). None where nothing is known."""
+    spec = model.spec
+    weights = answer.get("weights_bytes") or spec.weight_bytes
+    by_index = {g.index: g for g in rig.spec.gpus}
+    sizes = []
+    for index in spec.gpus:
+        if memory_mib.get(index):
+            sizes.append((memory_mib[index] * MIB, by_index[index].model if index in by_index else f"GPU {index}"))
+        elif index in by_index and (info := gpu_models.lookup(by_index[index].model)):
+            sizes.append((info.memory_gib * GIB, info.name))
+    if not weights or len(sizes) != len(spec.gpus):
+        return None
+    memory, name = min(sizes)
+    config = answer.get("config")
+    shape = model_shape(config) if isinstance(config, dict) else None
+    return fit(model.name, weights, name, memory, spec.vllm.gpu_memory_utilization, spec.parallel.tensor,
+               spec.parallel.pipeline, shape, spec.vllm.max_model_len, spec.vllm.dtype, spec.vllm.kv_cache_dtype)
+
+
+def rig_fits(rig: RigConfig, answers: dict, memory_mib: dict[int, int]) -> list[Fit]:
+    """Every model's fit that can be reckoned, in the rig's order."""
+    return [found for m in rig.models if (found := model_fit(m, rig, answers.get(m.name) or {}, memory_mib))]
+
+
+def shared_gpu_problems(rig: RigConfig) -> list[str]:
+    """Models sharing a GPU (shared_gpus) each take their gpu_memory_utilization of all of it: together at most 1."""
+    problems = []
+    for index in sorted({i for m in rig.models for i in m.spec.gpus}):
+        on = [m for m in rig.models if index in m.spec.gpus]
+        total = sum(m.spec.vllm.gpu_memory_utilization for m in on)
+        if len(on) > 1 and total > 1.0:
+            shares = " + ".join(f"{m.name} {m.spec.vllm.gpu_memory_utilization:g}" for m in on)
+            problems.append(f"GPU {index}: {shares} = {total:g} of its memory; models sharing a GPU must ask for at "
+                            "most 1 together (the second would not start); lower their gpu_memory_utilization")
+    return problems

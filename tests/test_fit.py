@@ -1,0 +1,101 @@
+"""Does a model fit its GPUs (rigkit/fit): the arithmetic on the shapes of published models' config.json, and
+`rigkit check` on the catalog's weight_bytes. Pure; the deploy's refusal on the simulated rig is in
+tests/test_deploy.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rigkit.fit.memory import GIB, fit
+from rigkit.fit.shape import kv_bytes_per_token, model_shape
+from tests.conftest import DATA, REPO
+
+# The keys rigkit reads of published config.json files (Hugging Face, each model's main branch).
+LLAMA_31_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+               "torch_dtype": "bfloat16", "max_position_embeddings": 131072}
+LLAMA_31_70B = {**LLAMA_31_8B, "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64}
+DEEPSEEK_V3 = {"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "hidden_size": 7168,
+               "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16", "max_position_embeddings": 163840}
+GEMMA_3_27B = {"text_config": {"num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+                               "head_dim": 128, "hidden_size": 5376, "sliding_window": 1024,
+                               "max_position_embeddings": 131072}, "torch_dtype": "bfloat16"}
+RTX_4090 = 24 * GIB  # 24564 MiB as its nvidia-smi reports; the table's 24 GiB here
+
+
+def test_kv_per_token_from_published_configs():
+    assert kv_bytes_per_token(model_shape(LLAMA_31_8B), "auto", "auto", 1, 1) == 2 * 32 * 8 * 128 * 2  # 128 KiB
+    assert kv_bytes_per_token(model_shape(LLAMA_31_8B), "auto", "fp8", 1, 1) == 64 * 1024
+    assert kv_bytes_per_token(model_shape(LLAMA_31_70B), "auto", "auto", 4, 1) == 2 * 80 * 2 * 128 * 2  # heads split
+    assert kv_bytes_per_token(model_shape(LLAMA_31_70B), "auto", "auto", 16, 1) == 2 * 80 * 1 * 128 * 2  # copied
+    assert kv_bytes_per_token(model_shape(LLAMA_31_8B), "auto", "auto", 1, 2) == 2 * 16 * 8 * 128 * 2  # stages
+    assert kv_bytes_per_token(model_shape(DEEPSEEK_V3), "auto", "auto", 8, 1) == 61 * 576 * 2  # one latent, whole
+    gemma = model_shape(GEMMA_3_27B)
+    assert gemma.windowed and gemma.head_dim == 128 and gemma.max_position == 131072
+    assert model_shape({"model_type": "standin"}) is None
+
+
+def test_an_8b_at_its_own_context_on_a_4090_is_refused_with_the_context_that_fits():
+    """vLLM would load 15 GiB and then stop: 131072 tokens of KV need 16 GiB where 5.6 GiB is left."""
+    found = fit("llama", int(14.96 * GIB), "RTX 4090", RTX_4090, 0.9, 1, 1, model_shape(LLAMA_31_8B), None)
+    assert found.problems == [
+        "llama: one sequence of its own context (max_model_len unset) 131072 needs 16.0 GiB of KV cache per GPU (128 "
+        "KiB a token); each RTX 4090 gives vLLM 21.6 GiB (24.0 GiB x gpu_memory_utilization 0.9), less ~1 GiB for its "
+        "CUDA context and activations, and the weights take 15.0 GiB: 5.6 GiB is left. Use max_model_len 46192 or "
+        "less, kv_cache_dtype fp8 (half the KV cache), or more GPUs"]
+    ok = fit("llama", int(14.96 * GIB), "RTX 4090", RTX_4090, 0.9, 1, 1, model_shape(LLAMA_31_8B), 32768)
+    assert ok.problems == [] and ok.summary == \
+        "llama: weights 15.0 GiB per GPU, KV cache room 5.6 GiB: 46202 tokens, 1.4 sequences of 32768"
+    assert fit("llama", int(14.96 * GIB), "RTX 4090", RTX_4090, 0.9, 1, 1, model_shape(LLAMA_31_8B), 46192,
+               kv_cache_dtype="fp8").problems == []
+
+
+def test_weights_that_do_not_fit_name_the_gpus_that_would():
+    found = fit("llama70", 141 * GIB, "RTX 4090", RTX_4090, 0.9, 2, 1, model_shape(LLAMA_31_70B), 8192)
+    assert found.problems == [
+        "llama70: its weights are 141.0 GiB, 70.5 GiB per GPU over 2; each RTX 4090 gives vLLM 21.6 GiB (24.0 GiB x "
+        "gpu_memory_utilization 0.9), less ~1 GiB for its CUDA context and activations: they do not fit. Use more "
+        "GPUs, or a smaller variant (a 4-bit one is about a quarter of 16-bit weights)"]
+    on_h200 = fit("llama70", 141 * GIB, "H200", 141 * GIB, 0.9, 1, 1, model_shape(LLAMA_31_70B), 8192)
+    assert "tensor parallel over 2 GPUs" in on_h200.problems[0]
+
+
+def test_a_context_longer_than_the_model_is_refused_and_a_windowed_model_only_warned():
+    found = fit("llama", int(14.96 * GIB), "H200", 141 * GIB, 0.9, 1, 1, model_shape(LLAMA_31_8B), 262144)
+    assert found.problems[0] == ("llama: max_model_len 262144 is longer than the model's own context (131072, "
+                                 "config.json's max_position_embeddings); vLLM refuses it at start")
+    gemma = fit("gemma", 16 * GIB, "RTX 4090 48GB", 48 * GIB, 0.9, 1, 1, model_shape(GEMMA_3_27B), None)
+    assert gemma.problems == [] and gemma.warnings[0].startswith("gemma: perhaps; one sequence of its own context")
+    assert "some of its layers keep a window only" in gemma.warnings[0]
+
+
+def test_a_model_without_layer_counts_is_judged_on_its_weights_alone():
+    found = fit("standin", 2 * GIB, "RTX 4090", RTX_4090, 0.9, 1, 1, None, None)
+    assert found.problems == [] and "config.json gives no layer counts" in found.summary
+
+
+@pytest.mark.parametrize("change, message", [
+    ("weight_bytes: 60000000000\n", "test-alpha: its weights are 55.9 GiB, 55.9 GiB per GPU over 1; each RTX 4090 "),
+])
+def test_rigkit_check_refuses_weights_the_rig_files_gpus_cannot_hold(tmp_path, change, message):
+    from tests.conftest import copy_catalog
+
+    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]\n", "gpus: [0]\n" + change)])
+    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(DATA / "rigs" / "serving.yml"), "--catalog",
+                           str(catalog)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_models_sharing_a_gpu_ask_for_at_most_all_of_it(tmp_path):
+    from tests.conftest import copy_catalog
+
+    share = ("gpus: [0]\n", "gpus: [0]\nshared_gpus: true\n")
+    catalog = copy_catalog(tmp_path, test_alpha=[share], test_beta=[("gpus: [1]\n", "gpus: [0]\nshared_gpus: true\n")])
+    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(DATA / "rigs" / "serving.yml"), "--catalog",
+                           str(catalog)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0, proc.stderr
+    assert "GPU 0: test-alpha 0.9 + test-beta 0.9 = 1.8 of its memory; models sharing a GPU must ask for at most 1 " \
+        "together (the second would not start); lower their gpu_memory_utilization" in proc.stderr, proc.stderr
