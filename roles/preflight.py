@@ -27,7 +27,8 @@ from pyinfra.api.exceptions import DeployError
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing.facts_once import Read, read_once
-from rigkit.fit.check import rig_fits, shapes_reads, shared_gpu_problems
+from rigkit.fit.check import model_fit, shapes_reads, shared_gpu_problems, variant_findings
+from rigkit.fit.roofline import roofline_tok_s
 from rigkit.gpu.facts import NvidiaDriverAndGpus
 from rigkit.preflight.checks import (
     DriverState,
@@ -112,9 +113,15 @@ def _fit(rig: RigConfig) -> list[str]:
     report = read_once(NvidiaDriverAndGpus).gpus
     memory = {g.index: g.memory_total_mib for g in (report.gpus if report else ())
               if isinstance(g.memory_total_mib, int) and g.memory_total_mib > 0}
-    problems = shared_gpu_problems(rig)
-    for found in rig_fits(rig, answers, memory):
-        logger.info(f"{host.print_prefix}fit: {found.summary}")
+    caps = {g.index: g.compute_capability for g in read_once(NvidiaDriverAndGpus).driver.gpus}
+    problems = shared_gpu_problems(rig) + variant_findings(rig, answers, caps)
+    for model in rig.models:
+        found = model_fit(model, rig, answers.get(model.name) or {}, memory)
+        if found is None:
+            continue
+        roof = roofline_tok_s(rig, model, answers.get(model.name))
+        logger.info(f"{host.print_prefix}fit: {found.summary}"
+                    + (f"; decode roofline {roof:,.0f} tok/s for one sequence" if roof else ""))
         for warning in found.warnings:
             logger.warning(f"{host.print_prefix}fit: {warning}")
         problems += found.problems

@@ -132,10 +132,12 @@ def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
     result per run (not saved), and the telemetry. `workload`: {prompt_tokens, output_tokens, concurrency}."""
     # The benchmark client (httpx) and result writer (matplotlib) are imported only when a model is
     # verified: a converged deploy skips verification and should not pay for the imports.
+    from rigkit.fit.roofline import roofline_tok_s
     from rigkit.verify.client import run_bench
-    from rigkit.verify.result import build_result, earlier_results, roofline_tok_s
+    from rigkit.verify.result import build_result, earlier_results
 
     workload = workload or {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS, "concurrency": []}
+    shape = _shape(rig, model)
     sampling = _sampling_in_container(model) if rig.spec.os == "windows" else _sampling_on_host(model)
     with sampling as sampled:
         with forward(host.connector.client.get_transport(), model.spec.port) as local_port:
@@ -143,13 +145,25 @@ def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
                 f"http://127.0.0.1:{local_port}", served_name(model), workload["prompt_tokens"],
                 workload["output_tokens"], tuple(workload["concurrency"]), timeout_s=REQUEST_TIMEOUT_S,
                 api_key=read_api_key(rig), expected_min_decode_tok_s=model.spec.expected_min_decode_tok_s,
-                roofline_tok_s=roofline_tok_s(rig, model), draft_tokens_per_step=_draft_tokens(model),
+                roofline_tok_s=roofline_tok_s(rig, model, shape), draft_tokens_per_step=_draft_tokens(model),
             ) for _ in range(runs)]
     telemetry = sampled["telemetry"]
     # The image as the catalog names it; its digest stays null until the serving role records one.
     serving = served_with(rig, model, topology_verdict)
     earlier = earlier_results(folder)
-    return [build_result(rig, model, bench, telemetry, earlier, serving=serving) for bench in benches], telemetry
+    return [build_result(rig, model, bench, telemetry, earlier, serving=serving, shape=shape)
+            for bench in benches], telemetry
+
+
+def _shape(rig: RigConfig, model: ModelConfig) -> dict:
+    """What the rig says of the model's files now (its config.json's keys, its weights' bytes), for the roofline:
+    read when it runs, after the weights may have changed."""
+    from rigkit.fit.check import shapes_reads
+
+    found = {}
+    for fact, kwargs in shapes_reads(replace(rig, models=(model,))):
+        found = host.get_fact(fact, **kwargs) or {}
+    return found.get(model.name) or {}
 
 
 def served_with(rig: RigConfig, model: ModelConfig, topology_verdict: Verdict | None) -> dict:

@@ -69,32 +69,59 @@ def test_runtime_modules_edited_on_the_rig_are_put_back_by_one_operation_and_the
     assert run_deploy(simrig, verify=False).changed_operations() == 0
 
 
-def test_a_model_whose_kv_cache_cannot_hold_its_context_is_refused_before_anything_changes(simrig, tmp_path):
-    """The preflight reads the model's config.json and its weights' bytes in the folder on the rig and each GPU's
-    memory as nvidia-smi reports it (simulated: 49140 MiB, a 48 GB RTX 4090's): Llama 3.1 70B's shape at a context of
-    256K tokens needs 80 GiB of KV cache per GPU, which vLLM would find out only after loading. Simulated: the GPUs; the
-    checkpoint is config.json with the published model's keys beside a 1 KiB shard."""
+def refused_at_preflight(rig, tmp_path, config: dict):
+    """A deploy of one model, `fit-model`, whose folder on the rig holds `config` as its config.json beside a
+    1 KiB shard: its output, once it was refused with nothing on the rig changed."""
     import json
 
     from tests.conftest import DATA, OPERATIONS_STARTED
     from tests.simrig.weights import SIM_MODELS, ensure_checkpoint
 
-    folder = ensure_checkpoint("fit-70b")
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "hidden_size": 8192, "torch_dtype": "bfloat16", "max_position_embeddings": 262144}))
+    (ensure_checkpoint("fit-model") / "config.json").write_text(json.dumps(config))
     catalog = tmp_path / "models"
     catalog.mkdir()
-    (catalog / "fit-70b.yml").write_text(f"image: rigkit-vllm-standin:sim\nweights:\n  source: {SIM_MODELS}/fit-70b\n"
-                                         "gpus: [0]\nport: 18131\n")
+    (catalog / "fit-model.yml").write_text(f"image: rigkit-vllm-standin:sim\nweights:\n  source: {SIM_MODELS}/fit-model\n"
+                                           "gpus: [0]\nport: 18131\n")
     rig_file = tmp_path / "rig.yml"
     rig_file.write_text((DATA / "rigs" / "serving.yml").read_text().replace("models: [test-alpha, test-beta]",
-                                                                           "models: [fit-70b]"))
-    _, files_before = simrig.exec("ls -R /etc/rigkit/stacks 2>/dev/null; true")
-    run = run_deploy(simrig, rig_file, catalog=catalog)
+                                                                           "models: [fit-model]"))
+    _, files_before = rig.exec("ls -R /etc/rigkit/stacks 2>/dev/null; true")
+    run = run_deploy(rig, rig_file, catalog=catalog)
     assert run.returncode != 0, run.output
-    assert ("fit-70b: one sequence of its own context (max_model_len unset) 262144 needs 80.0 GiB of KV cache per GPU "
-            "(320 KiB a token); each RTX 4090 gives vLLM 43.2 GiB (48.0 GiB x gpu_memory_utilization 0.9)") in run.output
-    assert "Use max_model_len 138240 or less, kv_cache_dtype fp8" in run.output, run.output
-    assert "nothing was changed" in run.output and OPERATIONS_STARTED not in run.output
-    assert simrig.exec("ls -R /etc/rigkit/stacks 2>/dev/null; true")[1] == files_before
+    assert "nothing was changed" in run.output and OPERATIONS_STARTED not in run.output, run.output
+    assert rig.exec("ls -R /etc/rigkit/stacks 2>/dev/null; true")[1] == files_before
+    return run.output
+
+
+LLAMA_70B_256K = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80, "num_attention_heads": 64,
+                  "num_key_value_heads": 8, "hidden_size": 8192, "torch_dtype": "bfloat16",
+                  "max_position_embeddings": 262144}
+
+
+def test_a_model_whose_kv_cache_cannot_hold_its_context_is_refused_before_anything_changes(simrig, tmp_path):
+    """The preflight reads the model's config.json and its weights' bytes in the folder on the rig and each GPU's
+    memory as nvidia-smi reports it (simulated: 49140 MiB, a 48 GB RTX 4090's): Llama 3.1 70B's shape at a context of
+    256K tokens needs 80 GiB of KV cache per GPU, which vLLM would find out only after loading. Simulated: the GPUs;
+    the checkpoint is config.json with the published model's keys beside a 1 KiB shard."""
+    output = refused_at_preflight(simrig, tmp_path, LLAMA_70B_256K)
+    assert ("fit-model: one sequence of its own context (max_model_len unset) 262144 needs 80.0 GiB of KV cache per "
+            "GPU (320 KiB a token); each RTX 4090 gives vLLM 43.2 GiB (48.0 GiB x gpu_memory_utilization 0.9)") in output
+    assert "Use max_model_len 138240 or less, kv_cache_dtype fp8" in output, output
+
+
+def test_a_quantization_the_gpu_cannot_run_is_refused_before_anything_changes(simrig, tmp_path):
+    """config.json says the checkpoint is MXFP4 (gpt-oss's), whose floor in vLLM 0.32 is compute capability 8.0; the
+    rig's GPUs report 7.5 (Turing). Simulated: the GPUs (tests/simrig, compute_cap)."""
+    from tests.simrig.rig import SimGpu
+
+    simrig.gpus = [SimGpu(compute_cap="7.5"), SimGpu(compute_cap="7.5")]
+    simrig.write_gpu_config()
+    try:
+        output = refused_at_preflight(simrig, tmp_path, {**LLAMA_70B_256K, "max_position_embeddings": 8192,
+                                                          "quantization_config": {"quant_method": "mxfp4"}})
+    finally:
+        simrig.gpus = [SimGpu(), SimGpu()]
+        simrig.write_gpu_config()
+    assert ("fit-model: quantization mxfp4 needs compute capability 8.0 or newer (vLLM 0.32's floor for it); GPU 0 "
+            "(RTX 4090) is 7.5, so vLLM would refuse it at start. Use a 16-bit variant or one quantized as gptq, awq, "
+            "fp8, compressed-tensors") in output, output

@@ -11,6 +11,7 @@ import pytest
 
 from rigkit.fit.memory import GIB, fit
 from rigkit.fit.shape import kv_bytes_per_token, model_shape
+from rigkit.fit.variant import variant_problems
 from tests.conftest import DATA, REPO
 
 # The keys rigkit reads of published config.json files (Hugging Face, each model's main branch).
@@ -76,13 +77,29 @@ def test_a_model_without_layer_counts_is_judged_on_its_weights_alone():
     assert found.problems == [] and "config.json gives no layer counts" in found.summary
 
 
+def test_a_quantization_below_vllms_floor_for_it_is_refused_naming_what_runs():
+    assert variant_problems("m", "awq", [(0, "RTX 2080 Ti", (7, 5))]) == []  # 7.5 is AWQ's floor
+    assert variant_problems("m", "fp8", [(0, "RTX 3090", (8, 6))]) == []  # runs (as W8A16: a lint warning)
+    assert variant_problems("m", "mxfp4", [(0, "RTX 3090", (8, 6)), (1, "T4", (7, 5))]) == [
+        "m: quantization mxfp4 needs compute capability 8.0 or newer (vLLM 0.32's floor for it); GPU 1 (T4) is 7.5, "
+        "so vLLM would refuse it at start. Use a 16-bit variant or one quantized as gptq, awq, fp8, compressed-tensors"]
+    assert variant_problems("m", "gptq", [(0, "P100", (6, 0))]) == []
+    assert variant_problems("m", "made-up", [(0, "P100", (6, 0))]) == []  # unknown: left to vLLM
+    assert variant_problems("m", "mxfp4", [(0, "RTX 9999", None)]) == []  # capability unknown: left to the deploy
+    assert variant_problems("m", None, [(0, "T4", (7, 5))]) == []
+
+
 @pytest.mark.parametrize("change, message", [
-    ("weight_bytes: 60000000000\n", "test-alpha: its weights are 55.9 GiB, 55.9 GiB per GPU over 1; each RTX 4090 "),
-])
+    (("gpus: [0]\n", "gpus: [0]\nweight_bytes: 60000000000\n"),
+     "test-alpha: its weights are 55.9 GiB, 55.9 GiB per GPU over 1; each RTX 4090 "),
+    (("vllm:\n", "vllm:\n  quantization: fp_quant\n"),
+     "test-alpha: quantization fp_quant needs compute capability 10.0 or newer (vLLM 0.32's floor for it); GPU 0 "
+     "(RTX 4090) is 8.9"),
+], ids=["weights", "variant"])
 def test_rigkit_check_refuses_weights_the_rig_files_gpus_cannot_hold(tmp_path, change, message):
     from tests.conftest import copy_catalog
 
-    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]\n", "gpus: [0]\n" + change)])
+    catalog = copy_catalog(tmp_path, test_alpha=[change])
     proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(DATA / "rigs" / "serving.yml"), "--catalog",
                            str(catalog)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
@@ -99,3 +116,19 @@ def test_models_sharing_a_gpu_ask_for_at_most_all_of_it(tmp_path):
     assert proc.returncode != 0, proc.stderr
     assert "GPU 0: test-alpha 0.9 + test-beta 0.9 = 1.8 of its memory; models sharing a GPU must ask for at most 1 " \
         "together (the second would not start); lower their gpu_memory_utilization" in proc.stderr, proc.stderr
+
+
+def test_the_roofline_reads_a_dense_models_bytes_from_the_rig_and_leaves_a_mixture_of_experts_to_the_catalog():
+    from rigkit.config.loader import load_rig
+    from rigkit.fit.roofline import far_below, roofline_tok_s
+
+    rig = load_rig(DATA / "rigs" / "serving.yml", DATA / "models")
+    alpha = next(m for m in rig.models if m.name == "test-alpha")
+    dense = {"config": LLAMA_31_8B, "weights_bytes": 16_060_000_000}
+    assert roofline_tok_s(rig, alpha, dense) == pytest.approx(1008e9 / 16.06e9)  # one RTX 4090: 62.8 tok/s
+    moe = {"config": {**LLAMA_31_8B, "num_local_experts": 8}, "weights_bytes": 93_000_000_000}
+    assert roofline_tok_s(rig, alpha, moe) is None  # Mixtral reads 2 of its 8 experts a token: not its file size
+    assert roofline_tok_s(rig, alpha, {}) is None
+    assert far_below(alpha, 10.0, 62.8, dense).startswith("decode 10.0 tok/s is 16% of the 63 tok/s")
+    assert far_below(alpha, 40.0, 62.8, dense) is None  # 64%: what a real engine reaches
+    assert far_below(alpha, 10.0, 62.8, {"config": {}, "weights_bytes": 2048}) is None  # a test model: bound by launches

@@ -16,7 +16,9 @@ from rigkit.verify.checks import (
     integrate_power,
 )
 from rigkit.verify.client import BenchResult
-from rigkit.verify.result import build_result, regressions, roofline_tok_s
+from rigkit.fit.roofline import roofline_tok_s
+from rigkit.verify.result import build_result, regressions
+from rigkit.verify.table import bench_table
 from tests.conftest import REPO
 
 
@@ -80,6 +82,19 @@ def test_figures_energy_per_token_and_roofline():
     assert roofline_tok_s(rig, model) == pytest.approx(2 * 1008e9 / 15e9)
     assert f["roofline_share"] == pytest.approx(40 / 134.4, rel=1e-3)
     assert result.passed
+    assert not [w for w in result.bench.warnings if "its GPUs' memory allows" in w]  # 30%: not far below
+
+
+def test_a_decode_far_below_the_roofline_is_a_warning_naming_the_likely_causes():
+    """The same model at 20 tok/s: 15% of its 134 tok/s roofline; the result still passes (the gate judges speed)."""
+    from dataclasses import replace
+
+    rig, model = rig_and_model()
+    result = build_result(rig, model, replace(BENCH, decode_tok_s=20.0), telemetry(power=300.0, seconds=4.0), None)
+    [warning] = [w for w in result.bench.warnings if "its GPUs' memory allows" in w]
+    assert warning.startswith("decode 20.0 tok/s is 15% of the 134 tok/s its GPUs' memory allows one sequence "
+                              "(15.0 GB read per token); likely: a power cap or clock lock far below"), warning
+    assert result.passed and f"WARN  {warning}" in bench_table(result.bench)  # what the deploy prints
 
 
 def test_regressions_over_ten_percent_are_flagged_only_for_the_same_workload():

@@ -9,6 +9,7 @@ from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.fit.facts import ModelShapes
 from rigkit.fit.memory import GIB, Fit, fit
 from rigkit.fit.shape import model_shape
+from rigkit.fit.variant import variant_problems
 
 MIB = 1024**2
 
@@ -60,4 +61,22 @@ def shared_gpu_problems(rig: RigConfig) -> list[str]:
             shares = " + ".join(f"{m.name} {m.spec.vllm.gpu_memory_utilization:g}" for m in on)
             problems.append(f"GPU {index}: {shares} = {total:g} of its memory; models sharing a GPU must ask for at "
                             "most 1 together (the second would not start); lower their gpu_memory_utilization")
+    return problems
+
+
+def variant_findings(rig: RigConfig, answers: dict, caps: dict[int, tuple[int, int] | None]) -> list[str]:
+    """Each model whose quantization its GPUs cannot run: the catalog's vllm.quantization, else what config.json
+    says (vLLM's own choice then); `caps`: {GPU index: compute capability} as the rig reports it ({} offline: the
+    rig file's GPU models from the table)."""
+    by_index = {g.index: g for g in rig.spec.gpus}
+    problems = []
+    for model in rig.models:
+        config = (answers.get(model.name) or {}).get("config") or {}
+        method = model.spec.vllm.quantization or config.get("quant_method")
+        gpus = []
+        for index in model.spec.gpus:
+            name = by_index[index].model if index in by_index else f"GPU {index}"
+            info = gpu_models.lookup(name)
+            gpus.append((index, name, caps.get(index) or (info.compute_capability if info else None)))
+        problems += variant_problems(model.name, method, gpus)
     return problems

@@ -22,6 +22,9 @@ def pick(config):
         found["layer_types"] = sorted(set(map(str, found["layer_types"])))[:8]
     if isinstance(config.get("text_config"), dict):
         found["text_config"] = pick(config["text_config"])
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
+        found["quant_method"] = quant["quant_method"][:64]
     return found
 args = sys.argv[1:]
 for name, folder in zip(args[::2], args[1::2]):

@@ -13,7 +13,7 @@ from typing import Callable
 from rigkit.config.errors import ConfigError
 from rigkit.config.loader import load_rig
 from rigkit.config.schema import RigConfig
-from rigkit.fit.check import rig_fits, shared_gpu_problems
+from rigkit.fit.check import rig_fits, shared_gpu_problems, variant_findings
 from rigkit.gpu.policy import reference_budget_problems
 from rigkit.preflight.checks import offline_findings
 from rigkit.serving.api_key import SecretFileError, read_api_key
@@ -36,7 +36,7 @@ def check_rig_file(rig_file: str, catalog: Path, topology_file: str | None,
     problems, notes = problems + preflight_problems, notes + preflight_notes
     # The weights against the GPU table, where the catalog gives weight_bytes (the KV cache needs config.json:
     # the deploy's preflight reckons it on the rig).
-    problems += shared_gpu_problems(rig)
+    problems += shared_gpu_problems(rig) + variant_findings(rig, {}, {})
     for found in rig_fits(rig, {}, {}):
         problems, notes = problems + found.problems, notes + found.warnings
     try:

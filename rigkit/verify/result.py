@@ -8,11 +8,10 @@ cross-check. Regressions are flagged only against a result with the same provena
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rigkit.config import gpu_models as gpu_table
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.verify.checks import (
     Check,
@@ -23,6 +22,7 @@ from rigkit.verify.checks import (
     check_sample_rate,
     gpu_load,
 )
+from rigkit.fit.roofline import far_below, roofline_tok_s
 from rigkit.verify.client import BenchResult
 from rigkit.verify.energy import PhaseEnergy, phase
 from rigkit.verify.history import Warn, read_history, stderr_warning, write_document
@@ -32,19 +32,6 @@ REGRESSION_SHARE = 0.10
 # figure -> True when higher is better
 COMPARED = {"decode_tok_s": True, "prefill_tok_s": True, "ttft_s": False, "joules_per_token": False,
             "joules_per_output_token": False, "decode_tok_s_per_watt": True}
-
-
-def roofline_tok_s(rig: RigConfig, model: ModelConfig) -> float | None:
-    """Single-stream decode bound: bandwidth of the cards reading weights at once / bytes per token.
-    Tensor-parallel ranks read their shards together; pipeline stages and data-parallel replicas don't."""
-    if not model.spec.active_weight_bytes:
-        return None
-    by_index = {g.index: g for g in rig.spec.gpus}
-    infos = [gpu_table.lookup(by_index[i].model) for i in model.spec.gpus if i in by_index]
-    if not infos or not all(infos):
-        return None
-    bandwidth_bytes = min(i.memory_bandwidth_gb_s for i in infos) * 1e9 * model.spec.parallel.tensor
-    return bandwidth_bytes / model.spec.active_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -96,9 +83,11 @@ class VerificationResult:
 
 
 def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemetry: dict,
-                 previous: list[dict] | dict | None, now: datetime | None = None, serving: dict | None = None) -> VerificationResult:
+                 previous: list[dict] | dict | None, now: datetime | None = None, serving: dict | None = None,
+                 shape: dict | None = None) -> VerificationResult:
     """`previous`: earlier runs' JSON documents, newest first (`earlier_results`), or the latest one.
-    `serving`: what the caller knows of the server ({image, image_digest, vllm_args}), for provenance."""
+    `serving`: what the caller knows of the server ({image, image_digest, vllm_args}), for provenance.
+    `shape`: what the rig says of the model's files (rigkit.fit.facts), for its roofline."""
     policy = {g.index: g for g in rig.spec.gpus}
     loads = [gpu_load(g, telemetry["t_start"], telemetry["t_end"]) for g in telemetry["gpus"]]
     checks: list[Check] = []
@@ -121,7 +110,10 @@ def build_result(rig: RigConfig, model: ModelConfig, bench: BenchResult, telemet
     request_j = prefill.energy_j + decode_phase.energy_j if prefill.energy_j is not None and \
         decode_phase.energy_j is not None else None
     decode = bench.decode_tok_s
-    roof = roofline_tok_s(rig, model)
+    roof = roofline_tok_s(rig, model, shape)
+    suspect = far_below(model, decode, roof, shape)
+    if suspect:  # a warning: the speed is the gate's to judge, the cause the person's to find
+        bench = replace(bench, warnings=[*bench.warnings, suspect])
     workload = {"prompt_tokens": bench.requested_prompt_tokens, "output_tokens": bench.requested_output_tokens}
     figures = {
         "prefill_tok_s": bench.prefill_tok_s,
