@@ -155,15 +155,21 @@ def _measure(rig: RigConfig, model: ModelConfig, folder: Path, runs: int = 1,
             for bench in benches], telemetry
 
 
+_SHAPES: dict[tuple, dict] = {}  # per (run, rig, model): a gate's runs and the verification after it ask once
+
+
 def _shape(rig: RigConfig, model: ModelConfig) -> dict:
-    """What the rig says of the model's files now (its config.json's keys, its weights' bytes), for the roofline:
-    read when it runs, after the weights may have changed."""
+    """What the rig says of the model's files (its config.json's keys, its weights' bytes), for the roofline:
+    read when verification first runs in this deploy, after the weights role."""
     from rigkit.fit.check import shapes_reads
 
-    found = {}
-    for fact, kwargs in shapes_reads(replace(rig, models=(model,))):
-        found = host.get_fact(fact, **kwargs) or {}
-    return found.get(model.name) or {}
+    key = (id(host.state), host.name, model.name)
+    if key not in _SHAPES:
+        found = {}
+        for fact, kwargs in shapes_reads(replace(rig, models=(model,))):
+            found = host.get_fact(fact, **kwargs) or {}
+        _SHAPES[key] = found.get(model.name) or {}
+    return _SHAPES[key]
 
 
 def served_with(rig: RigConfig, model: ModelConfig, topology_verdict: Verdict | None) -> dict:

@@ -34,7 +34,7 @@ def test_kv_per_token_from_published_configs():
     assert kv_bytes_per_token(model_shape(LLAMA_31_8B), "auto", "auto", 1, 2) == 2 * 16 * 8 * 128 * 2  # stages
     assert kv_bytes_per_token(model_shape(DEEPSEEK_V3), "auto", "auto", 8, 1) == 61 * 576 * 2  # one latent, whole
     gemma = model_shape(GEMMA_3_27B)
-    assert gemma.windowed and gemma.head_dim == 128 and gemma.max_position == 131072
+    assert gemma.upper_bound and gemma.head_dim == 128 and gemma.max_position == 131072
     assert model_shape({"model_type": "standin"}) is None
 
 
@@ -65,11 +65,14 @@ def test_weights_that_do_not_fit_name_the_gpus_that_would():
 
 def test_a_context_longer_than_the_model_is_refused_and_a_windowed_model_only_warned():
     found = fit("llama", int(14.96 * GIB), "H200", 141 * GIB, 0.9, 1, 1, model_shape(LLAMA_31_8B), 262144)
-    assert found.problems[0] == ("llama: max_model_len 262144 is longer than the model's own context (131072, "
-                                 "config.json's max_position_embeddings); vLLM refuses it at start")
+    assert found.problems[0] == ("llama: max_model_len 262144 is longer than the model's own context (131072, from "
+                                 "config.json's max_position_embeddings); vLLM refuses it at start unless "
+                                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is in the model's env")
+    assert not fit("llama", int(14.96 * GIB), "H200", 141 * GIB, 0.9, 1, 1, model_shape(LLAMA_31_8B), 262144,
+                   long_context_allowed=True).problems
     gemma = fit("gemma", 16 * GIB, "RTX 4090 48GB", 48 * GIB, 0.9, 1, 1, model_shape(GEMMA_3_27B), None)
     assert gemma.problems == [] and gemma.warnings[0].startswith("gemma: perhaps; one sequence of its own context")
-    assert "some of its layers keep a window only" in gemma.warnings[0]
+    assert "some of its layers keep a window or no KV cache at all" in gemma.warnings[0]
 
 
 def test_a_model_without_layer_counts_is_judged_on_its_weights_alone():
@@ -132,3 +135,78 @@ def test_the_roofline_reads_a_dense_models_bytes_from_the_rig_and_leaves_a_mixtu
     assert far_below(alpha, 10.0, 62.8, dense).startswith("decode 10.0 tok/s is 16% of the 63 tok/s")
     assert far_below(alpha, 40.0, 62.8, dense) is None  # 64%: what a real engine reaches
     assert far_below(alpha, 10.0, 62.8, {"config": {}, "weights_bytes": 2048}) is None  # a test model: bound by launches
+
+
+def test_the_rig_read_sends_back_the_keys_and_the_bytes_vllm_loads(tmp_path):
+    """ModelShapes' command run here by `sh` as the rig runs it: a snapshot-like folder (the shard a symlink), a
+    folder with no config.json, and a volume that is not there (nothing read, not the working folder's files)."""
+    import json as json_
+
+    from rigkit.fit.facts import ModelShapes
+
+    model = tmp_path / "m"
+    (model / "original").mkdir(parents=True)
+    (model / "config.json").write_text(json_.dumps({**LLAMA_31_8B, "quantization_config": {"quant_method": "awq"},
+                                                    "vocab_size": 128256, "rope_scaling": {"rope_type": "llama3"},
+                                                    "num_local_experts": 8}))
+    (tmp_path / "blob").write_bytes(b"x" * 3000)
+    (model / "model-00001-of-00002.safetensors").symlink_to(tmp_path / "blob")
+    (model / "model-00002-of-00002.safetensors").write_bytes(b"y" * 1000)
+    (model / "original" / "consolidated.00.pth").write_bytes(b"z" * 5000)  # not what vLLM loads
+    (model / "consolidated.safetensors").write_bytes(b"c" * 4000)  # Mistral's repos: a second copy, not loaded
+    (model / "model.safetensors.index.json").write_text(json_.dumps({"weight_map": {
+        "a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors",
+        "c.weight": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "config.json").write_text("{}")  # in the working folder: never read for a missing volume
+    command = ModelShapes().command(places=(("m", "folder", str(model)), ("empty", "folder", str(tmp_path / "none")),
+                                            ("gone", "volume", "rigkit-weights-never-made")))
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    found = ModelShapes().process(done.stdout.splitlines())
+    assert found["m"]["weights_bytes"] == 4000
+    assert found["m"]["config"] == {**LLAMA_31_8B, "quant_method": "awq", "rope_scaling": {"rope_type": "llama3"},
+                                    "num_local_experts": 8}  # only the keys the arithmetic reads
+    from rigkit.fit.shape import is_moe
+    assert is_moe(found["m"]["config"])  # so no roofline from its files (they are not what a token reads)
+    assert found["empty"]["config"] is None and found["empty"]["weights_bytes"] == 0
+    assert found["gone"] == {"name": "gone", "config": None, "weights_bytes": 0}
+
+
+def test_what_vllm_holds_is_not_always_what_the_files_weigh():
+    """A float32 checkpoint loads as 16-bit under dtype auto; a quantization asked of the catalog that config.json
+    does not name is done at load, so the weights on the GPU are a guess and a refusal becomes a warning."""
+    from rigkit.config.loader import load_rig
+    from rigkit.fit.check import held_weights, model_fit
+
+    rig = load_rig(DATA / "rigs" / "serving.yml", DATA / "models")
+    alpha = next(m for m in rig.models if m.name == "test-alpha")
+    fp32 = {**LLAMA_31_8B, "torch_dtype": "float32"}
+    assert held_weights(alpha, 32 * GIB, fp32) == (16 * GIB, True)
+    assert model_shape(fp32).dtype_bytes == 4 and kv_bytes_per_token(model_shape(fp32), "auto", "auto", 1, 1) == 128 * 1024
+    quantized = alpha.spec.model_copy(update={"vllm": alpha.spec.vllm.model_copy(update={"quantization": "fp8"})})
+    from dataclasses import replace
+    fp8 = replace(alpha, spec=quantized)
+    assert held_weights(fp8, 60 * GIB, LLAMA_31_8B) == (60 * GIB, False)
+    found = model_fit(fp8, rig, {"config": LLAMA_31_8B, "weights_bytes": 60 * GIB}, {})
+    assert found.problems == [] and found.warnings[0].startswith("test-alpha: perhaps; its weights are 60.0 GiB")
+    assert "quantized as it loads them" in found.warnings[0]
+
+
+def test_rope_scaling_follows_vllm_032s_rule_and_a_longer_context_is_only_warned():
+    from rigkit.fit.shape import max_context
+
+    linear = {**LLAMA_31_8B, "max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4.0}}
+    assert max_context(linear, linear) == (16384, True)
+    yarn = {**LLAMA_31_8B, "max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                                            "original_max_position_embeddings": 32768}}
+    assert max_context(yarn, yarn) == (32768, True)  # 0.32 leaves YaRN's as it is
+    found = fit("qwen", 15 * GIB, "H200", 141 * GIB, 0.9, 1, 1, model_shape(yarn), 131072)
+    assert found.problems == [] and found.warnings[0].startswith("qwen: perhaps; max_model_len 131072 is longer")
+
+
+def test_hybrid_and_linear_attention_models_are_an_upper_bound_and_a_context_that_fits_nothing_says_so():
+    qwen3_next = {**LLAMA_31_8B, "layer_types": ["linear_attention", "full_attention"]}
+    nemotron_h = {**LLAMA_31_8B, "hybrid_override_pattern": "M-M-M-M*-"}
+    assert model_shape(qwen3_next).upper_bound and model_shape(nemotron_h).upper_bound
+    assert not model_shape(LLAMA_31_8B).upper_bound
+    full = fit("big", int(20.6 * GIB) - 2**20, "RTX 4090", RTX_4090, 0.9, 1, 1, model_shape(LLAMA_31_8B), 8192)
+    assert full.problems[0].endswith("Use more GPUs or a smaller variant")

@@ -22,8 +22,9 @@ def test_a_cold_start_is_cut_into_phases_that_add_up_to_the_first_token():
     assert phases["weights load"] < 1 and "CUDA graph capture" not in phases  # a CPU build captures no graph
     assert doc["vllm_says"] == {"weights load": 0.01, "init engine (profile, KV cache, warm-up)": 24.26}
     assert doc["silences"][0]["s"] > 23 and "Warming up model for the compilation" in doc["silences"][0]["after"]
-    assert doc["compile_cache"] == {"cache": "miss", "reason": "nothing cached under this key", "key":
-                                    "3719b157fc20a7b4cb93918c3678a1cfe26293fd724d57a6833550fb523d4aba"}
+    key = "3719b157fc20a7b4cb93918c3678a1cfe26293fd724d57a6833550fb523d4aba"
+    assert doc["compile_cache"] == {"cache": "miss", "reason": "nothing cached under this key", "key": key,
+                                    "paths": [f"torch_compile_cache/torch_aot_compile/{key}"]}  # all vLLM's CPU build logs
 
 
 def test_a_restart_that_could_not_load_its_cache_says_vllms_reason():
@@ -39,7 +40,8 @@ def test_a_restart_that_could_not_load_its_cache_says_vllms_reason():
 def test_a_hit_an_eager_start_and_lines_that_are_not_a_log():
     assert compile_cache(["(Worker pid=1) INFO [decorators.py:1] [backbone] Directly load AOT compilation from path "
                           "/c/torch_compile_cache/torch_aot_compile/0123456789abcdef/rank_0_0/model"]) == \
-        {"cache": "hit", "reason": None, "key": "0123456789abcdef"}
+        {"cache": "hit", "reason": None, "key": "0123456789abcdef",
+         "paths": ["torch_compile_cache/torch_aot_compile/0123456789abcdef"]}
     assert compile_cache(["INFO vllm-standin: serving /m"])["cache"] == "none"
     doc = startup("garbage line\n\n2026-12-04T10:00:01Z hello\n", stamp("2026-12-04T10:00:00Z"))
     assert doc["phases"] == [{"phase": "container start to its first line", "s": 1.0}] and doc["total_s"] == 1.0

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import subprocess
 
-from rigkit.weights.compile_cache import identity_command, mismatch, parse_identity, receive_script, send_script, shipped_key
+from rigkit.weights.compile_cache import (commit_script, identity_command, image_mismatch, mismatch, parse_identity,
+                                          receive_script, send_script, shipped_paths)
 
 KEY = "3f9c2a7b1d"
 H200 = "NVIDIA H200"
@@ -30,21 +31,27 @@ def test_the_rigs_answer_is_read_whole_and_a_broken_table_is_no_table():
     assert "startup.json" not in identity_command("vllm/vllm-openai:v0.32.0", None)
 
 
-def test_only_a_key_a_start_used_is_shipped_and_only_a_key_that_is_a_key():
-    assert shipped_key({"compile_cache": {"cache": "hit", "key": KEY}}) == KEY
-    assert shipped_key({"compile_cache": {"cache": "miss", "key": KEY}}) == KEY  # compiled, and kept
-    assert shipped_key({"compile_cache": {"cache": "none", "key": None}}) is None  # eager: nothing compiled
-    assert shipped_key({"compile_cache": {"cache": "miss", "key": None}}) is None
-    assert shipped_key({"compile_cache": {"cache": "hit", "key": "../../etc"}}) is None  # never a path
-    assert shipped_key(None) is None
+AOT = f"torch_compile_cache/torch_aot_compile/{'ab' * 32}"
+GRAPHS = f"torch_compile_cache/{KEY}"
+
+
+def test_only_the_folders_a_start_used_are_shipped_and_only_names_that_are_cache_keys():
+    assert shipped_paths({"compile_cache": {"cache": "hit", "key": KEY, "paths": [AOT, GRAPHS]}}) == [GRAPHS, AOT]
+    assert shipped_paths({"compile_cache": {"cache": "miss", "key": KEY, "paths": [GRAPHS]}}) == [GRAPHS]  # compiled, kept
+    assert shipped_paths({"compile_cache": {"cache": "none", "key": None, "paths": []}}) == []  # eager: nothing compiled
+    assert shipped_paths({"compile_cache": {"cache": "hit", "key": KEY}}) == []  # a table from before paths were kept
+    assert shipped_paths({"compile_cache": {"cache": "hit", "paths": ["torch_compile_cache/../../etc", "/etc/x",
+                                                                      f"{GRAPHS}/../x", 7]}}) == []  # never a path out
+    assert shipped_paths(None) == []
 
 
 def test_graphs_go_only_where_image_gpu_model_and_driver_match_and_the_reason_names_the_difference():
     source = identity()
     assert mismatch([0], source, [1], identity(), "rig-a") is None  # another index, the same GPU model
-    assert mismatch([0], source, [0], identity(image="sha256:bb22"), "rig-a") == \
+    assert image_mismatch(source, identity(), "rig-a") is None
+    assert image_mismatch(source, identity(image="sha256:bb22"), "rig-a") == \
         "the image differs (rig rig-a sha256:aa11, this rig sha256:bb22)"
-    assert mismatch([0], source, [0], identity(image=""), "rig-a") == \
+    assert image_mismatch(source, identity(image=""), "rig-a") == \
         "the image differs (rig rig-a sha256:aa11, this rig has none)"
     l40s = identity(gpus=((0, "NVIDIA L40S", "570.86.15"),))
     assert mismatch([0], source, [0], l40s, "rig-a") == "the GPUs differ (rig rig-a NVIDIA H200, this rig NVIDIA L40S)"
@@ -59,34 +66,41 @@ def cache_root(folder, key=KEY, aot=False):
     graphs.mkdir(parents=True)
     (graphs / "graph").write_bytes(b"g" * 5000)
     if aot:
-        (folder / "torch_compile_cache" / "torch_aot_compile" / key / "rank_0_0").mkdir(parents=True)
-        (folder / "torch_compile_cache" / "torch_aot_compile" / key / "rank_0_0" / "model").write_bytes(b"m")
+        (folder / AOT / "rank_0_0").mkdir(parents=True)
+        (folder / AOT / "rank_0_0" / "model").write_bytes(b"m")
     return folder
 
 
-def stream(source, target, cut_at=None):
+def stream(source, target, paths, cut_at=None):
     """The send script in `source` piped to the receive script in `target` (optionally cut after `cut_at` bytes)."""
-    sent = subprocess.run(["sh", "-c", send_script(KEY)], cwd=source, capture_output=True, timeout=60)
+    sent = subprocess.run(["sh", "-c", send_script(paths)], cwd=source, capture_output=True, timeout=60)
     data = sent.stdout if cut_at is None else sent.stdout[:cut_at]
-    got = subprocess.run(["sh", "-c", receive_script(KEY)], cwd=target, input=data, capture_output=True, timeout=60)
+    got = subprocess.run(["sh", "-c", receive_script()], cwd=target, input=data, capture_output=True, timeout=60)
     return sent, got
 
 
-def test_a_whole_stream_lands_in_place_beside_what_the_cache_had_and_a_cut_one_leaves_nothing(tmp_path):
+def commit(target, paths):
+    return subprocess.run(["sh", "-c", commit_script(paths)], cwd=target, capture_output=True, timeout=60)
+
+
+def test_a_whole_stream_lands_in_place_only_when_committed_and_a_cut_one_leaves_nothing(tmp_path):
     source = cache_root(tmp_path / "a", aot=True)
     target = cache_root(tmp_path / "b", key="0123456789")  # the target's own graphs of another config
-    sent, got = stream(source, target, cut_at=6000)
+    sent, got = stream(source, target, [GRAPHS, AOT], cut_at=6000)
     assert sent.returncode == 0 and got.returncode != 0, got.stdout
     assert sorted(p.name for p in (target / "torch_compile_cache").iterdir()) == ["0123456789"]  # nothing half there
-    sent, got = stream(source, target)
+    assert commit(target, [GRAPHS, AOT]).returncode != 0  # nothing received: nothing to move
+    sent, got = stream(source, target, [GRAPHS, AOT])
     assert got.returncode == 0 and got.stdout.decode().strip().splitlines()[-1].startswith("received-kib="), got
-    assert (target / "torch_compile_cache" / KEY / "rank_0_0" / "backbone" / "graph").read_bytes() == b"g" * 5000
-    assert (target / "torch_compile_cache" / "torch_aot_compile" / KEY / "rank_0_0" / "model").read_bytes() == b"m"
-    assert (target / "torch_compile_cache" / "0123456789").is_dir()
+    assert not (target / GRAPHS).exists()  # received beside the cache, not yet in it
+    done = commit(target, [GRAPHS, AOT])
+    assert done.returncode == 0 and done.stdout.decode().strip() == "committed", done
+    assert (target / GRAPHS / "rank_0_0" / "backbone" / "graph").read_bytes() == b"g" * 5000
+    assert (target / AOT / "rank_0_0" / "model").read_bytes() == b"m"
     assert sorted(p.name for p in (target / "torch_compile_cache").iterdir()) == ["0123456789", KEY, "torch_aot_compile"]
 
 
-def test_a_source_without_the_key_sends_nothing_and_says_so(tmp_path):
-    (tmp_path / "a").mkdir()
-    sent = subprocess.run(["sh", "-c", send_script(KEY)], cwd=tmp_path / "a", capture_output=True, timeout=60)
+def test_a_source_without_one_of_the_folders_sends_nothing_and_says_so(tmp_path):
+    source = cache_root(tmp_path / "a")  # the graphs, not the AOT function
+    sent = subprocess.run(["sh", "-c", send_script([GRAPHS, AOT])], cwd=source, capture_output=True, timeout=60)
     assert sent.returncode == 3 and sent.stdout == b""

@@ -182,7 +182,8 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
     key = started_a["compile_cache"]["key"]
     assert started_a["compile_cache"]["cache"] == "miss" and key, started_a
     assert f"relay-b: compiled graphs {key[:12]} taken from rig rig-a, " in second.output, second.output[-6000:]
-    assert started_b["compile_cache"] == {"cache": "hit", "reason": None, "key": key}, started_b
+    assert started_b["compile_cache"]["cache"] == "hit" and started_b["compile_cache"]["key"] == key, started_b
+    assert started_b["compile_cache"]["paths"] == [f"torch_compile_cache/{key}"] == started_a["compile_cache"]["paths"]
 
     third = finish(start_deploy(inventory, folder / "third.log"), folder / "third.log")
     assert third.returncode == 0, third.output[-6000:]

@@ -8,28 +8,47 @@ from rigkit.config import gpu_models
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.fit.facts import ModelShapes
 from rigkit.fit.memory import GIB, Fit, fit
-from rigkit.fit.shape import model_shape
+from rigkit.fit.shape import loaded_dtype_bytes, model_shape
 from rigkit.fit.variant import variant_problems
+from rigkit.rigside.names import volume_name
 
 MIB = 1024**2
 
 
-def model_folder(model: ModelConfig) -> str | None:
-    """The folder on the rig vLLM's weights come from: a model's source folder (copied onto its volume or
-    bind-mounted); None for weights from another rig's volume (that rig's deploy reckons them)."""
-    return None if model.spec.weights.from_rig is not None else model.spec.weights.source
+def model_files(model: ModelConfig) -> tuple[str, str]:
+    """Where on the rig vLLM's weights come from: ("folder", the model's source folder, copied onto its volume or
+    bind-mounted), or ("volume", its volume) for weights from another rig, whose folder is read once they are
+    there (a first deploy reads nothing: the next one reckons them)."""
+    if model.spec.weights.from_rig is not None:
+        return "volume", volume_name(model)
+    return "folder", model.spec.weights.source
 
 
 def shapes_reads(rig: RigConfig) -> list:
-    pairs = tuple((m.name, folder) for m in rig.models if (folder := model_folder(m)))
-    return [(ModelShapes, {"pairs": pairs})] if pairs and rig.spec.os == "linux" else []
+    places = tuple((m.name, *model_files(m)) for m in rig.models)
+    return [(ModelShapes, {"places": places})] if places and rig.spec.os == "linux" else []
+
+
+def held_weights(model: ModelConfig, file_bytes: int, config: dict) -> tuple[int, bool]:
+    """(the weights' bytes as vLLM holds them on the GPUs, whether that is sure): an unquantized checkpoint is cast
+    to the dtype it is served in (a float32 one to 16 bits under dtype auto, half its files); one the catalog
+    quantizes as it loads (a quantization its config.json does not name) holds an unknown share of them."""
+    shape = model_shape(config) if config else None
+    if shape is not None and not config.get("quant_method"):
+        file_bytes = file_bytes * loaded_dtype_bytes(shape, model.spec.vllm.dtype) // shape.dtype_bytes
+    asked = model.spec.vllm.quantization
+    return file_bytes, not asked or asked == config.get("quant_method")
 
 
 def model_fit(model: ModelConfig, rig: RigConfig, answer: dict, memory_mib: dict[int, int]) -> Fit | None:
     """`answer`: ModelShapes' for the model ({} offline); `memory_mib`: {GPU index: total memory} as the rig
     reports it ({} offline: the rig file's GPU models from the table). None where nothing is known."""
     spec = model.spec
-    weights = answer.get("weights_bytes") or spec.weight_bytes
+    config = answer.get("config") if isinstance(answer.get("config"), dict) else {}
+    if answer.get("weights_bytes"):
+        weights, sure = held_weights(model, answer["weights_bytes"], config)
+    else:
+        weights, sure = spec.weight_bytes, True  # the catalog's: as the GPU holds them
     by_index = {g.index: g for g in rig.spec.gpus}
     sizes = []
     for index in spec.gpus:
@@ -40,10 +59,10 @@ def model_fit(model: ModelConfig, rig: RigConfig, answer: dict, memory_mib: dict
     if not weights or len(sizes) != len(spec.gpus):
         return None
     memory, name = min(sizes)
-    config = answer.get("config")
-    shape = model_shape(config) if isinstance(config, dict) else None
+    allowed = spec.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() not in ("", "0", "false")
     return fit(model.name, weights, name, memory, spec.vllm.gpu_memory_utilization, spec.parallel.tensor,
-               spec.parallel.pipeline, shape, spec.vllm.max_model_len, spec.vllm.dtype, spec.vllm.kv_cache_dtype)
+               spec.parallel.pipeline, model_shape(config) if config else None, spec.vllm.max_model_len,
+               spec.vllm.dtype, spec.vllm.kv_cache_dtype, sure=sure, long_context_allowed=allowed)
 
 
 def rig_fits(rig: RigConfig, answers: dict, memory_mib: dict[int, int]) -> list[Fit]:

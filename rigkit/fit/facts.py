@@ -9,6 +9,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from rigkit.fit.shape import KEYS
+from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 
 READ_S = 30  # a config.json and a folder's listing; a hung network mount is given up
 CONFIG_MAX_BYTES = 1024 * 1024
@@ -29,6 +30,9 @@ def pick(config):
 args = sys.argv[1:]
 for name, folder in zip(args[::2], args[1::2]):
     out = {{"name": name, "config": None, "weights_bytes": 0}}
+    if not folder.startswith("/"):  # a volume not there (yet): nothing to read
+        print(json.dumps(out))
+        continue
     try:
         with open(os.path.join(folder, "config.json"), "rb") as f:
             data = f.read({CONFIG_MAX_BYTES} + 1)
@@ -36,8 +40,18 @@ for name, folder in zip(args[::2], args[1::2]):
         out["config"] = pick(config) if isinstance(config, dict) else None
     except (OSError, ValueError) as exc:
         out["error"] = str(exc)[:200]
-    here = glob.escape(folder)
-    files = glob.glob(os.path.join(here, "*.safetensors")) or glob.glob(os.path.join(here, "*.bin"))
+    files = None
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        try:  # the shards vLLM loads: those its index names (a repo may also hold a consolidated copy)
+            with open(os.path.join(folder, index), "rb") as f:
+                names = json.loads(f.read({CONFIG_MAX_BYTES} * 8)).get("weight_map", {{}}).values()
+            files = [os.path.join(folder, n) for n in sorted(set(map(str, names))) if "/" not in n and n[:1] != "."]
+            break
+        except (OSError, ValueError, AttributeError):
+            continue
+    if files is None:
+        here = glob.escape(folder)
+        files = glob.glob(os.path.join(here, "*.safetensors")) or glob.glob(os.path.join(here, "*.bin"))
     for path in files:
         try:
             out["weights_bytes"] += os.stat(path).st_size
@@ -49,11 +63,20 @@ for name, folder in zip(args[::2], args[1::2]):
 
 class ModelShapes(FactBase):
     """{model name: {"config": the keys of its config.json rigkit.fit.shape reads, or None, "weights_bytes": int}}
-    for each (name, folder) pair: the top-level *.safetensors (else *.bin) as vLLM loads them, symlinks followed."""
+    for each (name, "folder" | "volume", path or volume name): the shards vLLM loads (those the safetensors index
+    names, else the top-level *.safetensors, else *.bin), symlinks followed; a volume's folder is its Mountpoint
+    (nothing read where it is not there, or where the rig's user may not read Docker's folder)."""
 
-    def command(self, pairs: tuple[tuple[str, str], ...]) -> str:
-        args = " ".join(shlex.quote(part) for pair in pairs for part in pair)
-        return f"timeout -k 2 {READ_S} python3 -c {shlex.quote(SCRIPT)} {args} 2>/dev/null; exit 0"
+    def command(self, places: tuple[tuple[str, str, str], ...]) -> str:
+        args = []
+        for name, kind, where in places:
+            if kind == "volume":
+                folder = (f'"$({bounded("docker", DOCKER_S)} volume inspect --format '
+                          f"'{{{{.Mountpoint}}}}' {shlex.quote(where)} 2>/dev/null)\"")
+            else:
+                folder = shlex.quote(where)
+            args += [shlex.quote(name), folder]
+        return f"timeout -k 2 {READ_S} python3 -c {shlex.quote(SCRIPT)} {' '.join(args)} 2>/dev/null; exit 0"
 
     def process(self, output) -> dict:
         found = {}

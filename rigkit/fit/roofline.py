@@ -12,18 +12,13 @@ from __future__ import annotations
 
 from rigkit.config import gpu_models
 from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.fit.check import held_weights
+from rigkit.fit.shape import is_moe
 
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-# Below this share of the roofline, with weights large enough that reading them dominates a step, verification
-# names the likely causes. Tiny models (the tests' and many drafts) are bound by launches, not bytes.
+# Below this share of the roofline, with weights large enough that reading them dominates a step (MEANINGFUL_BYTES:
+# tiny models, the tests' and many drafts, are bound by launches, not bytes), verification names the likely causes.
 FAR_BELOW_SHARE = 0.25
 MEANINGFUL_BYTES = 1024**3
-
-
-def is_moe(config: dict) -> bool:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    return any(isinstance(text.get(k), int) and text.get(k) > 1 for k in EXPERT_KEYS) or \
-        any(isinstance(config.get(k), int) and config.get(k) > 1 for k in EXPERT_KEYS)
 
 
 def bytes_per_token(model: ModelConfig, answer: dict) -> int | None:
@@ -32,7 +27,12 @@ def bytes_per_token(model: ModelConfig, answer: dict) -> int | None:
         return model.spec.active_weight_bytes
     config = answer.get("config") if isinstance(answer.get("config"), dict) else {}
     weights = answer.get("weights_bytes")
-    return weights if isinstance(weights, int) and weights > 0 and not is_moe(config) else None
+    if not isinstance(weights, int) or weights <= 0 or is_moe(config):
+        return None
+    held, sure = held_weights(model, weights, config)
+    # Quantized as it loads: the bytes it reads are not its files. Under MEANINGFUL_BYTES, kernel launches bound a
+    # step, not the bytes: a 48 MB model's "20,000 tok/s" would say nothing.
+    return held if sure and held >= MEANINGFUL_BYTES else None
 
 
 def roofline_tok_s(rig: RigConfig, model: ModelConfig, answer: dict | None = None) -> float | None:

@@ -42,6 +42,9 @@ CACHE_HIT = re.compile(r"Directly load (?:AOT compilation|the compiled graph)")
 CACHE_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from \S+, reason: (.*)")
 COMPILED = re.compile(r"saved AOT compiled function to |Compiling a graph for|torch\.compile (?:takes|took)")
 CACHE_KEY = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{10,})")
+# Every key folder a start named, relative to vLLM's cache root: the graphs' and the AOT function's have hashes of
+# their own (the weights relay ships them all: rigkit.weights.compile_cache).
+CACHE_PATHS = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?[0-9a-f]{10,128}(?![0-9a-f])")
 SILENCE_S = 2.0  # a gap between two lines at least this long is listed
 SILENCES_KEPT = 3
 MAX_LINES = 20000  # a start logs a few hundred lines; a log flooded with more is read this far
@@ -120,14 +123,16 @@ def compile_cache(texts: list[str]) -> dict:
     """What the compile cache did in this start: "hit", "miss" (with vLLM's reason where it gave one) or
     "none" (nothing compiled: --enforce-eager, or a version that says nothing), and its key where logged."""
     key = next((m.group(1) for t in texts if (m := CACHE_KEY.search(t))), None)
+    paths = sorted({m.group(0) for t in texts for m in CACHE_PATHS.finditer(t)})[:8]
     failed = next((m.group(1).strip() for t in texts if (m := CACHE_LOAD_FAILED.search(t))), None)
     if failed is not None:
-        return {"cache": "miss", "reason": f"vLLM could not load its cached graph: {failed[:300]}", "key": key}
+        return {"cache": "miss", "reason": f"vLLM could not load its cached graph: {failed[:300]}", "key": key,
+                "paths": paths}
     if any(CACHE_HIT.search(t) for t in texts):
-        return {"cache": "hit", "reason": None, "key": key}
+        return {"cache": "hit", "reason": None, "key": key, "paths": paths}
     if any(COMPILED.search(t) for t in texts):
-        return {"cache": "miss", "reason": "nothing cached under this key", "key": key}
-    return {"cache": "none", "reason": None, "key": None}
+        return {"cache": "miss", "reason": "nothing cached under this key", "key": key, "paths": paths}
+    return {"cache": "none", "reason": None, "key": None, "paths": []}
 
 
 def flags(command: list[str]) -> dict[str, str]:

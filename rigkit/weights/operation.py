@@ -7,7 +7,6 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api.exceptions import ConnectError, DeployError, NestedOperationError
 from pyinfra.operations import python
-from paramiko import SSHException
 
 from rigkit.config.inventory import ssh_target
 from rigkit.config.schema import ModelConfig
@@ -126,8 +125,8 @@ def source_model(other, model: ModelConfig) -> ModelConfig | None:
 
 def cache_needed(model: ModelConfig, plan: dict) -> bool:
     """At run time, after the weights' relay: does the source rig hold graphs its last start used that this rig's
-    model can load and lacks? What it found goes into `plan` for the shipping. Why a key is not shipped is said;
-    a rig that does not answer is a warning, never a failure (the model then compiles at its start)."""
+    model may load and lacks? What it found goes into `plan` for the shipping. Why nothing is shipped is said; a
+    rig that does not answer is a warning, never a failure (the model then compiles at its start)."""
     from rigkit.weights import compile_cache as cc
 
     plan.clear()
@@ -139,39 +138,62 @@ def cache_needed(model: ModelConfig, plan: dict) -> bool:
             return False
         code, out = cc.run_on(other.connector.client.get_transport(),
                               cc.identity_command(theirs_model.spec.image, theirs_model.name), cc.READ_TIMEOUT_S)
+        if code != 0:
+            raise RuntimeError(f"rig {rig} did not say what it runs (exit {code})")
         theirs = cc.parse_identity(out)
-        key = cc.shipped_key(theirs["start"])
-        if key is None:  # never started there, or compiled nothing: nothing to ship
+        paths = cc.shipped_paths(theirs["start"])
+        if not paths:  # never started there, compiled nothing, or a table from before paths were kept
             return False
         transport = host.connector.client.get_transport()
-        ours = cc.parse_identity(cc.run_on(transport, cc.identity_command(model.spec.image, None), cc.READ_TIMEOUT_S)[1])
+        code, out = cc.run_on(transport, cc.identity_command(model.spec.image, None), cc.READ_TIMEOUT_S)
+        if code != 0:
+            raise RuntimeError(f"this rig did not say what it runs (exit {code})")
+        ours = cc.parse_identity(out)
         why = cc.mismatch(list(theirs_model.spec.gpus), theirs, list(model.spec.gpus), ours, rig)
+        if why is None and ours["image"]:  # with no image yet, it is pulled and compared before the shipping
+            why = cc.image_mismatch(theirs, ours, rig)
         if why is not None:
             logger.info(f"{host.print_prefix}{model.name}: compiled graphs of rig {rig} not taken: {why}")
             return False
-        if cc.target_has_key(transport, model, key):
+        has = cc.target_has(transport, model, paths)
+        if has is None:
+            raise RuntimeError("this rig did not say what its cache volume holds")
+        if has:
             return False
-    except (ConnectError, OSError, SSHException) as exc:
+    except Exception as exc:  # noqa: BLE001: a cache is never worth failing the deploy
         host.log_styled(f"{model.name}: compiled graphs of rig {rig} not taken: {exc}", fg="yellow",
                         log_func=logger.warning)
         return False
-    plan.update(key=key, source_model=theirs_model)
+    plan.update(paths=paths, source_model=theirs_model, source_identity=theirs, pull=not ours["image"])
     return True
 
 
 def ship_cache_on_rig(model: ModelConfig, plan: dict) -> None:
-    from rigkit.weights.compile_cache import ship
+    from rigkit.weights import compile_cache as cc
 
     rig = model.spec.weights.from_rig.rig
-    other = source_host(rig)
-    openssh = (openssh_command(ssh_target(other)), openssh_command(ssh_target(host)))
     try:
-        report = ship(model, plan["source_model"], plan["key"], openssh)
-    except RuntimeError as exc:
-        host.log_styled(f"{model.name}: compiled graphs {plan['key'][:12]} of rig {rig} not taken: {exc}; the model "
-                        "compiles them at its start", fg="yellow", log_func=logger.warning)
+        transport = host.connector.client.get_transport()
+        if plan["pull"]:  # the serving step would pull it next: pulled now, to compare it with the source's
+            code, out = cc.run_on(transport, cc.pull_command(model.spec.image), cc.PULL_TIMEOUT_S + 30)
+            ours = cc.parse_identity(cc.run_on(transport, cc.identity_command(model.spec.image, None),
+                                               cc.READ_TIMEOUT_S)[1])
+            why = cc.image_mismatch(plan["source_identity"], ours, rig)
+            if why is not None:
+                pulled = "" if code == 0 else f"; pulling {model.spec.image} failed: {out.strip()[-200:] or code}"
+                logger.info(f"{host.print_prefix}{model.name}: compiled graphs of rig {rig} not taken: {why}{pulled}")
+                return
+        other = source_host(rig)
+        openssh = (openssh_command(ssh_target(other)), openssh_command(ssh_target(host)))
+        if None in openssh:
+            raise RuntimeError("OpenSSH cannot reach both rigs as the deploy does")
+        report = cc.ship(model, plan["source_model"], plan["paths"], openssh, transport)
+    except Exception as exc:  # noqa: BLE001: a cache is never worth failing the deploy
+        host.log_styled(f"{model.name}: compiled graphs of rig {rig} not taken: {exc}; the model compiles them at "
+                        "its start", fg="yellow", log_func=logger.warning)
         return
-    logger.info(f"{host.print_prefix}{model.name}: compiled graphs {plan['key'][:12]} taken from rig {rig}, "
+    keys = ", ".join(p.rpartition("/")[2][:12] for p in plan["paths"])
+    logger.info(f"{host.print_prefix}{model.name}: compiled graphs {keys} taken from rig {rig}, "
                 f"{size(report['kib'])} in {report['seconds']:.1f} s: its next start loads them")
 
 
