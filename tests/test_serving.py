@@ -9,6 +9,7 @@ accept the compose files' GPU reservations; there is no GPU behind them).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -475,7 +476,14 @@ def test_each_start_says_where_its_time_went_and_compiled_graphs_outlive_the_con
     (a Docker volume, vLLM's cache root) serves the next container: a redeploy and a rollback load what was
     compiled, a graph-changing flag misses and is named. Simulated: vLLM's GPU build compiling (the stand-in's
     STANDIN_COMPILE_S model of it: keys under VLLM_CACHE_ROOT, vLLM 0.32's log lines)."""
-    length = 3000 + int(time.time()) % 1000  # a key no earlier run of this test left in the cache
+    length = 3000
+    # The volume outlives every run on this machine: its keys go, so that the first start compiles. (A length
+    # taken from the clock once met a key an earlier run had left, and the graph-changing flag loaded it.)
+    try:
+        cache = Path(docker.from_env().volumes.get("rigkit-compile-cache-test-alpha").attrs["Mountpoint"])
+        shutil.rmtree(cache / "torch_compile_cache", ignore_errors=True)
+    except docker.errors.NotFound:
+        pass
 
     def catalog(name, length, *more):
         return copy_catalog(tmp_path / name, test_alpha=[
