@@ -110,10 +110,10 @@ def _fit(rig: RigConfig) -> list[str]:
     answers = {}
     for fact, kwargs in shapes_reads(rig):
         answers = read_once(fact, **kwargs)
-    report = read_once(NvidiaDriverAndGpus).gpus
-    memory = {g.index: g.memory_total_mib for g in (report.gpus if report else ())
+    read = read_once(NvidiaDriverAndGpus)
+    memory = {g.index: g.memory_total_mib for g in (read.gpus.gpus if read.gpus else ())
               if isinstance(g.memory_total_mib, int) and g.memory_total_mib > 0}
-    caps = {g.index: g.compute_capability for g in read_once(NvidiaDriverAndGpus).driver.gpus}
+    caps = {g.index: g.compute_capability for g in read.driver.gpus}
     problems = shared_gpu_problems(rig) + variant_findings(rig, answers, caps)
     for model in rig.models:
         found = model_fit(model, rig, answers.get(model.name) or {}, memory)

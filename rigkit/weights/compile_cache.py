@@ -20,7 +20,6 @@ shipped never fails the deploy: the model compiles at its start, as it would.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import socket
 import subprocess
@@ -31,13 +30,14 @@ from rigkit.config.schema import ModelConfig
 from rigkit.plumbing.rig_reads import DOCKER_S, NVIDIA_SMI_S, bounded
 from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, compile_cache_volume, project_name, weights_helper_name
 from rigkit.rigside.stack import STARTUP_FILE, stack_file
+from rigkit.rigside.startup import CACHE_PATHS
 from rigkit.weights.layout import helper_image
+from rigkit.weights.relay import volume_folder
 
 CACHE_FOLDER = "torch_compile_cache"  # under VLLM_CACHE_ROOT (rigkit.serving.compose.COMPILE_CACHE_PATH)
 INCOMING = f"{CACHE_FOLDER}/.rigkit-incoming"  # where a shipped key is unpacked before it is moved into place
 READ_TIMEOUT_S = 60  # the reads of each rig: a docker, an nvidia-smi and a cat; a helper container at most
 SHIP_TIMEOUT_S = 900  # one key's folder: tens to hundreds of MB on a GPU, across a LAN
-CACHE_PATH = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?[0-9a-f]{10,128}")  # as rigside.startup finds them
 ANSWER_MAX_BYTES = 1024 * 1024  # what is read of a rig's answer (a startup table is a few KiB)
 PULL_TIMEOUT_S = 1800  # the image, where the target has not pulled it yet (serving would, next)
 SENDER_GRACE_S = 60  # once the receiver has ended: the sender's own end
@@ -58,9 +58,7 @@ def volume_shell(volume: str, script: str, image: str, helper: str, label: str, 
     missing = (f"{docker} volume inspect {quoted} >/dev/null 2>&1 || {{ d=$(mktemp -d); cd \"$d\" && sh -c "
                f"{shlex.quote(script)}; c=$?; rm -rf \"$d\"; exit $c; }}; ") if read_only else ""
     access = "-r" if read_only else "-w"
-    return (f"{missing}info=$({docker} volume inspect --format '{{{{.Driver}}}}:{{{{len .Options}}}}:{{{{.Mountpoint}}}}' "
-            f"{quoted} 2>/dev/null); "
-            'case "$info" in local:0:/*) mp=${info#local:0:} ;; *) mp= ;; esac; '
+    return (f"{missing}{volume_folder(volume)}"
             f'if [ -n "$mp" ] && [ -d "$mp" ] && [ {access} "$mp" ]; then cd "$mp" && exec sh -c {shlex.quote(script)}; fi; '
             f"{docker} rm -f {shlex.quote(helper)} >/dev/null 2>&1; exec {run}")
 
@@ -104,7 +102,7 @@ def shipped_paths(start: dict | None) -> list[str]:
     if not isinstance(cache, dict) or cache.get("cache") not in ("hit", "miss"):
         return []
     paths = cache.get("paths")
-    return sorted({p for p in paths if isinstance(p, str) and CACHE_PATH.fullmatch(p)})[:8] if isinstance(paths, list) else []
+    return sorted({p for p in paths if isinstance(p, str) and CACHE_PATHS.fullmatch(p)})[:8] if isinstance(paths, list) else []
 
 
 def mismatch(source_gpus: list[int], source: dict, target_gpus: list[int], target: dict, rig: str) -> str | None:

@@ -70,15 +70,19 @@ def helper_command(model: ModelConfig, side: str, volume: str, args: list[str], 
     else:
         prepare = f"{docker} volume create {shlex.quote(volume)} >/dev/null 2>&1; "
     access = "-r" if read_only else "-w"
-    # The folder only of a local volume without mount options: one of another driver, or mounted from
-    # NFS, a tmpfs or a bind, is mounted only while a container uses it (its folder is then empty).
-    return (f"s={shlex.quote(copier_source())}; {prepare}"
-            f"info=$({docker} volume inspect --format '{{{{.Driver}}}}:{{{{len .Options}}}}:{{{{.Mountpoint}}}}' "
-            f"{shlex.quote(volume)} 2>/dev/null); "
-            'case "$info" in local:0:/*) mp=${info#local:0:} ;; *) mp= ;; esac; '
+    return (f"s={shlex.quote(copier_source())}; {prepare}{volume_folder(volume)}"
             f'if [ -n "$mp" ] && [ -d "$mp" ] && [ {access} "$mp" ] && command -v python3 >/dev/null; then '
             f'umask 022; exec python3 -c "$s" {args_direct}; fi; '  # files as the container makes them
             f'{docker} rm -f {shlex.quote(name)} >/dev/null 2>&1; exec {run} "$s" {shlex.join(args)}')
+
+
+def volume_folder(volume: str) -> str:
+    """Shell that sets $mp to the rig's folder of the Docker volume `volume`, or to "" where the rig's shell cannot
+    use it: the folder only of a local volume without mount options (one of another driver, or mounted from NFS,
+    a tmpfs or a bind, is mounted only while a container uses it, and its folder is then empty)."""
+    return (f"info=$({bounded('docker', DOCKER_S)} volume inspect --format "
+            f"'{{{{.Driver}}}}:{{{{len .Options}}}}:{{{{.Mountpoint}}}}' {shlex.quote(volume)} 2>/dev/null); "
+            'case "$info" in local:0:/*) mp=${info#local:0:} ;; *) mp= ;; esac; ')
 
 
 def manifest_digest(files: list[dict]) -> str:
