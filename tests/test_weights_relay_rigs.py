@@ -139,7 +139,10 @@ def test_rig_b_copies_rig_a_volume_resumes_a_killed_copy_at_its_last_chunk_and_a
             return rigkit_dir(client, "rigkit-weights-relay-b")
         except docker.errors.NotFound:
             return None
-    state = wait_for("rig B's receiver to create its volume", receiving, 300, every_s=0.05)
+    # A deploy that ends before rig B's receiver starts is a failure to read in its own output, not 300 s of waiting.
+    state = wait_for("rig B's receiver to create its volume", lambda: receiving() or proc.poll() is not None, 300,
+                     every_s=0.05)
+    assert isinstance(state, Path), (folder / "first.log").read_text()[-6000:]
     # 9 journal lines: config.json's one chunk (first in the manifest's order) and 8 of the shard's.
     wait_for("rig B's receiver to journal 9 chunks", lambda: journaled(state) >= 9 or proc.poll() is not None, 300,
              every_s=0.01)  # the kill lands mid-relay: look often
