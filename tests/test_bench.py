@@ -23,12 +23,20 @@ def check(result, name):
     return next(c for c in result.checks if c.name == name)
 
 
+def found(measured: float, truth: float) -> bool:
+    """The rate the stand-in was given, found to within 2% above it and 10% below. The stand-in can be late,
+    never early (it sleeps until each token's time): a process starved on a loaded machine once took 1.059 s
+    over a 1.024 s prefill, and the server's own histogram (which the client reads) said so. The errors this
+    guards against (queueing in the prefill, chunks counted as tokens, cached tokens) are factors, not percents."""
+    return truth * 0.9 <= measured <= truth * 1.02
+
+
 def test_decode_and_prefill_match_the_truth_under_speculative_decoding(tmp_path):
     with standin(tmp_path, *SPEC, "--dtype", "bfloat16", standin_decode_tok_s="100", standin_prefill_tok_s="2000") as url:
         result = run_bench(url, "m", prompt_tokens=2048, output_tokens=200, seed=1)
     assert result.passed, result.checks
-    assert result.decode_tok_s == pytest.approx(100, rel=0.02)
-    assert result.prefill_tok_s == pytest.approx(2000, rel=0.02)
+    assert found(result.decode_tok_s, 100)
+    assert found(result.prefill_tok_s, 2000)
     assert result.prompt_tokens == 2048 and result.completion_tokens == 200
     # 1 + 1.4 accepted tokens per draft: ~2.4 tokens in each chunk.
     assert result.tokens_per_chunk == pytest.approx(2.4, rel=0.03)
