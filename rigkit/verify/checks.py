@@ -34,6 +34,8 @@ class GpuLoad:
     energy_counter_j: float | None  # from the driver's energy counter, start to end
     integrated_energy_j: float | None  # from the instant-power samples
     duration_s: float
+    sampler_errors: tuple[str, ...] = ()  # what the sampler could not read (its samples then skipped)
+    silent_s: float = 0.0  # the longest stretch without a sample, the run's edges included
 
 
 def check_time_to_ready(start: dict, budget_s: float) -> Check:
@@ -78,7 +80,14 @@ def gpu_load(gpu: dict, t_start: float, t_end: float) -> GpuLoad:
         energy_counter_j=counter,
         integrated_energy_j=integrate_power(s["t"], power_series(s), t_start, t_end),
         duration_s=duration,
+        sampler_errors=tuple(gpu.get("errors") or ()),
+        silent_s=_longest_gap(s["t"], t_start, t_end),
     )
+
+
+def _longest_gap(times: list, t_start: float, t_end: float) -> float:
+    edges = [t_start, *times, t_end]
+    return max(b - a for a, b in zip(edges, edges[1:]))
 
 
 def power_series(samples: dict) -> list:
@@ -132,4 +141,9 @@ def check_power_under_load(load: GpuLoad, cap_w: float | None) -> Check:
 def check_sample_rate(load: GpuLoad, minimum_hz: float = 20.0) -> Check:
     name = f"gpu{load.index}_telemetry_rate"
     ok = load.samples_per_s >= minimum_hz
-    return Check(name, ok, f"{load.samples_per_s:.0f} samples/s ({'>=' if ok else 'below'} {minimum_hz:.0f})")
+    said = f"{load.samples_per_s:.0f} samples/s ({'>=' if ok else 'below'} {minimum_hz:.0f})"
+    if not ok:  # why, where the samples show it: a sampler starved or stalled, or NVML answering with errors
+        said += f"; longest stretch without a sample {load.silent_s:.1f} s of {load.duration_s:.1f} s"
+        if load.sampler_errors:
+            said += f"; the sampler could not read: {'; '.join(load.sampler_errors)}"
+    return Check(name, ok, said)

@@ -36,6 +36,7 @@ FIELDS = (
     ("hw_thermal_ns", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN, 1.0),
     ("hw_power_brake_ns", pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN, 1.0),
 )
+MAX_ERRORS_KEPT = 3
 SERIES = ("t", "sm_mhz", "mem_mhz", "temp_c", "event_reasons", "enforced_limit_w") + tuple(f[0] for f in FIELDS)
 
 
@@ -87,6 +88,7 @@ class Sampler:
                 "default_limit_w": _scaled(_optional(pynvml.nvmlDeviceGetPowerManagementDefaultLimit, handle)),
                 "max_clock_sm_mhz": _optional(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM),
                 "samples": {key: [] for key in SERIES},
+                "errors": [],
             })
         self.t_start = time.time()
         for gpu, handle in zip(self.gpus, self.handles):
@@ -100,19 +102,35 @@ class Sampler:
         field_ids = [f[1] for f in FIELDS]
         while not self._stop.is_set():
             for gpu, handle in zip(self.gpus, self.handles):
-                series = gpu["samples"]
-                series["t"].append(time.time())
-                series["sm_mhz"].append(_optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM))
-                series["mem_mhz"].append(_optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM))
-                series["temp_c"].append(_optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU))
-                series["event_reasons"].append(_optional(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle))
-                series["enforced_limit_w"].append(_scaled(_optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)))
-                values = _optional(pynvml.nvmlDeviceGetFieldValues, handle, field_ids)
-                for n, (key, _, scale) in enumerate(FIELDS):
-                    number = _field_number(values[n]) if values is not None else None
-                    series[key].append(None if number is None else number * scale)
+                try:
+                    sample = self._sample(handle, field_ids)
+                except Exception as exc:  # noqa: BLE001 (a binding's surprise must not end the sampling unseen)
+                    # Each series stays the same length (a sample is appended whole or not at all); what went
+                    # wrong is kept for the rate check's message, a few distinct lines at most.
+                    said = f"{type(exc).__name__}: {exc}"[:200]
+                    if said not in gpu["errors"] and len(gpu["errors"]) < MAX_ERRORS_KEPT:
+                        gpu["errors"].append(said)
+                    continue
+                for key, value in sample.items():
+                    gpu["samples"][key].append(value)
             next_tick += self.period_s
             self._stop.wait(max(0.0, next_tick - time.monotonic()))
+
+    @staticmethod
+    def _sample(handle, field_ids) -> dict:
+        sample = {
+            "t": time.time(),
+            "sm_mhz": _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
+            "mem_mhz": _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM),
+            "temp_c": _optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
+            "event_reasons": _optional(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle),
+            "enforced_limit_w": _scaled(_optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)),
+        }
+        values = _optional(pynvml.nvmlDeviceGetFieldValues, handle, field_ids)
+        for n, (key, _, scale) in enumerate(FIELDS):
+            number = _field_number(values[n]) if values is not None else None
+            sample[key] = None if number is None else number * scale
+        return sample
 
     def stop(self) -> dict:
         self._stop.set()
