@@ -110,6 +110,7 @@ def _fit(rig: RigConfig) -> list[str]:
     answers = {}
     for fact, kwargs in shapes_reads(rig):
         answers = read_once(fact, **kwargs)
+    answers = {**answers, **_from_the_hub(rig, answers)}
     read = read_once(NvidiaDriverAndGpus)
     memory = {g.index: g.memory_total_mib for g in (read.gpus.gpus if read.gpus else ())
               if isinstance(g.memory_total_mib, int) and g.memory_total_mib > 0}
@@ -126,6 +127,25 @@ def _fit(rig: RigConfig) -> list[str]:
             logger.warning(f"{host.print_prefix}fit: {warning}")
         problems += found.problems
     return problems
+
+
+def _from_the_hub(rig: RigConfig, answers: dict) -> dict:
+    """For a hub model whose snapshot is not on the rig yet: what the hub says of its files, so that the fit is
+    judged before the download. A hub that does not answer leaves the fit to the next deploy, said."""
+    from rigkit.fit.hub_read import HubReadError, hub_answer
+    from rigkit.serving.api_key import SecretFileError
+    from rigkit.weights.hub import read_hub_token
+
+    found = {}
+    for model in rig.models:
+        hub = model.spec.weights.hub
+        if hub is None or (answers.get(model.name) or {}).get("config"):
+            continue
+        try:
+            found[model.name] = hub_answer(model.name, hub, read_hub_token(rig))
+        except (HubReadError, SecretFileError) as exc:
+            logger.warning(f"{host.print_prefix}fit: {model.name}: {hub}: {exc}; its fit is judged once it is downloaded")
+    return found
 
 
 def _engine_hung(rig: RigConfig) -> list[str]:

@@ -16,12 +16,15 @@ from __future__ import annotations
 import shlex
 
 from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import server
 
 from rigkit.config.schema import RigConfig
 from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.weights.facts import helpers_left, volume_states
-from rigkit.weights.operation import cache_operations, copy_operations, relay_operations
+from rigkit.serving.api_key import SecretFileError
+from rigkit.weights.hub import read_hub_token
+from rigkit.weights.operation import cache_operations, copy_operations, download_operations, relay_operations
 from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES
 
 
@@ -42,7 +45,17 @@ def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = WEIGHTS_CHU
         server.shell(name=f"Remove weights helpers a killed copy left behind: {', '.join(left)}",
                      commands=[f"for n in {' '.join(shlex.quote(n) for n in left)}; do {docker} rm \"$n\" >/dev/null 2>&1 "
                                f"|| ! {docker} container inspect \"$n\" >/dev/null 2>&1 || exit 1; done"])
-    ops = copy_operations([m for m in on_volumes if not m.spec.weights.from_rig], states, verify)
+    own = [m for m in on_volumes if not m.spec.weights.from_rig]
+    # From the hub: downloaded into the rig's cache first, then copied and proven like any cache folder. A rig
+    # that takes the model from another rig's volume (the fleet's pairing) never asks the hub.
+    from_hub = [m for m in own if m.spec.weights.hub]
+    try:
+        token = read_hub_token(rig) if from_hub else None
+    except SecretFileError as exc:
+        raise DeployError(str(exc)) from None
+    if on_volumes:
+        download_operations(from_hub, states, verify, token)
+    ops = copy_operations(own, states, verify)
     # After every rig's own copies (pyinfra runs one operation on all rigs before the next): a rig that
     # downloads for the fleet has its volume complete before the others take from it.
     from_rigs = [m for m in on_volumes if m.spec.weights.from_rig]

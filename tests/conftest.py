@@ -248,7 +248,7 @@ WINDOWS_MODULES = {
     "test_windows_deploy", "test_windows_docker_standin", "test_windows_install_dir", "test_windows_key",
     "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
 }
-SECOND_IN_SLOT_MODULES = {*WINDOWS_MODULES, "test_gpu_keeper", "test_hung_tools"}
+SECOND_IN_SLOT_MODULES = {*WINDOWS_MODULES, "test_gpu_keeper", "test_hung_tools", "test_weights_hub"}
 RUN_LAST_MODULES = {"test_engine", "test_tune_rig", "test_surface_scan", "test_rollout_gate"}  # alone
 
 

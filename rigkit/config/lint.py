@@ -84,6 +84,10 @@ def _check_model(rig, rig_file, model, errors, warnings) -> None:
         if rig.os == "windows":
             error("weights.source", str(spec.weights.source), "weights from another rig are copied only onto Linux "
                   "rigs (the relay runs `docker run -i` in the rig's shell); give the folder on this rig")
+    elif spec.weights.hub is not None and (rig.os == "windows" or spec.weights.storage != "volume"):
+        why = ("Windows rigs keep volumes in Docker Desktop's VM; give the snapshot folder on this rig" if rig.os ==
+               "windows" else "weights from the hub are proven by their copy onto a volume; use storage: volume")
+        error("weights.hub", str(spec.weights.hub), f"downloaded on Linux rigs onto volumes only: {why}")
     elif rig.os == "windows" and spec.weights.storage == "volume" and re.search(r'[,"\x00-\x1f]', spec.weights.source):
         # The copy's check passes the source to `docker.exe run --mount source=...`, a comma-separated
         # field; Windows PowerShell 5.1 does not escape a double quote in a native argument.

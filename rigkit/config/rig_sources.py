@@ -31,7 +31,7 @@ class FleetRig:
 
 
 def _with_source(model: ModelConfig, source: RigSource) -> ModelConfig:
-    weights = model.spec.weights.model_copy(update={"source": source})
+    weights = model.spec.weights.model_copy(update={"source": source, "hub": None})  # the hub is asked by the first rig only
     return replace(model, spec=model.spec.model_copy(update={"weights": weights}))
 
 

@@ -22,10 +22,12 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from rigkit.config import gpu_models
 from rigkit.config.names import name_problem
+from rigkit.rigside.names import HUB_CACHE_DIR
 
 MAX_GPUS_PER_RIG = 8
 
@@ -224,6 +226,9 @@ class RigSpec(_Strict):
     p2p_check_timeout_s: int = Field(default=90, ge=10, le=110)
     # A file on the control machine holding the API key the vLLM servers require (mode 600).
     api_key_file: str | None = None
+    # A file on the control machine holding a Hugging Face token (mode 600), for models whose weights come
+    # from a gated or private hub repository (weights.hub). Reaches the download's container as a file only.
+    hub_token_file: str | None = None
     # During a rotation of that key: files of other keys the vLLM servers accept too (mode 600 each); rigkit
     # and the gateway send only api_key_file's. Add the new key here, swap the two, then remove the old one
     # (docs/security.md, "Rotating the models' key"). Linux rigs.
@@ -359,6 +364,46 @@ def _source(value: Any) -> str | RigSource:
     return _weights_source(value)
 
 
+HUB_CACHE = HUB_CACHE_DIR  # the rig's Hugging Face cache for hub sources (HF_HUB_CACHE's layout)
+HUB_ENDPOINT = "https://huggingface.co"
+
+
+class HubSource(_Strict):
+    """Weights downloaded from a Hugging Face Hub repository at a pinned commit, on one rig of the fleet with
+    huggingface_hub (the model's serving image carries it), into the rig's cache (`cache`), then copied onto
+    the volume and proven against the hub's own hashes by the copier (docs/weights.md)."""
+    # The Hub's rule for a repository id: namespace/name, letters, digits, '-', '_', '.', no '--' or '..'
+    # (huggingface_hub's validate_repo_id), and so one safe word in a path and a command.
+    repo: str = Field(max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+    # A commit, never a branch: `main` moves, and a fleet must serve the same bytes on every rig.
+    revision: str = Field(pattern=r"^[0-9a-f]{40}$")  # the 40 hex digits of a commit
+    endpoint: str = Field(default=HUB_ENDPOINT, max_length=200, pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+    cache: str = Field(default=HUB_CACHE, max_length=200, pattern=r"^/[A-Za-z0-9_./-]*$")
+
+    @field_validator("repo")
+    @classmethod
+    def _hub_repo_rule(cls, value: str) -> str:
+        if "--" in value or ".." in value:
+            raise ValueError("a hub repository id may not contain '--' or '..' (the Hub's own rule)")
+        return value
+
+    @field_validator("cache")
+    @classmethod
+    def _plain_folder(cls, value: str) -> str:
+        if ".." in value.split("/"):
+            raise ValueError("may not contain a '..' component; give the folder's own absolute path")
+        return value
+
+    @property
+    def snapshot(self) -> str:
+        """The snapshot folder huggingface_hub makes under the cache: what the copier copies from."""
+        org, name = self.repo.split("/")
+        return f"{self.cache.rstrip('/')}/models--{org}--{name}/snapshots/{self.revision}"
+
+    def __str__(self) -> str:
+        return f"hub {self.repo}@{self.revision[:12]}"
+
+
 class WeightsSpec(_Strict):
     # directory on the rig, or a Windows path as Docker Desktop sees it (rigkit.config.lint checks which);
     # or {rig: NAME, volume: ...}: another rig's copy, streamed through the control machine
@@ -367,6 +412,21 @@ class WeightsSpec(_Strict):
     volume: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{1,127}$")  # Docker's volume rule
     # image with python3 that copies; default: the serving image. Pinned like it.
     helper_image: Annotated[str | None, AfterValidator(_pinned_image)] = None
+    # or a Hugging Face Hub repository at a commit: `source` is then its snapshot folder in the rig's cache
+    hub: HubSource | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hub_sets_the_folder(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("hub") is not None:
+            if "source" in data:
+                raise ValueError("give either source (a folder, or {rig: NAME}) or hub ({repo, revision}), not both")
+            try:
+                hub = data["hub"] if isinstance(data["hub"], HubSource) else HubSource.model_validate(data["hub"])
+            except ValidationError:  # reported by the hub field's own validation, with its place (weights.hub.X)
+                return {**data, "source": "/"}
+            data = {**data, "hub": hub, "source": hub.snapshot}
+        return data
 
     @field_validator("storage")
     @classmethod

@@ -14,11 +14,11 @@ from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 READ_S = 30  # a config.json and a folder's listing; a hung network mount is given up
 CONFIG_MAX_BYTES = 1024 * 1024
 
-SCRIPT = f'''
-import glob, json, os, sys
-KEYS = {KEYS!r}
+# The keys of a config.json the fit reads, and its quantization: run on the rig (in SCRIPT) and on the controller
+# (rigkit.fit.hub_read, for a hub model not downloaded yet), from this one text.
+PICK = '''
 def pick(config):
-    found = {{k: config[k] for k in KEYS if k in config}}
+    found = {k: config[k] for k in KEYS if k in config}
     if isinstance(found.get("layer_types"), list):
         found["layer_types"] = sorted(set(map(str, found["layer_types"])))[:8]
     if isinstance(config.get("text_config"), dict):
@@ -27,7 +27,19 @@ def pick(config):
     if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
         found["quant_method"] = quant["quant_method"][:64]
     return found
-args = sys.argv[1:]
+'''
+
+
+def pick(config: dict) -> dict:
+    namespace = {"KEYS": KEYS}
+    exec(PICK, namespace)  # noqa: S102 (rigkit's own text above: the rig runs the same)
+    return namespace["pick"](config)
+
+
+SCRIPT = f'''
+import glob, json, os, sys
+KEYS = {KEYS!r}
+{PICK}args = sys.argv[1:]
 for name, folder in zip(args[::2], args[1::2]):
     out = {{"name": name, "config": None, "weights_bytes": 0}}
     if not folder.startswith("/"):  # a volume not there (yet): nothing to read

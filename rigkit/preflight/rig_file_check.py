@@ -17,6 +17,7 @@ from rigkit.fit.check import rig_fits, shared_gpu_problems, variant_findings
 from rigkit.gpu.policy import reference_budget_problems
 from rigkit.preflight.checks import offline_findings
 from rigkit.serving.api_key import SecretFileError, read_api_key
+from rigkit.weights.hub import read_hub_token
 from rigkit.topology.saved import print_saved_verdicts
 
 
@@ -39,10 +40,11 @@ def check_rig_file(rig_file: str, catalog: Path, topology_file: str | None,
     problems += shared_gpu_problems(rig) + variant_findings(rig, {}, {})
     for found in rig_fits(rig, {}, {}):
         problems, notes = problems + found.problems, notes + found.warnings
-    try:
-        read_api_key(rig)
-    except SecretFileError as exc:
-        problems.append(str(exc))
+    for read in (read_api_key, read_hub_token):
+        try:
+            read(rig)
+        except SecretFileError as exc:
+            problems.append(str(exc))
     for note in [*notes, *rig.warnings]:
         print(f"{rig_file}: warning: {note}", file=sys.stderr)
     if problems:

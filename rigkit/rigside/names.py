@@ -101,6 +101,7 @@ MONITORING_DIR = f"{ETC_DIR}/monitoring"
 EXPORTER_CONFIG_PATH = f"{MONITORING_DIR}/exporter.json"
 MONITORING_NVML_DIR = f"{LIB_DIR}/monitoring"  # pynvml for rigs without nvidia-ml-py
 MONITORING_NVML_PATH = f"{MONITORING_NVML_DIR}/pynvml.py"
+HUB_CACHE_DIR = "/var/lib/rigkit/hub"  # weights.hub's default cache: huggingface_hub's layout (docs/weights.md)
 VERIFY_SUMMARY_DIR = "/var/lib/rigkit/verify"  # the last verification per model, <model>.json (roles/verify.py)
 # Debian's prometheus package: its unit, its config, its ARGS file; rigkit's recording rules beside them
 PROMETHEUS_UNIT = "prometheus.service"

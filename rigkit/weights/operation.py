@@ -34,6 +34,45 @@ def copy_on_rig(model: ModelConfig, verify: bool) -> None:
         logger.info(f"{host.print_prefix}{report.line()}")
 
 
+def download_on_rig(models: list[ModelConfig], token: str | None) -> None:
+    from rigkit.weights.hub import HubError, download  # imports the docker SDK
+
+    with rig_engine(host.connector.client.get_transport(), dial_command(host.connector)) as client:
+        for model in models:
+            try:
+                report = download(client, model, token)
+            except HubError as exc:
+                host.log_styled(f"weights: {exc}", fg="red", log_func=logger.error)
+                raise CopyFailed(str(exc)) from None
+            logger.info(f"{host.print_prefix}{model.name}: {model.spec.weights.hub} in the rig's cache: "
+                        f"{report['files']} files, {report['bytes'] / 1e9:.2f} GB, {report['seconds']:.1f} s "
+                        "(proven by the copy that follows)")
+
+
+HUB_MENDS = ("does not exist", "the download is incomplete", "is empty")  # the copier's check's words
+
+
+def hub_pending(state: dict) -> bool:
+    """A hub model whose snapshot is not whole in the rig's cache yet: the copier's check says its folder is missing,
+    empty, or has a link to a blob not there (a download cut, a blob removed as a refused copy says to): what
+    the download, before the copy, mends."""
+    return state.get("status") == "error" and any(words in str(state.get("error")) for words in HUB_MENDS)
+
+
+def download_operations(models: list[ModelConfig], states: dict[str, dict], verify: bool, token: str | None) -> None:
+    """Before the copies, one operation on every rig that keeps weights on volumes: the downloads of its models
+    from the hub into its cache, where a volume is not its snapshot's complete copy (a converged rig asks the hub
+    nothing). One operation everywhere, skipped where there is nothing to download: pyinfra orders operations
+    across rigs by each rig's own sequence, so a rig's copy from another rig's volume must follow the same
+    operation as that rig's download, or it may run before it (it did: the relay found no marker)."""
+    wanted = [m for m in models if verify or states[m.name].get("status") != "unchanged"]
+    python.call(
+        name="Download weights from the hub",  # one name on every rig: which models, each download's line says
+        function=rig_call(download_on_rig), models=wanted, token=token if wanted else None,
+        _if=lambda needed=bool(wanted): needed,
+    )
+
+
 def copy_operations(models: list[ModelConfig], states: dict[str, dict], verify: bool) -> dict:
     """{model name: its copy operation}, from each volume's state (the Linux or the Windows fact):
     a source error stops the deploy before anything changes; a copy runs only where the volume is
@@ -41,7 +80,7 @@ def copy_operations(models: list[ModelConfig], states: dict[str, dict], verify: 
     ops = {}
     for model in models:
         state = states[model.name]
-        if state["status"] == "error":
+        if state["status"] == "error" and not (model.spec.weights.hub and hub_pending(state)):
             raise DeployError(f"{model.name} ({model.file}): weights.source {model.spec.weights.source}: "
                               f"{state['error']}")
         ops[model.name] = python.call(

@@ -227,7 +227,7 @@ def join_rigs(openssh, model, rig, line, send, receive) -> tuple[dict, dict]:
     # otherwise (killed, out of space) is the cause, and the sender's broken pipe only its echo.
     if sender is not None and "the copy was cut off" in str(report.get("error", "")) and sender.returncode != 0:
         raise RelayError(_sender_failed(model, rig, sent, sent_err))
-    raise RelayError(_failed(model, "the target rig's receiver", out, err))
+    raise RelayError(_failed(model, "the target rig's receiver", out, err, receiver.returncode))
 
 
 def _widen(fd: int) -> None:
@@ -279,13 +279,14 @@ def _sender_failed(model: ModelConfig, rig: str, sent: dict, err: str = "") -> s
             "the copy resumes at its last chunk")
 
 
-def _failed(model: ModelConfig, who: str, out: str, err: str) -> str:
+def _failed(model: ModelConfig, who: str, out: str, err: str, code: int | None = None) -> str:
     answer = _last_json(out) or {}
     if answer.get("error") == "no space":
         why = (f"volume {volume_name(model)} is out of space: the copy needs {answer.get('needed_bytes', 0) / 1e9:.2f} GB "
                f"more (free: {answer.get('free_bytes', 0) / 1e9:.2f} GB)")
     else:
-        why = answer.get("error") or err.strip()[-400:] or "it stopped without a report"
+        # Its exit status where it said nothing else: 255 is ssh's own failure, 125 `docker run`'s, 128+N a signal.
+        why = answer.get("error") or err.strip()[-400:] or f"it stopped without a report (exit status {code})"
     return (f"{model.name}: {who} failed: {why}. Nothing was marked complete; deploy again and the copy "
             "resumes at its last chunk")
 

@@ -1,0 +1,87 @@
+"""What the hub says of a model that is not downloaded yet (`weights.hub`): its config.json's keys and the bytes of
+the weights vLLM would load, asked by the controller before anything changes, so that the fit is judged before
+the download. The same answer as the rig's read of a folder (rigkit.fit.facts), from the same files: the shards
+model.safetensors.index.json names where there is one, else the top folder's *.safetensors (or *.bin).
+
+Over the Hub's HTTP API (the same routes huggingface_hub uses: tree listing, resolve), with the rig's token where
+it has one (httpx drops it on a redirect to another host). Everything the hub sends is bounded before it is
+decoded: a config.json or index of at most CONFIG_MAX_BYTES (the rig's read's bound), listing pages of at most
+PAGE_MAX_BYTES, at most MAX_PAGES of them, READ_TIMEOUT_S per request.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from rigkit.config.schema import HubSource
+from rigkit.fit.facts import CONFIG_MAX_BYTES, pick
+
+READ_TIMEOUT_S = 15
+PAGE_MAX_BYTES = 8 * 1024 * 1024
+MAX_PAGES = 50  # 1000 entries a page: a repository of 50,000 files is more than any model's
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+class HubReadError(Exception):
+    pass
+
+
+def _bounded_json(client: httpx.Client, url: str, limit: int, what: str):
+    with client.stream("GET", url) as response:
+        if response.status_code != 200:
+            why = {401: "refused (401): no such repository, or it is gated or private and the token (hub_token_file) "
+                        "is missing or not allowed it", 404: "not found (404)"}.get(response.status_code,
+                                                                                   f"HTTP {response.status_code}")
+            raise HubReadError(f"{what}: {why}")
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data += chunk
+            if len(data) > limit:
+                raise HubReadError(f"{what}: more than {limit} bytes")
+    try:
+        return json.loads(data), response
+    except ValueError:
+        raise HubReadError(f"{what}: not JSON") from None
+
+
+def _listing(client: httpx.Client, hub: HubSource) -> dict[str, int]:
+    """{path: size} of every file at the commit, following the listing's pages (a Link header, as the Hub sends)."""
+    sizes, url = {}, f"/api/models/{hub.repo}/tree/{hub.revision}?recursive=true"
+    for _ in range(MAX_PAGES):
+        page, response = _bounded_json(client, url, PAGE_MAX_BYTES, "the file listing")
+        if not isinstance(page, list):
+            raise HubReadError("the file listing: not a list")
+        sizes.update({e["path"]: e["size"] for e in page if isinstance(e, dict) and e.get("type") == "file"
+                      and isinstance(e.get("path"), str) and isinstance(e.get("size"), int)})
+        url = response.links.get("next", {}).get("url")
+        if not url:
+            return sizes
+    raise HubReadError(f"the file listing: more than {MAX_PAGES} pages")
+
+
+def hub_answer(name: str, hub: HubSource, token: str | None) -> dict:
+    """{name, config (the keys the fit reads), weights_bytes}, as rigkit.fit.facts answers for a folder."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.Client(base_url=hub.endpoint, headers=headers, timeout=READ_TIMEOUT_S, follow_redirects=True,
+                          max_redirects=3) as client:
+            sizes = _listing(client, hub)
+            config, _ = _bounded_json(client, f"/{hub.repo}/resolve/{hub.revision}/config.json", CONFIG_MAX_BYTES,
+                                      "config.json") if "config.json" in sizes else (None, None)
+            shards = None
+            for index in INDEXES:
+                if index in sizes:
+                    mapping, _ = _bounded_json(client, f"/{hub.repo}/resolve/{hub.revision}/{index}",
+                                               CONFIG_MAX_BYTES * 8, index)
+                    names = (mapping.get("weight_map") or {}).values() if isinstance(mapping, dict) else ()
+                    shards = sorted({n for n in map(str, names) if "/" not in n and n[:1] != "."})
+                    break
+    except httpx.HTTPError as exc:
+        raise HubReadError(f"{hub.endpoint} did not answer: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if shards is None:
+        top = [p for p in sizes if "/" not in p]
+        shards = [p for p in top if p.endswith(".safetensors")] or [p for p in top if p.endswith(".bin")]
+    return {"name": name, "config": pick(config) if isinstance(config, dict) else None,
+            "weights_bytes": sum(sizes.get(p, 0) for p in shards)}

@@ -1,0 +1,153 @@
+"""Weights from a Hugging Face Hub repository at a pinned commit (`weights.hub`), downloaded on the rig.
+
+huggingface_hub, the Hub's own client, does the download: it resumes a cut file with a Range request
+and names each blob in its cache by the hash the Hub gives for it (the LFS file's SHA-256, a git file's
+blob SHA-1). It checks only sizes, so the bytes are proven afterwards by the copier, which copies the
+snapshot folder onto the volume as it copies any Hugging Face cache (`hub-sha256`, `git-blob-sha1`:
+docs/weights.md): a blob that does not hash to its name is refused and never reaches the volume.
+
+It runs in a short-lived container of the model's helper image (the serving image by default: vLLM's
+images carry huggingface_hub), with the rig's cache folder mounted and the host's network (the only
+helper that has one). A token (`hub_token_file`) reaches that container as a file put into it before it
+starts: never in its environment, its command line, `docker inspect`, or anything printed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from rigkit.config.schema import ModelConfig, RigConfig
+from rigkit.serving.api_key import read_key_file
+from rigkit.rigside.names import WEIGHTS_HELPER_LABEL, weights_helper_name
+from rigkit.weights.layout import helper_image
+
+
+class HubError(Exception):
+    pass
+
+
+DOWNLOAD_TIMEOUT_S = 12 * 3600  # hundreds of GB on a home line still end; a stalled one is cut by the client
+LOG_TAIL_LINES = 20  # what is read of the container's output: its report is the last line
+TOKEN_PATH = "/run/secrets/hub-token"  # in the download's container, put there before it starts
+CACHE_IN_CONTAINER = "/hub"
+
+# Runs as `python3 -c` in the helper image; standard library plus huggingface_hub. Its last line is its report.
+SCRIPT = r'''
+import json, os, sys, time
+repo, revision, cache, token_path = sys.argv[1:5]
+started = time.monotonic()
+def report(**fields):
+    print(json.dumps(fields), flush=True)
+try:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+except ImportError as exc:
+    report(status="error", error=f"the helper image has no huggingface_hub ({exc}); set weights.helper_image "
+           "to an image that has it (vLLM's images do)")
+    sys.exit(3)
+token = open(token_path).read().strip() if os.path.exists(token_path) else False
+try:
+    folder = snapshot_download(repo, revision=revision, cache_dir=cache, token=token)
+except RevisionNotFoundError:
+    report(status="error", error=f"the hub has no commit {revision} in {repo}")
+    sys.exit(4)
+except (RepositoryNotFoundError, GatedRepoError):
+    report(status="error", error=f"the hub did not give {repo} to this rig: it does not exist, or it is gated "
+           "or private and " + ("the token (hub_token_file) is not allowed it" if token else
+                                "no token was given (set hub_token_file in the rig file)"))
+    sys.exit(4)
+except Exception as exc:
+    report(status="error", error=f"{type(exc).__name__}: {str(exc)[:400]}")
+    sys.exit(4)
+files = size = 0
+for root, _, names in os.walk(folder):
+    for name in names:
+        files += 1
+        size += os.path.getsize(os.path.join(root, name))
+report(status="ok", files=files, bytes=size, seconds=round(time.monotonic() - started, 3))
+'''
+
+
+def read_hub_token(rig: RigConfig) -> str | None:
+    """The rig's Hugging Face token from `hub_token_file` (mode 600, beside the rig file when relative), or None."""
+    if not rig.spec.hub_token_file:
+        return None
+    path = Path(rig.file).parent / Path(rig.spec.hub_token_file).expanduser()
+    return read_key_file(path, f"{rig.file}: hub_token_file")
+
+
+def download_name(model: ModelConfig) -> str:
+    return weights_helper_name(model, "download")
+
+
+def _token_archive(token: str) -> bytes:
+    """TOKEN_PATH's folder (mode 700) and the token (mode 400), root's, as a tar to put under /run."""
+    buffer = io.BytesIO()
+    data = token.encode()
+    folder, name = TOKEN_PATH.removeprefix("/run/").split("/")
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(folder)
+        info.type, info.mode = tarfile.DIRTYPE, 0o700
+        tar.addfile(info)
+        info = tarfile.TarInfo(f"{folder}/{name}")
+        info.size, info.mode = len(data), 0o400
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def download(client, model: ModelConfig, token: str | None) -> dict:
+    """Download the model's hub repository at its commit into the rig's cache; its report
+    ({files, bytes, seconds}). A download cut off is resumed by the next (huggingface_hub keeps
+    `.incomplete` blobs and asks for the rest). `client`: the rig's Docker Engine (docker SDK)."""
+    import docker  # the docker SDK, imported only where a download runs
+    import requests
+
+    hub = model.spec.weights.hub
+    name = download_name(model)
+    try:
+        client.containers.get(name).remove(force=True)  # one download of a model at a time: this one resumes it
+    except docker.errors.NotFound:
+        pass
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+           "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
+    image = helper_image(model)
+
+    def create():
+        return client.containers.create(
+            image, ["python3", "-c", SCRIPT, hub.repo, hub.revision, CACHE_IN_CONTAINER, TOKEN_PATH],
+            entrypoint=[], name=name, environment=env, network_mode="host",
+            # `volumes=`, unlike a Mount, makes the cache folder where it is not there yet (root's, mode 755).
+            volumes={hub.cache: {"bind": CACHE_IN_CONTAINER, "mode": "rw"}}, labels={WEIGHTS_HELPER_LABEL: model.name})
+    try:
+        try:
+            container = create()
+        except docker.errors.ImageNotFound:  # a new rig: its serving step would pull the image only after the weights
+            client.images.pull(image)
+            container = create()
+    except docker.errors.APIError as exc:
+        raise HubError(f"{model.name}: the download could not start: {exc.explanation or exc}") from None
+    try:
+        if token:
+            container.put_archive("/run", _token_archive(token))
+        container.start()
+        status = container.wait(timeout=DOWNLOAD_TIMEOUT_S)
+        output = container.logs(tail=LOG_TAIL_LINES).decode(errors="replace").strip()
+    except requests.exceptions.RequestException as exc:
+        raise HubError(f"{model.name}: the download from {hub} did not finish within {DOWNLOAD_TIMEOUT_S} s or the "
+                       f"connection to the rig's Docker Engine broke: {exc}; the next deploy resumes it") from None
+    except docker.errors.APIError as exc:
+        raise HubError(f"{model.name}: the download could not run: {exc.explanation or exc}") from None
+    finally:
+        container.remove(force=True)
+    last = output.splitlines()[-1] if output else ""
+    try:
+        result = json.loads(last)
+    except ValueError:
+        raise HubError(f"{model.name}: the download from {hub} exited {status.get('StatusCode')} without a report; "
+                       f"its last output: {output[-500:] or '(none)'}") from None
+    if result.get("status") != "ok":
+        raise HubError(f"{model.name}: weights from {hub}: {result.get('error')}")
+    return result

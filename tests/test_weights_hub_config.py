@@ -1,0 +1,111 @@
+"""`weights.hub` and `hub_token_file` as `rigkit check` reads them: the real CLI on the test rig file and a
+catalog copied with one change. Nothing is simulated: no rig is reached and no hub is asked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rigkit.config.schema import WeightsSpec
+from tests.conftest import DATA, REPO
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+FOLDER = "  source: /srv/rigkit-sim-models/test-alpha\n"
+
+
+def check(catalog, rig_file=DATA / "rigs" / "serving.yml") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig_file), "--catalog", str(catalog)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_a_hub_source_is_its_snapshot_folder_in_the_rigs_cache():
+    weights = WeightsSpec.model_validate({"hub": {"repo": "Qwen/Qwen3-8B", "revision": COMMIT}})
+    assert weights.source == f"/var/lib/rigkit/hub/models--Qwen--Qwen3-8B/snapshots/{COMMIT}"
+    assert str(weights.hub) == "hub Qwen/Qwen3-8B@0123456789ab" and weights.hub.endpoint == "https://huggingface.co"
+
+
+@pytest.mark.parametrize("hub, message", [
+    (f"{{repo: Qwen/Qwen3-8B, revision: main}}", "weights.hub.revision"),
+    (f"{{repo: Qwen/Qwen3--8B, revision: {COMMIT}}}", "may not contain '--' or '..'"),
+    (f"{{repo: 'Qwen/Qwen3 8B; rm -rf /', revision: {COMMIT}}}", "weights.hub.repo"),
+    (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, endpoint: 'file:///etc'}}", "weights.hub.endpoint"),
+    (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, cache: /var/lib/../../etc}}", "may not contain a '..' component"),
+], ids=["branch", "double-dash", "shell", "endpoint", "dotdot-cache"])
+def test_rigkit_check_refuses_a_hub_source_the_hub_or_a_shell_would_not_take(tmp_path, hub, message):
+    from tests.conftest import copy_catalog
+
+    proc = check(copy_catalog(tmp_path, test_alpha=[(FOLDER, f"  hub: {hub}\n")]))
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert "test-alpha.yml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_hub_source_beside_a_folder_is_refused(tmp_path):
+    from tests.conftest import copy_catalog
+
+    proc = check(copy_catalog(tmp_path, test_alpha=[(FOLDER, f"{FOLDER}  hub: {{repo: a/b, revision: {COMMIT}}}\n")]))
+    assert proc.returncode != 0, proc.stderr
+    assert "give either source (a folder, or {rig: NAME}) or hub ({repo, revision}), not both" in proc.stderr, proc.stderr
+
+
+def test_a_hub_source_on_a_bind_mount_is_refused(tmp_path):
+    from tests.conftest import copy_catalog
+
+    proc = check(copy_catalog(tmp_path, test_alpha=[(FOLDER, f"  hub: {{repo: a/b, revision: {COMMIT}}}\n  storage: bind\n")]))
+    assert proc.returncode != 0, proc.stderr
+    assert "weights from the hub are proven by their copy onto a volume; use storage: volume" in proc.stderr, proc.stderr
+
+
+def test_a_hub_token_file_others_can_read_is_refused_and_a_private_one_taken(tmp_path):
+    from tests.conftest import copy_catalog
+
+    catalog = copy_catalog(tmp_path, test_alpha=[(FOLDER, f"  hub: {{repo: a/b, revision: {COMMIT}}}\n")])
+    token = tmp_path / "hf-token"
+    token.write_text("hf_secretsecretsecret\n")
+    os.chmod(token, 0o644)
+    rig_file = tmp_path / "serving.yml"
+    rig_file.write_text((DATA / "rigs" / "serving.yml").read_text() + f"hub_token_file: {token}\n")
+    proc = check(catalog, rig_file)
+    assert proc.returncode != 0 and f"hub_token_file {token} is readable by others; run chmod 600 {token}" in proc.stderr
+    assert "hf_secret" not in proc.stdout + proc.stderr
+    os.chmod(token, 0o600)
+    proc = check(catalog, rig_file)
+    assert proc.returncode == 0, proc.stderr
+    assert "hf_secret" not in proc.stdout + proc.stderr
+
+
+def test_a_hub_model_not_downloaded_yet_is_judged_from_what_the_hub_says(tmp_path):
+    """Also simulated here: the Hub (tests/hub_standin on 127.0.0.1), answering the controller's own read.
+    A Llama-3.1-8B-shaped config.json at a 262144-token context: one sequence's KV cache (32 GiB) cannot fit a
+    4090, and the shards the index names (not the consolidated copy beside them) are the weights counted."""
+    import json as json_
+
+    from rigkit.config.loader import load_rig
+    from rigkit.fit.check import model_fit
+    from rigkit.fit.hub_read import HubReadError, hub_answer
+    from tests.conftest import copy_catalog
+    from tests.hub_standin.server import Repo, serving
+
+    config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+              "torch_dtype": "bfloat16", "max_position_embeddings": 262144}
+    shards = {f"model-0000{n}-of-00002.safetensors": bytes([n]) * (300_000 + n) for n in (1, 2)}
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    files = {"config.json": json_.dumps(config).encode(), "model.safetensors.index.json": json_.dumps(index).encode(),
+             "consolidated.safetensors": b"x" * 500_000, **shards}
+    repo = Repo("rigkit-test/llama-shaped", files, private=True, token="hf_right")
+    with serving([repo], cdn="separate") as (hub, endpoint):
+        hub.page_size = 2  # the listing's pages are followed
+        catalog = copy_catalog(tmp_path, test_alpha=[(FOLDER, f"  hub: {{repo: rigkit-test/llama-shaped, revision: "
+                                                              f"{repo.commit}, endpoint: '{endpoint}'}}\n")])
+        rig = load_rig(DATA / "rigs" / "serving.yml", catalog)
+        model = rig.models[0]
+        with pytest.raises(HubReadError, match=r"refused \(401\)"):
+            hub_answer(model.name, model.spec.weights.hub, "hf_wrong")
+        answer = hub_answer(model.name, model.spec.weights.hub, "hf_right")
+        assert not hub.requests("GET", "/cdn/")  # config.json and the index are git files: no weights were fetched
+    assert answer["weights_bytes"] == 600_003 and answer["config"]["max_position_embeddings"] == 262144
+    found = model_fit(model, rig, answer, {0: 24564, 1: 24564})
+    assert found.problems and "one sequence of its own context (max_model_len unset) 262144 needs 32.0 GiB of KV " \
+        "cache per GPU" in found.problems[0], found.problems
