@@ -64,6 +64,8 @@ def preflight(rig: RigConfig) -> Preflight:
     """Returns what it read of the driver and decided of the topology; raises DeployError (nothing
     changed) on any problem."""
     driver = read_once(NvidiaDriverAndGpus).driver  # the GPU report reads the same nvidia-smi start
+    for note in rig.notes:  # a catalog variant chosen for this rig's GPUs
+        logger.info(f"{host.print_prefix}{note}")
     problems = driver_problems(rig, driver)
     topology: dict[str, Verdict] = {}
     if not problems:

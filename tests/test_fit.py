@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from rigkit.fit.memory import GIB, fit
-from rigkit.fit.shape import kv_bytes_per_token, model_shape
-from rigkit.fit.variant import variant_problems
+from rigkit.sizing.memory import GIB, fit
+from rigkit.sizing.shape import kv_bytes_per_token, model_shape
+from rigkit.sizing.variant import variant_problems
 from tests.conftest import DATA, REPO
 
 # The keys rigkit reads of published config.json files (Hugging Face, each model's main branch).
@@ -165,7 +165,7 @@ def test_the_rig_read_sends_back_the_keys_and_the_bytes_vllm_loads(tmp_path):
     assert found["m"]["weights_bytes"] == 4000
     assert found["m"]["config"] == {**LLAMA_31_8B, "quant_method": "awq", "rope_scaling": {"rope_type": "llama3"},
                                     "num_local_experts": 8}  # only the keys the arithmetic reads
-    from rigkit.fit.shape import is_moe
+    from rigkit.sizing.shape import is_moe
     assert is_moe(found["m"]["config"])  # so no roofline from its files (they are not what a token reads)
     assert found["empty"]["config"] is None and found["empty"]["weights_bytes"] == 0
     assert found["gone"] == {"name": "gone", "config": None, "weights_bytes": 0}
@@ -192,7 +192,7 @@ def test_what_vllm_holds_is_not_always_what_the_files_weigh():
 
 
 def test_rope_scaling_follows_vllm_032s_rule_and_a_longer_context_is_only_warned():
-    from rigkit.fit.shape import max_context
+    from rigkit.sizing.shape import max_context
 
     linear = {**LLAMA_31_8B, "max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4.0}}
     assert max_context(linear, linear) == (16384, True)

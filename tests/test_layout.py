@@ -120,7 +120,7 @@ def test_the_package_cycle_check_sees_a_planted_cycle():
 FEATURES = {"rigkit.preflight", "rigkit.base", "rigkit.gpu", "rigkit.weights", "rigkit.serving", "rigkit.verify",
             "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune", "rigkit.topology", "rigkit.monitoring",
             "rigkit.surface", "rigkit.fit"}
-BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.plumbing"}
+BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.plumbing", "rigkit.sizing"}
 
 
 def against_the_flow(packages: dict[str, set[str]]) -> list[str]:

@@ -1,6 +1,7 @@
 """Weights from a hub repository through the real parts: huggingface_hub 2.4.0 (in the serving image, as vLLM's
 images carry it) downloading on rig A from a stand-in hub, the copier proving each blob against the hash the
-hub named it by, a planted corrupted file refused, then rig B taking rig A's volume through the relay.
+hub named it by, a planted corrupted file refused, then rig B taking rig A's volume through the relay. Rig A's
+model is offered in two variants; the deploy serves the one its GPUs run and says why not the other.
 
 Simulated: the Hugging Face Hub (tests/hub_standin: its HTTP answers for the calls huggingface_hub makes,
 checked against that client in tests/test_hub_standin.py), served on the controller's loopback, which the
@@ -78,6 +79,11 @@ def fleet(fresh_rig, tmp_path_factory):
             (folder / "models" / f"{name}.yml").write_text(
                 f"image: rigkit-vllm-standin:sim\nweights: {weights}\ngpus: [0]\nport: {PORTS[name]}\n"
                 "vllm: {dtype: bfloat16}\nready_timeout_s: 30\n")
+        # Rig A's model offered in two variants: the first's quantization needs a newer GPU than the 4090.
+        (folder / "models" / "hub-a.yml").write_text(
+            (folder / "models" / "hub-a.yml").read_text().replace(f"weights: {sources['hub-a']}\n", "")
+            + f"variants:\n  - name: fp4\n    vllm: {{quantization: fp_quant}}\n    weights: {sources['hub-a']}\n"
+            f"  - name: bf16\n    weights: {sources['hub-a']}\n")
         token = folder / "hf-token"
         token.write_text(TOKEN + "\n")
         token.chmod(0o600)
@@ -110,7 +116,7 @@ def volume(client, name: str) -> Path:
     return Path(client.volumes.get(name).attrs["Mountpoint"])
 
 
-def test_one_download_for_two_rigs_proven_against_the_hubs_hashes_a_corrupted_file_refused(fleet):
+def test_one_download_for_two_rigs_proven_against_the_hubs_hashes_a_corrupted_file_refused(fleet, fresh_rig):
     client, folder, hub, repo, checkpoint = fleet
     shard_sha = hashlib.sha256((checkpoint / SHARD).read_bytes()).hexdigest()
 
@@ -140,6 +146,10 @@ def test_one_download_for_two_rigs_proven_against_the_hubs_hashes_a_corrupted_fi
     blob.unlink()
     hub.clear_log()
     second = deploy(folder, "second.log")
+    assert "hub-a: variant bf16, the first of 2 in its catalog that this rig's GPUs run and hold; not fp4: " \
+        "quantization fp_quant needs compute capability 10.0" in second.output, second.output[-6000:]
+    code, compose = fresh_rig.exec("cat /etc/rigkit/stacks/hub-a/compose.yml")
+    assert code == 0 and "fp_quant" not in compose and "--dtype" in compose, compose
     assert second.returncode == 0, second.output[-6000:]
     fetched = hub.requests("GET", "/cdn/")
     assert [r.path.rsplit("/", 1)[1] for r in fetched] == [shard_sha], hub.requests()

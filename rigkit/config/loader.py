@@ -8,6 +8,7 @@ its file, line, field, value and what is allowed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, get_args
 
@@ -18,6 +19,7 @@ from rigkit.config.errors import ConfigError, Problem
 from rigkit.config.lint import serving_findings
 from rigkit.config.names import name_problem
 from rigkit.config.schema import ModelConfig, ModelSpec, RigConfig, RigSpec
+from rigkit.config.variants import choose_variant
 from rigkit.config.yamlfile import Location, format_location, load_yaml
 
 
@@ -25,7 +27,7 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
     """Load and validate one rig file and every catalog entry it serves."""
     rig_file, catalog_dir = Path(rig_file), Path(catalog_dir)
     spec = _validate(RigSpec, rig_file)
-    models, problems = [], _file_name_problems(rig_file, "rig") + _serve_address_problems(spec, rig_file)
+    models, notes, problems = [], [], _file_name_problems(rig_file, "rig") + _serve_address_problems(spec, rig_file)
     problems += _accepted_keys_problems(spec, rig_file)
     for position, name in enumerate(spec.models):
         model_file = catalog_dir / f"{name}.yml"
@@ -36,16 +38,24 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
             )
             continue
         try:
-            models.append(load_model(model_file))
+            model = load_model(model_file)
         except ConfigError as exc:
             problems.extend(exc.problems)
+            continue
+        if model.variants:
+            chosen, said = choose_variant(spec, model)
+            if chosen is None:
+                problems.append(Problem(model_file, "variants", None, said))
+                continue
+            model, notes = chosen, [*notes, said]
+        models.append(model)
     problems += _monitoring_port_problems(spec, rig_file, models)
     if problems:
         raise ConfigError(problems)
     errors, warnings = serving_findings(spec, rig_file, models)
     if errors:
         raise ConfigError(errors)
-    return RigConfig(rig_file.stem, spec, tuple(models), rig_file, tuple(warnings))
+    return RigConfig(rig_file.stem, spec, tuple(models), rig_file, tuple(warnings), tuple(notes))
 
 
 def _monitoring_port_problems(spec: RigSpec, rig_file: Path, models: list[ModelConfig]) -> list[Problem]:
@@ -95,12 +105,71 @@ def default_catalog_dir(rig_file: Path) -> Path:
     return beside if rig_file.resolve().parent.name == "rigs" and beside.is_dir() else Path(DEFAULT_CATALOG_DIR)
 
 
+# A catalog's variants of one model (docs/serving.md, "Variants"): what each may set. `vllm` and `env` add to the
+# model's own; the others replace it.
+VARIANT_KEYS = ("image", "image_requires", "weights", "vllm", "env", "weight_bytes", "active_weight_bytes",
+                "expected_min_decode_tok_s")
+VARIANT_MERGED = ("vllm", "env")
+MAX_VARIANTS = 8
+VARIANT_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
+
+
 def load_model(model_file: Path | str) -> ModelConfig:
     model_file = Path(model_file)
-    spec = _validate(ModelSpec, model_file)
-    if problems := _file_name_problems(model_file, "model"):
+    data, lines = _mapping(ModelSpec, model_file)
+    problems = _file_name_problems(model_file, "model")
+    if "variants" not in data:
+        spec = _validate_data(ModelSpec, model_file, data, lines)
+        if problems:
+            raise ConfigError(problems)
+        return ModelConfig(model_file.stem, spec, model_file)
+    variants = _variants(model_file, data, lines)
+    if problems:
         raise ConfigError(problems)
-    return ModelConfig(model_file.stem, spec, model_file)
+    return ModelConfig(model_file.stem, variants[0][1], model_file, variants)
+
+
+def _variants(path: Path, data: dict, lines: dict) -> tuple[tuple[str, ModelSpec], ...]:
+    """Each variant as the model's whole spec: the file's keys, then the variant's (vllm and env added to)."""
+    raw, base = data["variants"], {k: v for k, v in data.items() if k != "variants"}
+    line = lines.get(("variants",))
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_VARIANTS or not all(isinstance(v, dict) for v in raw):
+        raise ConfigError([Problem(path, "variants", None, f"a list of 1 to {MAX_VARIANTS} mappings, each a name and "
+                                                          f"what that variant sets: {', '.join(VARIANT_KEYS)}", line)])
+    found, problems, names = [], [], set()
+    for n, variant in enumerate(raw):
+        at = lines.get(("variants", n), line)
+        name = variant.get("name")
+        if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name) or name in names:
+            problems.append(Problem(path, f"variants[{n}].name", name if isinstance(name, str) else None,
+                                    "each variant needs a name of its own: 1-32 lowercase letters, digits, '.', '_', "
+                                    "'-', starting with a letter or digit", at))
+            continue
+        names.add(name)
+        unknown = sorted(k for k in variant if k != "name" and k not in VARIANT_KEYS)
+        if unknown:
+            problems.append(Problem(path, f"variants[{n}].{unknown[0]}", None,
+                                    f"a variant may set only: name, {', '.join(VARIANT_KEYS)}", at))
+            continue
+        merged = dict(base)
+        for key, value in variant.items():
+            if key in VARIANT_MERGED and isinstance(value, dict) and isinstance(base.get(key), dict):
+                merged[key] = {**base[key], **value}
+            elif key != "name":
+                merged[key] = value
+        try:
+            found.append((name, ModelSpec.model_validate(merged)))
+        except ValidationError as exc:
+            for error in exc.errors():
+                problem = _problem(ModelSpec, path, error, lines)
+                loc = tuple(error["loc"])
+                from_variant = loc[:1] and loc[0] in variant
+                problems.append(Problem(path, f"variants[{n}].{problem.field}" if from_variant else problem.field,
+                                        problem.value, f"{problem.message} (variant {name})",
+                                        lines.get(("variants", n, *loc), problem.line) if from_variant else problem.line))
+    if problems:
+        raise ConfigError(problems)
+    return tuple(found)
 
 
 def _file_name_problems(path: Path, what: str) -> list[Problem]:
@@ -111,7 +180,7 @@ def _file_name_problems(path: Path, what: str) -> list[Problem]:
     return [Problem(path, "", path.stem, f"the {what}'s name is its file name without .yml; {problem}")]
 
 
-def _validate(schema: type[BaseModel], path: Path) -> Any:
+def _mapping(schema: type[BaseModel], path: Path) -> tuple[dict, dict]:
     data, lines = load_yaml(path)
     if data is None:
         data = {}
@@ -120,10 +189,18 @@ def _validate(schema: type[BaseModel], path: Path) -> Any:
         what = "rig" if schema is RigSpec else "model catalog"
         raise ConfigError([Problem(path, "", None, f"not a YAML mapping (it is {_yaml_kind(data)}); a {what} "
                                                    "file is `key: value` lines, e.g. `os: linux`", 1)])
+    return data, lines
+
+
+def _validate_data(schema: type[BaseModel], path: Path, data: dict, lines: dict) -> Any:
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise ConfigError([_problem(schema, path, error, lines) for error in exc.errors()]) from None
+
+
+def _validate(schema: type[BaseModel], path: Path) -> Any:
+    return _validate_data(schema, path, *_mapping(schema, path))
 
 
 def _yaml_kind(data: Any) -> str:

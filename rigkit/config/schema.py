@@ -638,6 +638,10 @@ class ModelConfig:
     name: str  # the catalog file's stem
     spec: ModelSpec
     file: Path
+    # The catalog's variants (name, the model's spec as that variant), in its order; a rig serves the first whose
+    # quantization its GPUs run and whose weights fit them (rigkit.config.variants), named in `variant`.
+    variants: tuple[tuple[str, ModelSpec], ...] = ()
+    variant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -647,3 +651,4 @@ class RigConfig:
     models: tuple[ModelConfig, ...]
     file: Path
     warnings: tuple[str, ...] = ()  # serving-config warnings (rigkit.config.lint)
+    notes: tuple[str, ...] = ()  # what was chosen for this rig and why (a catalog variant)

@@ -1,4 +1,4 @@
-"""Each model of a rig against its GPUs (rigkit.fit.memory): from what the rig says (config.json and the weights'
+"""Each model of a rig against its GPUs (rigkit.sizing.memory): from what the rig says (config.json and the weights'
 bytes in the folder vLLM loads, each GPU's memory as nvidia-smi reports it) at deploy, from the catalog's
 `weight_bytes` and the GPU table in `rigkit check`. Pure, but for the one read it names (`shapes_reads`)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from rigkit.config import gpu_models
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.fit.facts import ModelShapes
-from rigkit.fit.memory import GIB, Fit, fit
-from rigkit.fit.shape import loaded_dtype_bytes, model_shape
-from rigkit.fit.variant import variant_problems
+from rigkit.sizing.memory import GIB, Fit, fit
+from rigkit.sizing.shape import loaded_dtype_bytes, model_shape
+from rigkit.sizing.variant import variant_problems
 from rigkit.rigside.names import volume_name
 
 MIB = 1024**2

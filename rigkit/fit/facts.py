@@ -1,4 +1,4 @@
-"""pyinfra fact: each model's config.json (the keys rigkit.fit.shape reads) and its weights' bytes, read on the
+"""pyinfra fact: each model's config.json (the keys rigkit.sizing.shape reads) and its weights' bytes, read on the
 rig from the folder vLLM will load (read-only; one python3 start for every model)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from rigkit.fit.shape import KEYS
+from rigkit.sizing.shape import KEYS
 from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 
 READ_S = 30  # a config.json and a folder's listing; a hung network mount is given up
@@ -74,7 +74,7 @@ for name, folder in zip(args[::2], args[1::2]):
 
 
 class ModelShapes(FactBase):
-    """{model name: {"config": the keys of its config.json rigkit.fit.shape reads, or None, "weights_bytes": int}}
+    """{model name: {"config": the keys of its config.json rigkit.sizing.shape reads, or None, "weights_bytes": int}}
     for each (name, "folder" | "volume", path or volume name): the shards vLLM loads (those the safetensors index
     names, else the top-level *.safetensors, else *.bin), symlinks followed; a volume's folder is its Mountpoint
     (nothing read where it is not there, or where the rig's user may not read Docker's folder)."""

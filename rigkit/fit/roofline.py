@@ -13,7 +13,7 @@ from __future__ import annotations
 from rigkit.config import gpu_models
 from rigkit.config.schema import ModelConfig, RigConfig
 from rigkit.fit.check import held_weights
-from rigkit.fit.shape import is_moe
+from rigkit.sizing.shape import is_moe
 
 # Below this share of the roofline, with weights large enough that reading them dominates a step (MEANINGFUL_BYTES:
 # tiny models, the tests' and many drafts, are bound by launches, not bytes), verification names the likely causes.

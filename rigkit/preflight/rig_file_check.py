@@ -47,6 +47,8 @@ def check_rig_file(rig_file: str, catalog: Path, topology_file: str | None,
             problems.append(str(exc))
     for note in [*notes, *rig.warnings]:
         print(f"{rig_file}: warning: {note}", file=sys.stderr)
+    for note in rig.notes:
+        print(f"{rig_file}: {note}")
     if problems:
         print("\n".join(f"{rig_file}: {p}" for p in problems), file=sys.stderr)
         return False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rigkit.fit.shape import ModelShape, kv_bytes_per_token
+from rigkit.sizing.shape import ModelShape, kv_bytes_per_token
 
 GIB = 1024**3
 # The CUDA context, activations' peak and NCCL's buffers, which vLLM measures at start: an estimate that
