@@ -24,7 +24,8 @@ from rigkit.plumbing.rig_reads import DOCKER_S, bounded
 from rigkit.weights.facts import helpers_left, volume_states
 from rigkit.serving.api_key import SecretFileError
 from rigkit.weights.hub import read_hub_token
-from rigkit.weights.operation import cache_operations, copy_operations, download_operations, relay_operations
+from rigkit.weights.operation import (cache_operations, copy_operations, download_operations, own_copies_first,
+                                      relay_operations)
 from rigkit.config.defaults import WEIGHTS_CHUNK_BYTES
 
 
@@ -54,8 +55,10 @@ def weights(rig: RigConfig, verify: bool = False, chunk_bytes: int = WEIGHTS_CHU
     except SecretFileError as exc:
         raise DeployError(str(exc)) from None
     if on_volumes:
-        download_operations(from_hub, states, verify, token)
+        download_operations(from_hub, states, token)
     ops = copy_operations(own, states, verify)
+    if on_volumes:
+        own_copies_first()
     # After every rig's own copies (pyinfra runs one operation on all rigs before the next): a rig that
     # downloads for the fleet has its volume complete before the others take from it.
     from_rigs = [m for m in on_volumes if m.spec.weights.from_rig]

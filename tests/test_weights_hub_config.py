@@ -32,8 +32,12 @@ def test_a_hub_source_is_its_snapshot_folder_in_the_rigs_cache():
     (f"{{repo: Qwen/Qwen3--8B, revision: {COMMIT}}}", "may not contain '--' or '..'"),
     (f"{{repo: 'Qwen/Qwen3 8B; rm -rf /', revision: {COMMIT}}}", "weights.hub.repo"),
     (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, endpoint: 'file:///etc'}}", "weights.hub.endpoint"),
-    (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, cache: /var/lib/../../etc}}", "may not contain a '..' component"),
-], ids=["branch", "double-dash", "shell", "endpoint", "dotdot-cache"])
+    (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, cache: /var/lib/../../etc}}", "without '.', '..' or '//'"),
+    (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, cache: /var/lib/docker/volumes}}", "a folder of the system or of "
+     "Docker's own"),
+    (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, cache: /}}", "give a folder's own absolute path below /"),
+    (f"{{repo: Qwen/Qwen3-8B.git, revision: {COMMIT}}}", "or end in '.git'"),
+], ids=["branch", "double-dash", "shell", "endpoint", "dotdot-cache", "docker-cache", "root-cache", "dot-git"])
 def test_rigkit_check_refuses_a_hub_source_the_hub_or_a_shell_would_not_take(tmp_path, hub, message):
     from tests.conftest import copy_catalog
 
@@ -74,6 +78,11 @@ def test_a_hub_token_file_others_can_read_is_refused_and_a_private_one_taken(tmp
     proc = check(catalog, rig_file)
     assert proc.returncode == 0, proc.stderr
     assert "hf_secret" not in proc.stdout + proc.stderr
+    # The token would cross the network in clear to an http endpoint that is not the rig's own loopback.
+    plain = copy_catalog(tmp_path / "plain", test_alpha=[(FOLDER, f"  hub: {{repo: a/b, revision: {COMMIT}, "
+                                                                  "endpoint: 'http://mirror.lan:8080'}\n")])
+    proc = check(plain, rig_file)
+    assert proc.returncode != 0 and "would cross the network unencrypted: use https" in proc.stderr, proc.stderr
 
 
 def test_a_hub_model_not_downloaded_yet_is_judged_from_what_the_hub_says(tmp_path):
@@ -109,3 +118,88 @@ def test_a_hub_model_not_downloaded_yet_is_judged_from_what_the_hub_says(tmp_pat
     found = model_fit(model, rig, answer, {0: 24564, 1: 24564})
     assert found.problems and "one sequence of its own context (max_model_len unset) 262144 needs 32.0 GiB of KV " \
         "cache per GPU" in found.problems[0], found.problems
+
+
+def test_what_a_hostile_hub_sends_the_fits_read_bounds_and_the_token_goes_nowhere_else(tmp_path):
+    """Simulated: a hostile hub (a small HTTP server on 127.0.0.1): a listing whose next page is on another
+    host (127.0.0.2 here), a config.json without end. Real: rigkit.fit.hub_read's httpx client."""
+    import http.server
+    import threading
+
+    from rigkit.config.schema import HubSource
+    from rigkit.fit.hub_read import PAGE_MAX_BYTES, HubReadError, hub_answer
+
+    seen = []
+
+    class Hostile(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_):
+            pass
+
+        def do_GET(self):
+            seen.append((self.server.server_address[0], self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            if "/tree/" in self.path and self.server.server_address[0] == "127.0.0.1" and "page=2" not in self.path:
+                self.send_header("Link", f'<http://127.0.0.2:{other.server_address[1]}{self.path}&page=2>; rel="next"')
+                body = b'[{"type": "file", "path": "config.json", "size": 10}]'
+            else:
+                body = b"[" + b" " * (PAGE_MAX_BYTES + 10) + b"]"
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    other = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Hostile)
+    for s in (server, other):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        hub = HubSource(repo="a/b", revision=COMMIT, endpoint=f"http://127.0.0.1:{server.server_address[1]}")
+        with pytest.raises(HubReadError, match=r"its next page is on another host \(127\.0\.0\.2\)"):
+            hub_answer("m", hub, "hf_secret_token")
+        assert [host for host, _, _ in seen] == ["127.0.0.1"]  # nothing, the token least, went to the other host
+        seen.clear()
+        hub = HubSource(repo="a/b", revision=COMMIT, endpoint=f"http://127.0.0.2:{other.server_address[1]}")
+        with pytest.raises(HubReadError, match="the file listing: more than"):
+            hub_answer("m", hub, None)
+    finally:
+        for s in (server, other):
+            s.shutdown()
+            s.server_close()
+
+
+def test_the_download_refuses_a_snapshot_file_no_hash_would_prove(tmp_path):
+    """The download's own script (rigkit.weights.hub.SCRIPT), run here by this machine's python with the real
+    huggingface_hub 2.4.0, as the serving image runs it. Simulated: the Hub (tests/hub_standin on 127.0.0.1).
+    A file of the snapshot replaced by a copy of itself (a cache where links could not be made, or a file put
+    by hand) is refused: the copier would have proven it against nothing."""
+    import json as json_
+    import shutil
+
+    from rigkit.weights.hub import SCRIPT
+    from tests.hub_standin.server import Repo, serving
+
+    files = {"config.json": b'{"model_type": "standin"}', "model.safetensors": b"\0" * 4096}
+    repo = Repo("rigkit-test/tiny", files, private=True, token="hf_right")
+    cache, token = tmp_path / "hub", tmp_path / "token"
+
+    def download(endpoint):
+        token.write_text("hf_right\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_SHARED_BLOBS="1")
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, repo.repo_id, repo.commit, str(cache), str(token)],
+                              env=env, capture_output=True, text=True, timeout=60)
+        return proc.returncode, json_.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
+
+    with serving([repo], cdn="separate") as (hub, endpoint):
+        code, report, said = download(endpoint)
+        assert code == 0 and report["status"] == "ok" and report["files"] == 2, said
+        assert not token.exists()  # read once and removed
+        assert "hf_right" not in said
+        snapshot = cache / "models--rigkit-test--tiny" / "snapshots" / repo.commit
+        weights = snapshot / "model.safetensors"
+        real = weights.resolve()
+        weights.unlink()
+        shutil.copyfile(real, weights)
+        code, report, said = download(endpoint)
+    assert code != 0 and report["status"] == "error", said
+    assert report["error"] == ("the snapshot is not the hub's commit: model.safetensors: not a link to a blob named by "
+                               "its hash (nothing would prove it)"), report

@@ -88,6 +88,10 @@ def _check_model(rig, rig_file, model, errors, warnings) -> None:
         why = ("Windows rigs keep volumes in Docker Desktop's VM; give the snapshot folder on this rig" if rig.os ==
                "windows" else "weights from the hub are proven by their copy onto a volume; use storage: volume")
         error("weights.hub", str(spec.weights.hub), f"downloaded on Linux rigs onto volumes only: {why}")
+    elif spec.weights.hub is not None and rig.hub_token_file and not re.match(
+            r"^https://|^http://(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?$", spec.weights.hub.endpoint):
+        error("weights.hub.endpoint", spec.weights.hub.endpoint, "the rig's hub token (hub_token_file) would cross "
+              "the network unencrypted: use https (plain http only on the rig's own loopback)")
     elif rig.os == "windows" and spec.weights.storage == "volume" and re.search(r'[,"\x00-\x1f]', spec.weights.source):
         # The copy's check passes the source to `docker.exe run --mount source=...`, a comma-separated
         # field; Windows PowerShell 5.1 does not escape a double quote in a native argument.

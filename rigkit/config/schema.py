@@ -366,6 +366,9 @@ def _source(value: Any) -> str | RigSource:
 
 HUB_CACHE = HUB_CACHE_DIR  # the rig's Hugging Face cache for hub sources (HF_HUB_CACHE's layout)
 HUB_ENDPOINT = "https://huggingface.co"
+# Where a hub cache may not go: it is mounted read-write into a container that runs as root on the host's network.
+SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/root", "/run", "/sbin",
+                  "/sys", "/usr", "/var/lib/docker", "/var/lib/containerd")
 
 
 class HubSource(_Strict):
@@ -374,7 +377,8 @@ class HubSource(_Strict):
     the volume and proven against the hub's own hashes by the copier (docs/weights.md)."""
     # The Hub's rule for a repository id: namespace/name, letters, digits, '-', '_', '.', no '--' or '..'
     # (huggingface_hub's validate_repo_id), and so one safe word in a path and a command.
-    repo: str = Field(max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+    repo: str = Field(max_length=200, pattern=r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?"
+                                              r"/[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?$")
     # A commit, never a branch: `main` moves, and a fleet must serve the same bytes on every rig.
     revision: str = Field(pattern=r"^[0-9a-f]{40}$")  # the 40 hex digits of a commit
     endpoint: str = Field(default=HUB_ENDPOINT, max_length=200, pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
@@ -383,15 +387,19 @@ class HubSource(_Strict):
     @field_validator("repo")
     @classmethod
     def _hub_repo_rule(cls, value: str) -> str:
-        if "--" in value or ".." in value:
-            raise ValueError("a hub repository id may not contain '--' or '..' (the Hub's own rule)")
+        if "--" in value or ".." in value or value.endswith(".git"):
+            raise ValueError("a hub repository id may not contain '--' or '..' or end in '.git' (the Hub's own rule)")
         return value
 
     @field_validator("cache")
     @classmethod
     def _plain_folder(cls, value: str) -> str:
-        if ".." in value.split("/"):
-            raise ValueError("may not contain a '..' component; give the folder's own absolute path")
+        parts = value.rstrip("/").split("/")[1:]
+        if not parts or any(p in ("", ".", "..") for p in parts):
+            raise ValueError("give a folder's own absolute path below /, without '.', '..' or '//'")
+        if any(value.rstrip("/") == p or value.startswith(p + "/") for p in SYSTEM_FOLDERS):
+            raise ValueError(f"a folder of the system or of Docker's own ({', '.join(SYSTEM_FOLDERS)}); the "
+                             f"default is {HUB_CACHE}")
         return value
 
     @property

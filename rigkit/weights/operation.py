@@ -49,7 +49,9 @@ def download_on_rig(models: list[ModelConfig], token: str | None) -> None:
                         "(proven by the copy that follows)")
 
 
-HUB_MENDS = ("does not exist", "the download is incomplete", "is empty")  # the copier's check's words
+# The copier's check's words (templates/weights/copier/check.py) for a snapshot the download mends: no folder yet
+# (the client makes it before its first blob), no file in it yet, a link to a blob not there.
+HUB_MENDS = ("does not exist", "has no files", "the download is incomplete")
 
 
 def hub_pending(state: dict) -> bool:
@@ -59,13 +61,13 @@ def hub_pending(state: dict) -> bool:
     return state.get("status") == "error" and any(words in str(state.get("error")) for words in HUB_MENDS)
 
 
-def download_operations(models: list[ModelConfig], states: dict[str, dict], verify: bool, token: str | None) -> None:
+def download_operations(models: list[ModelConfig], states: dict[str, dict], token: str | None) -> None:
     """Before the copies, one operation on every rig that keeps weights on volumes: the downloads of its models
     from the hub into its cache, where a volume is not its snapshot's complete copy (a converged rig asks the hub
     nothing). One operation everywhere, skipped where there is nothing to download: pyinfra orders operations
     across rigs by each rig's own sequence, so a rig's copy from another rig's volume must follow the same
     operation as that rig's download, or it may run before it (it did: the relay found no marker)."""
-    wanted = [m for m in models if verify or states[m.name].get("status") != "unchanged"]
+    wanted = [m for m in models if states[m.name].get("status") != "unchanged"]  # --verify-weights asks no hub
     python.call(
         name="Download weights from the hub",  # one name on every rig: which models, each download's line says
         function=rig_call(download_on_rig), models=wanted, token=token if wanted else None,
@@ -141,6 +143,18 @@ def relay_needed(model: ModelConfig, state: dict, verify: bool) -> bool:
     except Exception:  # noqa: BLE001: the copy that follows reports it
         return True
     return manifest_digest(files) != state["digest"]
+
+
+def own_copies_first() -> None:
+    """An operation on every rig with volumes, between its own copies and its copies from other rigs, that does
+    nothing: pyinfra orders operations across rigs by each rig's own sequence (a topological sort, ties by line),
+    so a rig's relay could otherwise run before another rig's second copy of its own (a rig with two models to
+    copy where the receiver has one): this one waits for every rig's copies before any relay."""
+    python.call(name="Every rig's own copies done", function=rig_call(_nothing), _if=lambda: False)
+
+
+def _nothing() -> None:
+    pass
 
 
 def relay_operations(models: list[ModelConfig], states: dict[str, dict], verify: bool, chunk_bytes: int) -> dict:
