@@ -28,7 +28,7 @@ def test_a_hub_source_is_its_snapshot_folder_in_the_rigs_cache():
 
 
 @pytest.mark.parametrize("hub, message", [
-    (f"{{repo: Qwen/Qwen3-8B, revision: main}}", "weights.hub.revision"),
+    ("{repo: Qwen/Qwen3-8B, revision: main}", "weights.hub.revision"),
     (f"{{repo: Qwen/Qwen3--8B, revision: {COMMIT}}}", "may not contain '--' or '..'"),
     (f"{{repo: 'Qwen/Qwen3 8B; rm -rf /', revision: {COMMIT}}}", "weights.hub.repo"),
     (f"{{repo: Qwen/Qwen3-8B, revision: {COMMIT}, endpoint: 'file:///etc'}}", "weights.hub.endpoint"),
