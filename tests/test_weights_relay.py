@@ -243,6 +243,23 @@ def test_rigs_sharing_a_source_take_it_from_the_first_unless_they_are_one_machin
     assert str(first_unreachable["c"].models[0].spec.weights.source) == "rig b volume rigkit-weights-m"
 
 
+def test_rigs_keeping_one_hub_model_take_it_from_the_first_which_alone_asks_the_hub(tmp_path):
+    """The pairing for a hub source (docs/weights.md, "From the Hugging Face Hub"): the same repository at the
+    same commit is the same snapshot folder in each rig's cache, so the others take the first rig's volume and
+    keep no hub source of their own (they never download)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.yml").write_text(
+        MODEL.replace("{source: SOURCE}", f"{{hub: {{repo: org/m, revision: {commit}}}}}").replace("PORT", "18300"))
+    (tmp_path / "rig.yml").write_text(
+        (REPO / "tests" / "data" / "rigs" / "serving.yml").read_text().replace("[test-alpha, test-beta]", "[m]"))
+    rig = load_rig(tmp_path / "rig.yml", tmp_path / "models")
+    shared = share_sources([FleetRig("a", rig, "10.0.0.1:22"), FleetRig("b", rig, "10.0.0.2:22")])
+    first, second = shared["a"].models[0].spec.weights, shared["b"].models[0].spec.weights
+    assert first.hub is not None and first.source == f"/var/lib/rigkit/hub/models--org--m/snapshots/{commit}"
+    assert second.hub is None and str(second.source) == "rig a volume rigkit-weights-m"
+
+
 def test_verify_weights_on_a_copied_volume_removes_a_damaged_file_and_the_next_copy_takes_only_it(tmp_path):
     """--verify-weights on a rig whose volume came from another rig runs the copier's verify on it alone
     (rigkit.weights.relay.verify_volume: `verify /v /v`), then the relay."""
