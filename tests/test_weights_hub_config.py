@@ -185,7 +185,8 @@ def test_the_download_refuses_a_snapshot_file_no_hash_would_prove(tmp_path):
         token.write_text("hf_right\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
         env.update(HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_SHARED_BLOBS="1")
-        proc = subprocess.run([sys.executable, "-c", SCRIPT, repo.repo_id, repo.commit, str(cache), str(token)],
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, repo.repo_id, repo.commit, str(cache), str(token),
+                               "/var/lib/rigkit/hub"],
                               env=env, capture_output=True, text=True, timeout=60)
         return proc.returncode, json_.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
@@ -203,3 +204,32 @@ def test_the_download_refuses_a_snapshot_file_no_hash_would_prove(tmp_path):
     assert code != 0 and report["status"] == "error", said
     assert report["error"] == ("the snapshot is not the hub's commit: model.safetensors: not a link to a blob named by "
                                "its hash (nothing would prove it)"), report
+
+
+def test_the_download_refuses_to_fill_the_caches_disk_before_it_takes_a_byte(tmp_path):
+    """The download's own script, as above, with its cache on a 16 MiB tmpfs mounted in a mount namespace of its
+    own (`unshare -m`: this machine's mounts are not touched). Simulated: the Hub (tests/hub_standin)."""
+    import json as json_
+    import shutil
+
+    from rigkit.weights.hub import SCRIPT
+    from tests.hub_standin.server import Repo, serving
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.fail("needs root and unshare(1), as ./run test has them")
+    repo = Repo("rigkit-test/tiny", {"config.json": b"{}", "model.safetensors": b"\0" * 4 * 1024 * 1024})
+    cache = tmp_path / "small-disk"
+    cache.mkdir()
+    with serving([repo], cdn="separate") as (hub, endpoint):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_SHARED_BLOBS="1")
+        proc = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=16m none "$1" && shift && exec "$@"',
+                               "sh", str(cache), sys.executable, "-c", SCRIPT, repo.repo_id, repo.commit, str(cache),
+                               str(tmp_path / "no-token"), "/var/lib/rigkit/hub"],
+                              env=env, capture_output=True, text=True, timeout=60)
+        fetched = hub.requests("GET", "/cdn/")
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    report = json_.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["error"].startswith("the rig's cache /var/lib/rigkit/hub has 0.02 GB free; the download needs 0.00 GB "
+                                      "more and 1 GB to spare"), report
+    assert fetched == []  # not a byte of the weights asked for

@@ -43,8 +43,9 @@ CACHE_IN_CONTAINER = "/hub"
 # bytes against that name. A file that is not such a link (a cache on a filesystem without links, a file put by
 # hand) would be proven by nothing: refused.
 SCRIPT = r'''
-import glob, json, os, signal, sys, time
-repo, revision, cache, token_path = sys.argv[1:5]
+import glob, json, os, shutil, signal, sys, time
+repo, revision, cache, token_path, cache_shown = sys.argv[1:6]
+SPARE_BYTES = 1024 ** 3
 started = time.monotonic()
 def report(**fields):
     print(json.dumps(fields), flush=True)
@@ -71,6 +72,20 @@ storage = os.path.join(cache, f"models--{org}--{name}")
 for partial in glob.glob(os.path.join(glob.escape(storage), "blobs", "*.incomplete")):
     os.remove(partial)  # a killed download's: the client names each anew and never takes one up again
 try:
+    # Room first: the cache is on the rig's root filesystem by default, and a full one breaks more than this.
+    from huggingface_hub import HfApi
+    blobs = os.path.join(storage, "blobs")
+    need = sum(f.size for f in HfApi().list_repo_tree(repo, revision=revision, recursive=True, token=token)
+               if isinstance(getattr(f, "size", None), int) and hasattr(f, "blob_id")
+               and not os.path.exists(os.path.join(blobs, f.lfs.sha256 if f.lfs else f.blob_id)))
+    os.makedirs(cache, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    if need + SPARE_BYTES > free:
+        report(status="error", error=f"the rig's cache {cache_shown} has {free / 1e9:.2f} GB free; the download "
+               f"needs {need / 1e9:.2f} GB more and {SPARE_BYTES / 1e9:.0f} GB to spare (and its copy onto the volume "
+               "as much again where Docker keeps its data on the same disk). Free space there, or set weights.hub.cache "
+               "to a folder on a larger disk")
+        sys.exit(5)
     folder = snapshot_download(repo, revision=revision, cache_dir=cache, token=token)
 except RevisionNotFoundError:
     report(status="error", error=f"the hub has no commit {revision} in {repo}")
@@ -180,7 +195,7 @@ def download(client, model: ModelConfig, token: str | None) -> dict:
 
     def create():
         return client.containers.create(
-            image, ["python3", "-c", SCRIPT, hub.repo, hub.revision, CACHE_IN_CONTAINER, TOKEN_PATH],
+            image, ["python3", "-c", SCRIPT, hub.repo, hub.revision, CACHE_IN_CONTAINER, TOKEN_PATH, hub.cache],
             entrypoint=[], name=name, environment=env, network_mode="host",
             # `volumes=`, unlike a Mount, makes the cache folder where it is not there yet (root's, mode 755).
             volumes={hub.cache: {"bind": CACHE_IN_CONTAINER, "mode": "rw"}}, labels={WEIGHTS_HELPER_LABEL: model.name})
