@@ -499,7 +499,9 @@ def test_each_start_says_where_its_time_went_and_compiled_graphs_outlive_the_con
     assert first.returncode == 0, first.output[-4000:]
     start = last_start()
     phases = {p["phase"]: p["s"] for p in start["phases"]}
-    assert start["compile_cache"]["cache"] == "miss" and 3 <= phases["compile"] < 10, start
+    # The stand-in sleeps its 3 s; Docker stamps a line when it reads it from the container (a fresh clone's run
+    # once read 2.999 s between them): a miss is near 3 s, a hit near 0.3 s.
+    assert start["compile_cache"]["cache"] == "miss" and 2.9 <= phases["compile"] < 10, start
     assert start["to"] == "first token (rigkit's readiness completion)" and "weights load" in phases, start
     assert "start of test-alpha: " in first.output and "compile cache: miss" in first.output, first.output[-4000:]
     # A redeploy that changes nothing the graph depends on: a new container, the graphs loaded from the volume.
