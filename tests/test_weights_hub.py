@@ -30,6 +30,7 @@ from tests.conftest import DATA, REPO, STATE_ROOT, DeployRun
 from tests.hub_standin.server import Repo, serving
 from tests.simrig.rig import SimRig, ssh_keypair
 from tests.simrig.weights import SIM_MODELS
+from tests.test_weights_relay_rigs import remove_leftovers
 from tests.test_weights import make_checkpoint, sha256s
 
 pytestmark = pytest.mark.simrig
@@ -42,27 +43,16 @@ TOKEN = "hf_rigkitteststandintoken0123456789"
 SHARD = "model-00001-of-00001.safetensors"
 
 
-def remove_leftovers(client) -> None:
-    for name in PORTS:
-        for container in client.containers.list(all=True, filters={"label": f"com.docker.compose.project=rigkit-{name}"}):
-            container.remove(force=True)
-        for container in client.containers.list(all=True, filters={"label": f"rigkit.weights-helper={name}"}):
-            container.remove(force=True)
-        for volume in [*client.volumes.list(filters={"name": f"rigkit-weights-{name}"}),
-                       *client.volumes.list(filters={"name": f"rigkit-compile-cache-{name}"})]:
-            volume.remove(force=True)
-
-
 @pytest.fixture(scope="module")
 def fleet(fresh_rig, tmp_path_factory):
     from tests.vllm_standin.image import ensure_standin_image
 
     ensure_standin_image()
     client = docker.from_env()
-    remove_leftovers(client)
+    remove_leftovers(client, PORTS)
     shutil.rmtree(CACHE, ignore_errors=True)
     CACHE.mkdir(mode=0o755, parents=True)
-    os.chmod(CACHE, 0o755)  # as the weights role wants it: its folder operation then changes nothing
+    os.chmod(CACHE, 0o755)  # as Docker would make it for the download (the rigs mount SIM_MODELS read-only)
     folder = tmp_path_factory.mktemp("hub")
     checkpoint = folder / "checkpoint"
     make_checkpoint(checkpoint, shards=1, shard_bytes=4 * 1024 * 1024, seed=52)
@@ -99,7 +89,7 @@ def fleet(fresh_rig, tmp_path_factory):
         try:
             yield client, folder, hub, repo, checkpoint
         finally:
-            remove_leftovers(client)
+            remove_leftovers(client, PORTS)
             rig_b.remove()
             shutil.rmtree(CACHE, ignore_errors=True)
 

@@ -48,8 +48,9 @@ def model_text(name: str) -> str:
             "vllm: {dtype: bfloat16}\nready_timeout_s: 30\nenv: {STANDIN_COMPILE_S: '1'}\n")
 
 
-def remove_leftovers(client) -> None:
-    for name in PORTS:
+def remove_leftovers(client, names=PORTS) -> None:
+    """What an earlier run of a module using these models left: their stacks, weights helpers and volumes."""
+    for name in names:
         for container in client.containers.list(all=True, filters={"label": f"com.docker.compose.project=rigkit-{name}"}):
             container.remove(force=True)
         for container in client.containers.list(all=True, filters={"label": f"rigkit.weights-helper={name}"}):
