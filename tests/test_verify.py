@@ -155,15 +155,22 @@ def test_a_slower_config_accepted_past_the_gate_is_recorded_and_flagged_as_a_reg
 
 
 def test_a_start_over_its_ready_budget_fails_time_to_ready_naming_the_slow_phase(rig, tmp_path):
-    """The catalog's ready_budget_s against the start the deploy caused: weights that take 2 s to load (the
+    """The catalog's ready_budget_s against the start the deploy caused: weights that take 4 s to load (the
     stand-in's STANDIN_LOAD_S) in a budget of 1 s. The config is as fast as the proven one, so the gate
-    promotes it; its verification keeps the start and fails the budget's check, naming the phase."""
-    folder = copy_catalog(tmp_path, test_alpha=[("env:\n", 'env:\n  STANDIN_LOAD_S: "2"\n'),
+    promotes it; its verification keeps the start and fails the budget's check, naming the slowest phase of
+    the start's table, where the weights' load is measured. (On a loaded machine the container's own start
+    once took 2.0 s, as long as a 2 s load: the phase named is the table's slowest, whichever it is.)"""
+    folder = copy_catalog(tmp_path, test_alpha=[("env:\n", 'env:\n  STANDIN_LOAD_S: "4"\n'),
                                                 ("ready_timeout_s: 30\n", "ready_timeout_s: 30\nready_budget_s: 1\n")])
     run = run_deploy(rig, SERVING_RIG, catalog=folder)
     assert run.returncode == 0, run.output[-4000:]
     latest = json.loads(runs("test-alpha")[-1].read_text())
     [check] = [c for c in latest["checks"] if c["name"] == "time_to_ready"]
-    assert not check["passed"] and "over the budget of 1 s; slowest phase: weights load 2." in check["message"], check
+    phases = {p["phase"]: p["s"] for p in latest["startup"]["phases"]}
+    assert phases["weights load"] >= 4.0, latest["startup"]
+    engine = [p for p in latest["startup"]["phases"] if not p["phase"].startswith("waiting for rigkit")]
+    slowest = max(engine, key=lambda p: p["s"])
+    assert not check["passed"] and "over the budget of 1 s" in check["message"], check
+    assert f"slowest phase: {slowest['phase']} {slowest['s']:.1f} s" in check["message"], (check, latest["startup"])
     assert latest["startup"]["compile_cache"]["cache"] == "none"
     assert run_deploy(rig, SERVING_RIG).returncode == 0
