@@ -109,6 +109,21 @@ What it fakes, and the traps it reproduces:
   relative sd of each request's rates (1.5x for prefill); STANDIN_DRIFT_PER_S (e.g. -0.0005)
   changes both rates linearly with the seconds since the server started (a card heating up).
 - GET /version answers {"version": "standin"}, as vLLM answers its version.
+- Sleep mode, as vLLM 0.32 serves it (docs/features/sleep_mode.md; its routes and answers as read in
+  the vLLM 0.32 image): only with VLLM_SERVER_DEV_MODE=1 are there POST /sleep?level=N
+  (default 1) -> {"status": "sleeping", "level": N}, POST /wake_up -> {"status": "awake"} and
+  GET /is_sleeping -> {"is_sleeping": bool}; else 404 as any unknown route. Without
+  --enable-sleep-mode a sleep or wake is refused (500, the engine core's assertion "Sleep mode is not
+  enabled in the model config"). A sleep takes STANDIN_SLEEP_S and a wake STANDIN_WAKE_S, each a
+  list "level:seconds,..." (default 1:0.2,2:0.1 and 1:0.3,2:0.6; bench/swap.py passes vLLM's published
+  figures). While asleep a completion is refused with 503 (vLLM's docs: "endpoints that require access
+  to model weights will return a 503"); /health, /metrics and /v1/models still answer.
+  The fault `bad_wake` plays a wake that answers healthy HTTP with corrupted output (public reports):
+  after every wake, greedy tokens and their logprobs differ from the ones before the sleep, until the
+  process restarts.
+- Greedy logprobs: a non-streamed completion asking for `logprobs` gets tokens and logprobs that are a
+  function of the prompt alone (what a greedy decode of fixed weights gives), in vLLM's completions
+  shape (`choices[0].logprobs`: tokens, token_logprobs, top_logprobs, text_offset).
 - The API key (--api-key, one or more, or VLLM_API_KEY) is enforced on /v1/* as vLLM does; `--config
   FILE.yaml` adds the file's options first, as vLLM's FlexibleArgumentParser does (a list as one
   option with several values; a file not named .yaml or .yml refused).
@@ -173,6 +188,7 @@ def parse_args(argv):
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--disable-log-requests", action="store_true")
     p.add_argument("--disable-custom-all-reduce", action="store_true")  # vLLM ParallelConfig.disable_custom_all_reduce
+    p.add_argument("--enable-sleep-mode", action="store_true")
     return p.parse_args(_with_config(argv))
 
 
@@ -285,6 +301,11 @@ class Engine:
         self.iteration_steps = 0
         self.iteration_tokens = 0
         self.names = args.served_model_name or [args.model]
+        self.dev_mode = env.get("VLLM_SERVER_DEV_MODE") == "1"
+        self.sleep_s = _per_level(env.get("STANDIN_SLEEP_S", "1:0.2,2:0.1"))
+        self.wake_s = _per_level(env.get("STANDIN_WAKE_S", "1:0.3,2:0.6"))
+        self.sleeping_level = 0  # 0: awake
+        self.wakes = 0  # with the fault bad_wake, every wake since start corrupts the weights a little more
 
     def rates(self) -> tuple[float, float]:
         """(prefill tok/s, decode tok/s) for a request arriving now."""
@@ -442,6 +463,26 @@ class Engine:
 ENGINE: Engine
 
 
+def _per_level(text: str) -> dict[int, float]:
+    """"1:0.2,2:0.1" -> {1: 0.2, 2: 0.1}."""
+    return {int(level): float(seconds) for level, _, seconds in (p.partition(":") for p in text.split(",") if p)}
+
+
+def greedy_logprobs(text: str, produced: int, corruption: int) -> dict:
+    """vLLM's completions logprobs for a greedy decode of `text`: the same prompt always gives the same
+    tokens and logprobs, unless the weights were corrupted (`corruption` > 0: a bad wake)."""
+    tokens, logprobs, offsets, at = [], [], [], 0
+    for i in range(produced):
+        digest = hashlib.sha256(f"{corruption}|{text}|{i}".encode()).hexdigest()
+        token = f" w{digest[:5]}"
+        tokens.append(token)
+        logprobs.append(-round(int(digest[5:9], 16) / 65535 * 3, 6))
+        offsets.append(at)
+        at += len(token)
+    return {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets,
+            "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs)]}
+
+
 def _curves():
     """tests/sim_curves.py: copied beside this file in the image, next door in a checkout."""
     try:
@@ -506,6 +547,8 @@ class Handler(BaseHTTPRequestHandler):
                                  "running": ENGINE.running, "arrivals": ENGINE.arrivals})
         elif self.path == "/version":
             self.send_json(200, {"version": "standin"})
+        elif self.path == "/is_sleeping" and ENGINE.dev_mode:
+            self.send_json(200, {"is_sleeping": bool(ENGINE.sleeping_level)})
         elif self.path == "/standin/info":
             self.send_json(200, {
                 "args": vars(ENGINE.args),
@@ -519,6 +562,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if self.path.startswith("/standin/"):
             return self.standin_control()
+        if ENGINE.dev_mode and self.path.partition("?")[0] in ("/sleep", "/wake_up"):
+            return self.sleep_or_wake()
         if self.path not in ("/v1/completions", "/v1/chat/completions") or (
                 "chat_only" in ENGINE.faults and self.path == "/v1/completions"):
             return self.send_json(404, {"detail": "Not Found"})
@@ -541,6 +586,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(404, {"error": {  # tests/data/vllm-0.32/error-404-model.json
                 "message": f"The model `{body.get('model')}` does not exist. Valid aliases: {', '.join(ENGINE.names)}.",
                 "type": "NotFoundError", "param": "model", "code": 404}})
+        if ENGINE.sleeping_level:
+            return self.send_json(503, {"error": {"message": "The model is sleeping: wake it up (POST /wake_up) first.",
+                                                  "type": "ServiceUnavailableError", "param": None, "code": 503}})
         if ENGINE.hang:
             time.sleep(HANG_LIMIT_S)  # /health still says 200 meanwhile
             return self.send_json(500, ENGINE_DEAD)
@@ -552,6 +600,26 @@ class Handler(BaseHTTPRequestHandler):
             self.generate(body, chat=chat)
         finally:
             ENGINE.set_running(-1)
+
+    def sleep_or_wake(self):
+        path, _, query = self.path.partition("?")
+        params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if not ENGINE.args.enable_sleep_mode:
+            return self.send_json(500, {"error": {"message": "Sleep mode is not enabled in the model config",
+                                                  "type": "InternalServerError", "param": None, "code": 500}})
+        if path == "/sleep":
+            level = int(params.get("level", "1"))
+            time.sleep(ENGINE.sleep_s.get(level, 0.0))
+            with ENGINE.lock:
+                ENGINE.sleeping_level = level
+            return self.send_json(200, {"status": "sleeping", "level": level})
+        time.sleep(ENGINE.wake_s.get(ENGINE.sleeping_level, 0.0))
+        with ENGINE.lock:
+            if ENGINE.sleeping_level:
+                ENGINE.wakes += 1
+            ENGINE.sleeping_level = 0
+        self.send_json(200, {"status": "awake"})
 
     def standin_control(self):
         """Test-only switches: POST /standin/wedge, /standin/long_prefill?seconds=S, /standin/normal."""
@@ -639,6 +707,10 @@ class Handler(BaseHTTPRequestHandler):
                          prompt=prompt_tokens, generation=produced, requests=1)
             words = " ".join("tok" for _ in range(produced))
             choice = {"index": 0, "finish_reason": finish}
+            if body.get("logprobs") is not None and not chat:
+                corruption = ENGINE.wakes if "bad_wake" in ENGINE.faults else 0
+                choice["logprobs"] = greedy_logprobs(text, produced, corruption)
+                words = "".join(choice["logprobs"]["tokens"])
             choice.update({"message": {"role": "assistant", "content": words}} if chat else {"text": words})
             return self.send_json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
                                         "model": model, "choices": [choice], "usage": usage},

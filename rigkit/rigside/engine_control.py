@@ -1,0 +1,187 @@
+"""One on-demand model's vLLM, driven from the rig: put to sleep, woken, stopped, started, and proven by a
+canary after every wake. Standard library only (it runs in rigkit-ondemand on the rig).
+
+vLLM's sleep routes are development routes (VLLM_SERVER_DEV_MODE=1): the engine of an on-demand model listens
+on the rig's loopback only, where rigkit-ondemand reaches them; clients reach the model through the front
+(rigside.front), which never passes those routes on. docs/on-demand.md.
+
+The canary: one fixed greedy completion (temperature 0) with its logprobs, recorded from a start rigkit
+proved, and asked again after every wake. A wake can answer healthy HTTP with corrupted output (public
+reports of vLLM's sleep mode); the canary's tokens must be equal and each logprob within CANARY_TOLERANCE.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+CANARY_PROMPT = "The capital of France is Paris. The capital of Italy is"
+CANARY_TOKENS = 8
+CANARY_TOLERANCE = 0.02  # logprobs of one greedy decode on one GPU agree far closer; corruption is far off
+MAX_ANSWER_BYTES = 1 << 20  # anything the engine sends is bounded before it is decoded
+CALL_TIMEOUT_S = 30.0
+
+
+class EngineError(Exception):
+    """The engine did not do what was asked; str() says what and what it answered."""
+
+
+@dataclass
+class Engine:
+    """How to reach and drive one model's engine. `swap`: "sleep" (vLLM's sleep mode, level
+    `sleep_level`) or "stop" (the container is stopped and started again, warm from its compile cache).
+    `stop` and `start`: the commands that stop and start its container (Compose's, built by rigkit)."""
+
+    name: str
+    served_name: str
+    url: str  # http://127.0.0.1:PORT, the engine's own loopback port
+    swap: str = "sleep"
+    sleep_level: int = 1
+    stop: list[str] = field(default_factory=list)
+    start: list[str] = field(default_factory=list)
+    restart: list[str] = field(default_factory=list)
+    ready_timeout_s: float = 600.0
+    api_key: str | None = None
+    canary: dict | None = None  # {"tokens": [...], "token_logprobs": [...]} of a start rigkit proved
+
+    # -- HTTP, bounded ------------------------------------------------------------------------------------
+    def call(self, method: str, path: str, body: dict | None = None, timeout_s: float = CALL_TIMEOUT_S):
+        """(status, decoded JSON or None) of one request to the engine; raises OSError when it cannot be reached."""
+        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        if self.api_key and path.startswith("/v1/"):
+            request.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                status, raw = response.status, response.read(MAX_ANSWER_BYTES + 1)
+        except urllib.error.HTTPError as error:
+            status, raw = error.code, error.read(MAX_ANSWER_BYTES + 1)
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise EngineError(f"{self.name}: {path} answered more than {MAX_ANSWER_BYTES} bytes")
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, None
+
+    def is_sleeping(self) -> bool | None:
+        """True or False as vLLM says; None when the engine cannot be reached (stopped, starting)."""
+        try:
+            status, answer = self.call("GET", "/is_sleeping", timeout_s=5)
+        except OSError:
+            return None
+        if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("is_sleeping"), bool):
+            raise EngineError(f"{self.name}: /is_sleeping answered {status} {str(answer)[:200]}")
+        return answer["is_sleeping"]
+
+    # -- the canary -----------------------------------------------------------------------------------------
+    def ask_canary(self) -> dict:
+        status, answer = self.call("POST", "/v1/completions", {
+            "model": self.served_name, "prompt": CANARY_PROMPT, "max_tokens": CANARY_TOKENS, "temperature": 0,
+            "logprobs": 1, "ignore_eos": True})
+        try:
+            logprobs = answer["choices"][0]["logprobs"]
+            tokens, values = list(logprobs["tokens"]), [float(v) for v in logprobs["token_logprobs"]]
+        except (TypeError, KeyError, IndexError, ValueError) as error:
+            raise EngineError(f"{self.name}: the canary's completion answered {status} without logprobs "
+                              f"({type(error).__name__}: {str(answer)[:200]})") from None
+        return {"tokens": tokens, "token_logprobs": values}
+
+    def canary_differs(self) -> str | None:
+        """Why the canary now differs from the recorded one; None when it agrees. Records it if none was."""
+        now = self.ask_canary()
+        if self.canary is None:
+            self.canary = now
+            return None
+        was = self.canary
+        if now["tokens"] != was["tokens"]:
+            first = next((i for i, (a, b) in enumerate(zip(now["tokens"], was["tokens"])) if a != b),
+                         min(len(now["tokens"]), len(was["tokens"])))
+            return (f"the canary's greedy tokens differ from token {first} on: {now['tokens'][first:first + 3]} "
+                    f"where a proven start gave {was['tokens'][first:first + 3]}")
+        worst = max((abs(a - b) for a, b in zip(now["token_logprobs"], was["token_logprobs"])), default=0.0)
+        if worst > CANARY_TOLERANCE:
+            return f"the canary's tokens agree but a logprob is off by {worst:.3f} (at most {CANARY_TOLERANCE})"
+        return None
+
+    # -- park and wake ----------------------------------------------------------------------------------------
+    def park(self) -> str:
+        """Free the model's GPUs; what was done, in words."""
+        why = ""
+        if self.swap == "sleep":
+            try:
+                status, answer = self.call("POST", f"/sleep?level={self.sleep_level}", timeout_s=120)
+                if status == 200 and self.is_sleeping() is True:
+                    return f"asleep (level {self.sleep_level})"
+                why = f"/sleep answered {status} {str(answer)[:200]} and /is_sleeping does not say asleep"
+            except (OSError, EngineError) as error:
+                why = f"/sleep failed: {error}"
+        # a sleep that did not take may hold the GPUs still: the container is stopped instead
+        run(self.stop, f"{self.name}: stopping its container" + (f" ({why})" if why else ""), 120)
+        return f"stopped ({why})" if why else "stopped"
+
+    def wake(self) -> str:
+        """Bring the model back and prove it; a wake the canary refuses is followed by a cold restart. What
+        was done, in words. Raises EngineError when the model cannot be brought back proven."""
+        sleeping = self.is_sleeping()
+        if sleeping is None:  # stopped (the "stop" swap, or a container gone): a warm start
+            run(self.start, f"{self.name}: starting its container", 120)
+            self.wait_ready()
+            how = "started"
+        elif sleeping:
+            if self.canary is None:  # nothing to prove a wake against: a start rigkit proves is the reference
+                return self.cold_restart("no canary recorded yet to prove a wake against")
+            status, answer = self.call("POST", "/wake_up", timeout_s=120)
+            if status != 200 or self.is_sleeping() is not False:
+                return self.cold_restart(f"/wake_up answered {status} {str(answer)[:200]}")
+            how = "woken"
+        else:
+            how = "already awake"
+        differs = self.canary_differs()
+        if differs:
+            return self.cold_restart(f"after it was {how}, {differs}")
+        return f"{how}, canary equal"
+
+    def cold_restart(self, reason: str) -> str:
+        run(self.restart, f"{self.name}: restarting its container ({reason})", 180)
+        self.wait_ready()
+        differs = self.canary_differs()
+        if differs:
+            raise EngineError(f"{self.name}: after a cold restart ({reason}), {differs}")
+        return f"cold restart ({reason}), canary equal"
+
+    def wait_ready(self) -> None:
+        """Until the engine answers a completion, bounded by ready_timeout_s."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        last = "nothing yet"
+        pause = 0.1
+        while time.monotonic() < deadline:
+            try:
+                status, answer = self.call("POST", "/v1/completions", {
+                    "model": self.served_name, "prompt": "ready?", "max_tokens": 1}, timeout_s=30)
+                if status == 200:
+                    return
+                last = f"HTTP {status} {str(answer)[:200]}"
+            except (OSError, EngineError) as error:
+                last = str(error)[:200]
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+        raise EngineError(f"{self.name}: no completion within {self.ready_timeout_s:g} s of its start ({last})")
+
+
+def run(command: list[str], what: str, timeout_s: float) -> None:
+    """Run `command` (no shell), bounded; raises EngineError saying `what` failed and how."""
+    if not command:
+        raise EngineError(f"{what}: no command to do it")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"{what}: still running after {timeout_s:g} s") from None
+    except OSError as error:
+        raise EngineError(f"{what}: {error}") from None
+    if done.returncode:
+        raise EngineError(f"{what}: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")

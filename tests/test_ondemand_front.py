@@ -1,0 +1,203 @@
+"""On-demand models behind rigkit-ondemand's front and scheduler (rigside.front, rigside.swap,
+rigside.engine_control), against vLLM stand-ins run as local processes on 127.0.0.1 with sleep mode as vLLM
+0.32 serves it (development routes, levels, 503 while asleep). Simulated: the GPUs (two models "cannot
+both be resident" because the scheduler is told they conflict) and Docker Compose's stop/start/restart
+(tests/ondemand_engines.py plays them on a process). What is real: the HTTP the clients, the front and the
+engines speak, streams included, and the scheduler's threads under concurrent load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from rigkit.rigside.engine_control import Engine
+from rigkit.rigside.front import Front
+from rigkit.rigside.swap import Scheduler, Slot
+from tests import ondemand_engines
+from tests.standin import free_port
+
+
+def wait_for(url: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} did not answer /health within {seconds} s")
+
+
+@pytest.fixture
+def rig(tmp_path):
+    """Start engines and fronts as asked: rig(names, env_of={name: {...}}, hold_s=..., idle_park_s=...)
+    -> (front URLs, engine URLs, scheduler, log lines)."""
+    specs, fronts, schedulers = [], [], []
+
+    def build(names=("alpha", "beta"), env_of=None, hold_s=60.0, idle_park_s=600.0, conflicting=True):
+        slots, engine_urls, log = {}, {}, []
+        for name in names:
+            port = free_port()
+            spec = ondemand_engines.spec_for(tmp_path, name, port, (env_of or {}).get(name, {}), [])
+            specs.append(spec)
+            subprocess.run(ondemand_engines.command("start", spec), check=True, timeout=30)
+            engine_urls[name] = f"http://127.0.0.1:{port}"
+            wait_for(engine_urls[name])
+            engine = Engine(name=name, served_name=name, url=engine_urls[name], swap="sleep", sleep_level=1,
+                            stop=ondemand_engines.command("stop", spec),
+                            start=ondemand_engines.command("start", spec),
+                            restart=ondemand_engines.command("restart", spec), ready_timeout_s=30)
+            others = {n for n in names if n != name} if conflicting else set()
+            slots[name] = Slot(engine=engine, conflicts=others, idle_park_s=idle_park_s)
+        # as rigkit-ondemand starts: every model's canary recorded from its start, the first left loaded
+        for i, name in enumerate(names):
+            slots[name].engine.wake()
+            if i and conflicting:
+                slots[name].engine.park()
+                slots[name].state = "parked"
+            else:
+                slots[name].state = "awake"
+        scheduler = Scheduler(slots, hold_s=hold_s, log=log.append)
+        schedulers.append(scheduler)
+        scheduler.start()
+        urls = {}
+        for name in names:
+            front = Front(name, ("127.0.0.1", free_port()), engine_urls[name], scheduler)
+            fronts.append(front)
+            front.serve_in_thread()
+            urls[name] = f"http://127.0.0.1:{front.server_address[1]}"
+        return urls, engine_urls, scheduler, log
+
+    yield build
+    for scheduler in schedulers:
+        scheduler.stop()
+    for front in fronts:
+        front.shutdown()
+        front.server_close()
+    for spec in specs:
+        ondemand_engines.stop(spec)
+
+
+def complete(url: str, model: str, stream: bool, max_tokens: int = 8, timeout: float = 60) -> dict:
+    body = {"model": model, "prompt": "one two three four", "max_tokens": max_tokens, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+        usage = None
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
+            if response.status_code != 200:
+                response.read()
+                raise AssertionError(f"{model}: HTTP {response.status_code} {response.text[:300]}")
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    event = json.loads(line[6:])
+                    usage = event.get("usage") or usage
+        return usage
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=timeout)
+    assert response.status_code == 200, f"{model}: HTTP {response.status_code} {response.text[:300]}"
+    return response.json()["usage"]
+
+
+def sleeping(engine_url: str) -> bool | None:
+    try:
+        return httpx.get(f"{engine_url}/is_sleeping", timeout=2).json()["is_sleeping"]
+    except httpx.HTTPError:
+        return None  # stopped or restarting: holds nothing
+
+
+def test_two_models_that_cannot_both_be_loaded_alternate_under_four_clients_with_no_failed_request(rig):
+    urls, engines, scheduler, log = rig()
+    both_awake, stop = [], threading.Event()
+
+    def watch():  # never both loaded at once, sampled every 20 ms for the whole run
+        while not stop.is_set():
+            states = [sleeping(engines[n]) for n in ("alpha", "beta")]
+            if states == [False, False]:
+                both_awake.append(time.monotonic())
+            time.sleep(0.02)
+
+    failures, usages = [], []
+
+    def client(k: int):
+        for i in range(10):
+            model = ("alpha", "beta")[(i + k) % 2]
+            try:
+                usage = complete(urls[model], model, stream=bool((i + k) % 3), max_tokens=6)
+                usages.append(usage["completion_tokens"])
+            except Exception as error:  # every kind counts as a failed request
+                failures.append(f"client {k} request {i} ({model}): {error!r}")
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    clients = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join(180)
+    stop.set()
+    watcher.join(10)
+    assert not failures, failures[:5]
+    assert usages == [6] * 40
+    swaps = [s for s in scheduler.swaps if "woken" in s[1]]
+    assert len(swaps) >= 4, scheduler.swaps
+    assert all("canary equal" in s[1] for s in swaps), scheduler.swaps
+    assert not both_awake, f"both models loaded at once {len(both_awake)} times"
+    wasted = [(a, b) for a, b in zip(scheduler.swaps, scheduler.swaps[1:]) if a[0] == b[0] and "asleep" in a[1]]
+    assert not wasted, f"a model parked and woken again at once: {wasted} in {scheduler.swaps}"
+
+
+def test_a_bad_wake_is_caught_by_the_canary_and_the_model_restarted_cold(rig):
+    urls, engines, scheduler, log = rig(env_of={"alpha": {"STANDIN_FAULT": "bad_wake"}})
+    assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8  # alpha parks for beta
+    assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8  # alpha's wake is bad
+    [wake] = [s for s in scheduler.swaps if s[0] == "alpha" and "canary" in s[1]]
+    assert "cold restart (after it was woken, the canary's greedy tokens differ from token 0 on" in wake[1], wake
+    # the restarted engine is a new process: its answers are the proven ones again
+    assert scheduler.slots["alpha"].engine.canary_differs() is None
+    assert any("alpha: cold restart" in line for line in log), log
+
+
+def test_a_request_held_past_its_bound_is_told_what_it_waited_for(rig):
+    urls, engines, scheduler, log = rig(hold_s=1.5, env_of={"alpha": {"STANDIN_DECODE_TOK_S": "10"}})
+    long = threading.Thread(target=complete, args=(urls["alpha"], "alpha", True, 60))  # alpha busy for 6 s
+    long.start()
+    time.sleep(0.5)  # alpha's request is in flight (it streams for 6 s)
+    started = time.monotonic()
+    response = httpx.post(f"{urls['beta']}/v1/completions", json={"model": "beta", "prompt": "x", "max_tokens": 2},
+                          timeout=30)
+    held = time.monotonic() - started
+    long.join(30)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "5", response.text
+    message = response.json()["error"]["message"]
+    assert "model beta was not loaded within 1.5 s of the request" in message, message
+    assert "waiting for alpha (1 in flight) to finish" in message, message
+    assert 1.4 < held < 5, held
+    # and once alpha's stream ended, beta is served
+    assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8
+
+
+def test_an_idle_model_is_parked_and_the_next_request_wakes_it(rig):
+    urls, engines, scheduler, log = rig(names=("alpha",), idle_park_s=0.5, conflicting=False)
+    assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
+    deadline = time.monotonic() + 10
+    while sleeping(engines["alpha"]) is not True and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleeping(engines["alpha"]) is True, scheduler.swaps
+    assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8
+    assert [s[1] for s in scheduler.swaps][-2:] == ["asleep (level 1)", "woken, canary equal"], scheduler.swaps
+
+
+def test_the_front_passes_no_development_route_and_no_chunked_body(rig):
+    urls, engines, scheduler, log = rig(names=("alpha",), conflicting=False)
+    for path in ("/sleep?level=1", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
+        assert httpx.post(f"{urls['alpha']}{path}", timeout=5).status_code == 404, path
+    assert httpx.get(f"{urls['alpha']}/is_sleeping", timeout=5).status_code == 404
+    assert sleeping(engines["alpha"]) is False  # and the engine never heard of them
+    chunked = httpx.post(f"{urls['alpha']}/v1/completions", content=iter([b'{"model": "alpha"}']), timeout=5)
+    assert chunked.status_code == 411, chunked.text
+    assert httpx.get(f"{urls['alpha']}/metrics", timeout=5).status_code == 200
+    assert httpx.get(f"{urls['alpha']}/health", timeout=5).status_code == 200
