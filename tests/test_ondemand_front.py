@@ -39,7 +39,7 @@ def rig(tmp_path):
     -> (front URLs, engine URLs, scheduler, log lines)."""
     specs, fronts, schedulers = [], [], []
 
-    def build(names=("alpha", "beta"), env_of=None, hold_s=60.0, idle_park_s=600.0, conflicting=True):
+    def build(names=("alpha", "beta"), env_of=None, hold_s=60.0, idle_park_s=600.0, conflicting=True, swap="sleep"):
         slots, engine_urls, log = {}, {}, []
         for name in names:
             port = free_port()
@@ -48,7 +48,7 @@ def rig(tmp_path):
             subprocess.run(ondemand_engines.command("start", spec), check=True, timeout=30)
             engine_urls[name] = f"http://127.0.0.1:{port}"
             wait_for(engine_urls[name])
-            engine = Engine(name=name, served_name=name, url=engine_urls[name], swap="sleep", sleep_level=1,
+            engine = Engine(name=name, served_name=name, url=engine_urls[name], swap=swap, sleep_level=1,
                             stop=ondemand_engines.command("stop", spec),
                             start=ondemand_engines.command("start", spec),
                             restart=ondemand_engines.command("restart", spec), ready_timeout_s=30)
@@ -104,7 +104,8 @@ def complete(url: str, model: str, stream: bool, max_tokens: int = 8, timeout: f
 
 def sleeping(engine_url: str) -> bool | None:
     try:
-        return httpx.get(f"{engine_url}/is_sleeping", timeout=2).json()["is_sleeping"]
+        answer = httpx.get(f"{engine_url}/is_sleeping", timeout=2)
+        return False if answer.status_code == 404 else answer.json()["is_sleeping"]  # 404: no sleep mode
     except httpx.HTTPError:
         return None  # stopped or restarting: holds nothing
 
@@ -201,3 +202,19 @@ def test_the_front_passes_no_development_route_and_no_chunked_body(rig):
     assert chunked.status_code == 411, chunked.text
     assert httpx.get(f"{urls['alpha']}/metrics", timeout=5).status_code == 200
     assert httpx.get(f"{urls['alpha']}/health", timeout=5).status_code == 200
+
+
+def test_an_engine_without_sleep_mode_is_stopped_when_idle_and_started_warm_by_the_next_request(rig):
+    """The "stop" swap, for engines without sleep mode (vLLM's CPU build refuses --enable-sleep-mode): no
+    development routes (/is_sleeping answers 404, as vLLM without VLLM_SERVER_DEV_MODE), the process stopped
+    and started again by the commands the scheduler was given."""
+    urls, engines, scheduler, log = rig(names=("alpha",), idle_park_s=0.5, conflicting=False, swap="stop",
+                                        env_of={"alpha": {"VLLM_SERVER_DEV_MODE": "0"}})
+    assert httpx.get(f"{engines['alpha']}/is_sleeping", timeout=5).status_code == 404
+    assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
+    deadline = time.monotonic() + 15
+    while sleeping(engines["alpha"]) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleeping(engines["alpha"]) is None, scheduler.swaps  # no process answers: stopped
+    assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8
+    assert [s[1] for s in scheduler.swaps][-2:] == ["stopped", "started, canary equal"], scheduler.swaps

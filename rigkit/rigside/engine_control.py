@@ -74,6 +74,8 @@ class Engine:
             status, answer = self.call("GET", "/is_sleeping", timeout_s=5)
         except OSError:
             return None
+        if status == 404 and self.swap == "stop":  # no development routes: an engine that never sleeps
+            return False
         if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("is_sleeping"), bool):
             raise EngineError(f"{self.name}: /is_sleeping answered {status} {str(answer)[:200]}")
         return answer["is_sleeping"]
