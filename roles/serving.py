@@ -25,6 +25,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python, server, systemd
 
 from rigkit.config.schema import RigConfig
+from rigkit.ondemand import operations as on_demand
 from rigkit.plumbing import systemd_units as units
 from rigkit.plumbing.facts_once import Read, read_once
 from rigkit.plumbing.files import FileStates, put
@@ -87,7 +88,8 @@ def serving_reads(rig: RigConfig) -> list[Read]:
         key_file.append((FileStates, {"paths": (ACCEPTED_KEYS_FILE,)}))
     checks = [(P2pVerdicts, {"verdict_dir": P2P_VERDICT_DIR})] if needs_topology(rig) else []
     return [(RigkitStacks, {"stacks_dir": STACKS_DIR}), (FileStates, {"paths": _role_files(rig)}), *key_file, *checks,
-            (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (WATCHDOG_TIMER,)}), *volume_states_reads(rig)]
+            (FileStates, {"paths": WATCHDOG_FILES}), (UnitStates, {"units": (WATCHDOG_TIMER,)}), *volume_states_reads(rig),
+            *on_demand.reads()]
 
 
 def weights_completed_after_start(state: dict | None, volume: dict | None) -> bool:
@@ -145,7 +147,10 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
     if needs_topology(rig):
         put(name="Install the P2P check", data=template_text("serving/rigkit-p2p-probe.py"), dest=P2P_PROBE_SCRIPT_PATH,
             mode="644", batch=paths)
-    for model in rig.models:
+    front_settings = on_demand.settings_first(rig, with_key)
+
+    def model_files(model):
+        """Its compose file and readiness settings put, its P2P check run where due: (compose op, settings op)."""
         compose_path, settings_path = wanted_files[model.name]
         compose = put(name=f"Compose file for {model.name}",
                       data=render_compose(model, with_key, host=rig.spec.serve_address, accepted_keys=bool(accepted),
@@ -159,36 +164,56 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
                               "per pair and an all-reduce, before vLLM starts on them",
                          commands=[stack.probe_command(model.name, check_key, rig.spec.p2p_check_timeout_s,
                                                        model.spec.gpus)])
+        return compose, settings
+
+    def rolls_out(model, compose, settings, state) -> bool:
+        # A new key (or set of keys) changes no file here but what the container reads: roll out on it too. An
+        # on-demand model not running is parked, not down.
+        return (compose.did_change() or settings.did_change() or state["pending"]
+                or (not state["running"] and not model.on_demand) or bool(key and key.did_change()))
+
+    resident = [m for m in rig.models if not m.on_demand]
+    turns = [(m, *model_files(m)) for m in rig.models if m.on_demand]
+    if turns:
+        on_demand.park_all(rig, lambda: any(
+            rolls_out(m, c, s, stacks.get(m.name, {"pending": True, "running": 0}))
+            or (m.name in weights_ops and weights_ops[m.name].did_change()) for m, c, s in turns))
+    for model, *prepared in [*((m, None, None) for m in resident), *turns]:
+        compose, settings = prepared if prepared[0] is not None else model_files(model)
         state = stacks.get(model.name, {"pending": True, "running": 0})
-        if not state["pending"] and not state["running"]:
+        if not state["pending"] and not state["running"] and not model.on_demand:
             logger.warning(f"{host.print_prefix}{model.name}: stack is not running; bringing it up")
         rollout = server.shell(
             name=f"Roll out {model.name}",
-            commands=[stack.rollout_command(model.name, gate=gate)],
-            # A new key (or set of keys) changes no file here but what the container reads: roll out on it too.
-            _if=lambda c=compose, s=settings, st=state: (c.did_change() or s.did_change() or st["pending"]
-                                                         or not st["running"] or bool(key and key.did_change())),
+            # An on-demand model is not gated: it is parked once proven ready (docs/on-demand.md).
+            commands=[stack.rollout_command(model.name, gate=gate and not model.on_demand)],
+            _if=lambda m=model, c=compose, s=settings, st=state: rolls_out(m, c, s, st),
         )
         changes.append(rollout)
+        restarts = [rollout]
         python.call(name=f"Where the start of {model.name} went", function=rig_call(_say_start), rollout=rollout,
                     _if=rollout.did_change)
-        if rollouts is not None:
+        if rollouts is not None and not model.on_demand:  # an on-demand model is verified through its front
             rollouts[model.name] = rollout
         if model.name in weights_ops:
-            changes.append(server.shell(
+            restarts.append(server.shell(
                 name=f"Restart {model.name} on its new weights",
                 commands=[stack.rollout_command(model.name, recreate=True)],
                 _if=lambda w=weights_ops[model.name], r=rollout: w.did_change() and not r.did_change(),
             ))
+            changes.append(restarts[-1])
         if weights_completed_after_start(state, volumes.get(model.name)):
             # A copy that went on after its deploy was killed marked the volume complete after this container
             # started: vLLM serves what the volume held then. Not when this deploy copies or rolls out anyway.
             weights = weights_ops.get(model.name)
-            changes.append(server.shell(
+            restarts.append(server.shell(
                 name=f"Restart {model.name}: its weights were completed after it started",
                 commands=[stack.rollout_command(model.name, recreate=True)],
                 _if=lambda w=weights, r=rollout: not r.did_change() and not (w is not None and w.did_change()),
             ))
+            changes.append(restarts[-1])
+        if model.on_demand:
+            on_demand.park(model, restarts)
 
     wanted = {m.name for m in rig.models}
     for name in sorted(set(stacks) - wanted):
@@ -199,6 +224,7 @@ def serving(rig: RigConfig, weights_ops: dict | None = None, topology: dict | No
     if with_key and not accepted:
         # Last, once every model rolled out on the one key: a rollback before this still finds the keys it needs.
         files.file(name="No rotation's keys", path=ACCEPTED_KEYS_FILE, present=False)
+    on_demand.program(rig, front_settings, changes)
     _watchdog(rig, with_key)
     return changes
 

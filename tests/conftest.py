@@ -235,7 +235,8 @@ RIG_ALONE_MODULES = {
 # process with a rig of its own, so that no process passes its 12 minutes: the Windows modules (WINDOWS_MODULES,
 # all of them together: they share one simulated Windows rig's engine objects; 12:32 of 12 minutes in the test
 # models' process once) after the tests without an engine, and test_gpu_keeper and test_hung_tools (bounds too)
-# after the rig-alone process (11:49 of 12 minutes with them in it once). Then the modules of RUN_LAST_MODULES,
+# after the rig-alone process (11:49 of 12 minutes with them in it once), and test_weights_hub (a second rig
+# of its own) and test_ondemand (on-demand models) with them. Then the modules of RUN_LAST_MODULES,
 # alone, after every slot: the tier on the real vLLM (its CPU build, tests/vllm_engine), whose starts and
 # benchmarks take both cores for half a minute or more and would make the timing-based tests beside them
 # flaky, and whose gate measures (beside the Windows modules, it once passed the config without the drafter
@@ -248,7 +249,7 @@ WINDOWS_MODULES = {
     "test_windows_deploy", "test_windows_docker_standin", "test_windows_install_dir", "test_windows_key",
     "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
 }
-SECOND_IN_SLOT_MODULES = {*WINDOWS_MODULES, "test_gpu_keeper", "test_hung_tools", "test_weights_hub"}
+SECOND_IN_SLOT_MODULES = {*WINDOWS_MODULES, "test_gpu_keeper", "test_hung_tools", "test_weights_hub", "test_ondemand"}
 RUN_LAST_MODULES = {"test_engine", "test_tune_rig", "test_surface_scan", "test_rollout_gate"}  # alone
 
 

@@ -3,7 +3,10 @@ stops and starts a model's container on a rig. TEST INFRASTRUCTURE: it plays Doc
 and restart for a process on 127.0.0.1 (the container and its engine process; a restart is a new process,
 so whatever a bad wake corrupted is gone, as in a restarted container).
 
-    python3 tests/ondemand_engines.py stop|start|restart SPEC.json
+    python3 tests/ondemand_engines.py stop|start|restart|memory SPEC.json
+
+`memory` plays `nvidia-smi --query-gpu=memory.used` for the engine's one GPU: the MiB its process holds (the
+stand-in's STANDIN_MEMORY_FILE), 0 once that process is gone, as a driver frees a dead process's memory.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ def spec_for(folder: Path, name: str, port: int, env: dict[str, str], flags: lis
     spec.write_text(json.dumps({
         "argv": [sys.executable, "-u", str(SERVER), str(model), "--host", "127.0.0.1", "--port", str(port),
                  "--served-model-name", name, "--enable-sleep-mode", *flags],
-        "env": {"STANDIN_LOAD_S": "0", "VLLM_SERVER_DEV_MODE": "1", **env},
+        "env": {"STANDIN_LOAD_S": "0", "VLLM_SERVER_DEV_MODE": "1", "STANDIN_MEMORY_FILE": str(folder / f"engine-{name}.mem"),
+                **env},
         "pidfile": str(folder / f"engine-{name}.pid"), "log": str(folder / f"engine-{name}.log")}))
     return spec
 
@@ -58,6 +62,15 @@ def stop(spec_path: Path) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def memory(spec_path: Path) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        pid, mib = Path(spec["env"]["STANDIN_MEMORY_FILE"]).read_text().split()
+    except (FileNotFoundError, ValueError):
+        return 0
+    return int(mib) if alive(int(pid)) else 0
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie nobody reaped yet is not: it serves nothing)."""
     try:
@@ -73,7 +86,45 @@ def command(verb: str, spec_path: Path) -> list[str]:
 
 if __name__ == "__main__":
     verb, path = sys.argv[1], Path(sys.argv[2])
+    if verb == "memory":
+        print(memory(path))
     if verb in ("stop", "restart"):
         stop(path)
     if verb in ("start", "restart"):
         start(path)
+
+
+def alternate(models: tuple[str, str], ask, both_loaded, clients: int = 4, each: int = 8,
+              timeout_s: float = 300) -> tuple[list[str], list, int]:
+    """`clients` threads of `each` requests, each client alternating between the two `models` from its own
+    start (`ask(model, stream)` -> what the request returned; every third one not streamed), while a watcher
+    samples `both_loaded()` every 20 ms. Returns (the failed requests, said; what the others returned; how many
+    samples found both loaded). Every kind of exception counts as a failed request."""
+    import threading
+
+    failures, answers, both, stop = [], [], [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if both_loaded():
+                both.append(time.monotonic())
+            time.sleep(0.02)
+
+    def client(k: int):
+        for i in range(each):
+            model = models[(i + k) % 2]
+            try:
+                answers.append(ask(model, bool((i + k) % 3)))
+            except Exception as error:
+                failures.append(f"client {k} request {i} ({model}): {error!r}")
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    stop.set()
+    watcher.join(10)
+    return failures, answers, len(both)

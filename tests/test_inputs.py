@@ -136,7 +136,7 @@ def test_a_key_with_dollars_quotes_hashes_and_spaces_survives_compose_byte_for_b
         "model_file": "m.yml", "project": "rigkit-k", "image": "busybox:1", "command": ["x"],
         "environment": {"E": "\U0001f600 $x"}, "env_files": [{"path": str(env_file), "format": "raw"}],
         "mounts": [], "volumes": {}, "device_ids": ["0"], "windows_mount": False, "published": [], "memory_limit": None,
-        "secrets": {}, "secret_mounts": [],
+        "secrets": {}, "secret_mounts": [], "on_demand": False,
     })
     (tmp_path / "compose.yml").write_text(compose)
     out = subprocess.run(["docker", "compose", "-f", str(tmp_path / "compose.yml"), "config", "--format", "json"],

@@ -119,7 +119,7 @@ def test_the_package_cycle_check_sees_a_planted_cycle():
 
 FEATURES = {"rigkit.preflight", "rigkit.base", "rigkit.gpu", "rigkit.weights", "rigkit.serving", "rigkit.verify",
             "rigkit.gateway", "rigkit.windows", "rigkit.status", "rigkit.tune", "rigkit.topology", "rigkit.monitoring",
-            "rigkit.surface", "rigkit.fit"}
+            "rigkit.surface", "rigkit.fit", "rigkit.ondemand"}
 BENEATH_FEATURES = {"rigkit.config", "rigkit.rigside", "rigkit.plumbing", "rigkit.sizing"}
 
 
@@ -374,7 +374,8 @@ def test_the_stack_contract_rule_sees_a_planted_copy(planted):
 # one folder is the only rig path they may spell, in the line that finds the runtime.
 RIG_SCRIPTS = ("templates/serving/rigkit-stack", "templates/serving/rigkit-watchdog",
                "templates/status/rigkit-status-probe.py", "templates/gateway/rigkit-gateway",
-               "templates/gpu_policy/rigkit-gpu-keeper.py", "templates/monitoring/rigkit-exporter.py")
+               "templates/gpu_policy/rigkit-gpu-keeper.py", "templates/monitoring/rigkit-exporter.py",
+               "templates/ondemand/rigkit-ondemand")
 
 
 @pytest.mark.parametrize("script", RIG_SCRIPTS)

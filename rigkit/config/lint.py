@@ -158,7 +158,9 @@ def _check_shared(models, errors) -> None:
             if model.spec.port == other.spec.port:
                 errors.append(Problem(model.file, "port", model.spec.port, f"port {model.spec.port} is also used by {other.name}"))
             shared = sorted(set(model.spec.gpus) & set(other.spec.gpus))
-            if shared and not (model.spec.shared_gpus and other.spec.shared_gpus):
+            # Two on-demand models share GPUs by taking turns (rigkit-ondemand loads one at a time where both do
+            # not fit: rigkit.ondemand.plan.conflicts).
+            if shared and not (model.spec.shared_gpus and other.spec.shared_gpus) and not (model.on_demand and other.on_demand):
                 errors.append(Problem(
                     model.file, "gpus", model.spec.gpus,
                     f"GPU(s) {shared} are also used by {other.name}; two servers on one GPU fight over its memory. "

@@ -8,6 +8,7 @@ its file, line, field, value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any, get_args
@@ -50,12 +51,48 @@ def load_rig(rig_file: Path | str, catalog_dir: Path | str) -> RigConfig:
             model, notes = chosen, [*notes, said]
         models.append(model)
     problems += _monitoring_port_problems(spec, rig_file, models)
+    if not problems:
+        models, found = on_demand_models(spec, rig_file, models)
+        problems += found
     if problems:
         raise ConfigError(problems)
     errors, warnings = serving_findings(spec, rig_file, models)
     if errors:
         raise ConfigError(errors)
     return RigConfig(rig_file.stem, spec, tuple(models), rig_file, tuple(warnings), tuple(notes))
+
+
+def on_demand_models(spec: RigSpec, rig_file: Path, models: list[ModelConfig]) -> tuple[list[ModelConfig], list[Problem]]:
+    """`models` with the rig file's on_demand attached (engine_port resolved), and what is wrong with it: a model
+    the rig does not serve, one named twice, an engine port another model, engine or monitoring port has."""
+    wanted = {}
+    for n, entry in enumerate(spec.on_demand.models):
+        wanted.setdefault(entry.name, (n, entry))  # the first entry of a name counts; a later one is refused
+    problems = []
+    for n, entry in enumerate(spec.on_demand.models):
+        where = f"on_demand.models[{n}].name"
+        if entry.name not in {m.name for m in models}:
+            problems.append(Problem(rig_file, where, entry.name, f"not one of this rig's models ({', '.join(spec.models)})"))
+        elif wanted[entry.name][0] != n:
+            problems.append(Problem(rig_file, where, entry.name, "listed twice; once per model"))
+    taken = {m.spec.port: f"the port of model {m.name}" for m in models}
+    if spec.monitoring.enabled:
+        taken[spec.monitoring.exporter_port] = "monitoring.exporter_port"
+        if spec.monitoring.prometheus:
+            taken[spec.monitoring.prometheus_port] = "monitoring.prometheus_port"
+    result = []
+    for model in models:
+        if model.name not in wanted:
+            result.append(model)
+            continue
+        n, entry = wanted[model.name]
+        port = entry.engine_port or (model.spec.port + 10000 if model.spec.port + 10000 <= 65535 else model.spec.port - 10000)
+        if port in taken:
+            problems.append(Problem(rig_file, f"on_demand.models[{n}].engine_port", port,
+                                    f"port {port} is {taken[port]}; give {model.name}'s engine a port of its own"))
+        taken[port] = f"the engine port of on-demand model {model.name}"
+        result.append(dataclasses.replace(model, on_demand=entry.model_copy(update={"engine_port": port})))
+    return result, problems
 
 
 def _monitoring_port_problems(spec: RigSpec, rig_file: Path, models: list[ModelConfig]) -> list[Problem]:

@@ -30,6 +30,7 @@ from rigkit.config.names import name_problem
 from rigkit.rigside.names import HUB_CACHE_DIR
 
 MAX_GPUS_PER_RIG = 8
+MAX_MODELS_ON_DEMAND = 16
 
 
 class _Strict(BaseModel):
@@ -208,6 +209,26 @@ def _ipv4_network(value: str) -> str:
         raise ValueError(f"{value!r} is not an IPv4 address or network (10.0.0.7, 10.0.0.0/24)") from None
 
 
+class OnDemandModel(_Strict):
+    """One model of the rig served on demand (docs/on-demand.md): loaded when a request for it comes, parked
+    after `idle_park_s` with none. `swap`: how it is parked and loaded again, vLLM's sleep mode (level 1: the
+    weights kept in host RAM) or stopping its container (started again warm). `engine_port`: where its vLLM
+    listens on the rig's loopback, behind rigkit-ondemand's front on the model's own port (default: the
+    model's port + 10000, or - 10000 where that passes 65535)."""
+
+    name: Annotated[str, AfterValidator(_follows_name_rule)]
+    idle_park_s: int = Field(default=600, ge=5, le=86_400)
+    swap: Literal["sleep", "stop"] = "sleep"
+    engine_port: int | None = Field(default=None, ge=1024, le=65535)
+
+
+class OnDemandSpec(_Strict):
+    """The rig's on-demand models and how long a request waits for its model to be loaded (`hold_s`)."""
+
+    hold_s: int = Field(default=300, ge=5, le=3600)
+    models: list[OnDemandModel] = Field(default_factory=list, max_length=MAX_MODELS_ON_DEMAND)
+
+
 class RigSpec(_Strict):
     os: Literal["linux", "windows"]
     psu_w: int = Field(gt=0, le=10_000)
@@ -248,6 +269,16 @@ class RigSpec(_Strict):
     # RAM, swap a quarter of it).
     wsl_memory_gb: int | None = Field(default=None, ge=2, le=4096)
     wsl_swap_gb: int | None = Field(default=None, ge=0, le=4096)
+    # Models served on demand (docs/on-demand.md); the rig's other models stay loaded. Linux rigs.
+    on_demand: OnDemandSpec = OnDemandSpec()
+
+    @field_validator("on_demand")
+    @classmethod
+    def _on_demand_linux_only(cls, value: OnDemandSpec, info: ValidationInfo) -> OnDemandSpec:
+        if value.models and info.data.get("os") == "windows":
+            raise ValueError("on-demand models run behind rigkit-ondemand, a systemd service of Linux rigs; remove "
+                             "`on_demand` from this Windows rig")
+        return value
 
     @field_validator("base")
     @classmethod
@@ -650,6 +681,13 @@ class ModelConfig:
     # quantization its GPUs run and whose weights fit them (rigkit.config.variants), named in `variant`.
     variants: tuple[tuple[str, ModelSpec], ...] = ()
     variant: str | None = None
+    # Served on demand on this rig (the rig file's on_demand, its engine_port resolved), else None: always loaded.
+    on_demand: OnDemandModel | None = None
+
+    @property
+    def engine_port(self) -> int:
+        """Where its vLLM listens: the model's port, or behind the front, its engine_port on loopback."""
+        return self.on_demand.engine_port if self.on_demand else self.spec.port
 
 
 @dataclass(frozen=True)

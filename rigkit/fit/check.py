@@ -71,15 +71,18 @@ def rig_fits(rig: RigConfig, answers: dict, memory_mib: dict[int, int]) -> list[
 
 
 def shared_gpu_problems(rig: RigConfig) -> list[str]:
-    """Models sharing a GPU (shared_gpus) each take their gpu_memory_utilization of all of it: together at most 1."""
+    """Models sharing a GPU (shared_gpus) each take their gpu_memory_utilization of all of it: together at most 1.
+    On-demand models take turns (docs/on-demand.md): the models always loaded with each one of them at most 1."""
     problems = []
     for index in sorted({i for m in rig.models for i in m.spec.gpus}):
-        on = [m for m in rig.models if index in m.spec.gpus]
-        total = sum(m.spec.vllm.gpu_memory_utilization for m in on)
-        if len(on) > 1 and total > 1.0:
-            shares = " + ".join(f"{m.name} {m.spec.vllm.gpu_memory_utilization:g}" for m in on)
-            problems.append(f"GPU {index}: {shares} = {total:g} of its memory; models sharing a GPU must ask for at "
-                            "most 1 together (the second would not start); lower their gpu_memory_utilization")
+        resident = [m for m in rig.models if index in m.spec.gpus and not m.on_demand]
+        turns = [[m] for m in rig.models if index in m.spec.gpus and m.on_demand] or [[]]
+        for on in ([*resident, *turn] for turn in turns):
+            total = sum(m.spec.vllm.gpu_memory_utilization for m in on)
+            if len(on) > 1 and total > 1.0:
+                shares = " + ".join(f"{m.name} {m.spec.vllm.gpu_memory_utilization:g}" for m in on)
+                problems.append(f"GPU {index}: {shares} = {total:g} of its memory; models sharing a GPU must ask for "
+                                "at most 1 together (the second would not start); lower their gpu_memory_utilization")
     return problems
 
 

@@ -19,11 +19,17 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from .keyfile import api_key as key_of
+
 CANARY_PROMPT = "The capital of France is Paris. The capital of Italy is"
 CANARY_TOKENS = 8
 CANARY_TOLERANCE = 0.02  # logprobs of one greedy decode on one GPU agree far closer; corruption is far off
 MAX_ANSWER_BYTES = 1 << 20  # anything the engine sends is bounded before it is decoded
 CALL_TIMEOUT_S = 30.0
+# A sleep must free what the model held on its GPUs but its CUDA context: at most this much may stay (vLLM
+# 0.14 once kept 16 GB per GPU after a sleep, vllm#32714; a context is a few hundred MiB).
+LEFT_AFTER_SLEEP_MIB = 2048
+LEFT_AFTER_SLEEP_SHARE = 0.10
 
 
 class EngineError(Exception):
@@ -45,8 +51,15 @@ class Engine:
     start: list[str] = field(default_factory=list)
     restart: list[str] = field(default_factory=list)
     ready_timeout_s: float = 600.0
+    # Where the models' key is read from for each call (a stack's settings: api_key_env_file), so a key rotated
+    # while the program runs is the one sent; or the key itself (tests).
+    key_settings: dict | None = None
     api_key: str | None = None
     canary: dict | None = None  # {"tokens": [...], "token_logprobs": [...]} of a start rigkit proved
+    # What the model holds on its GPUs when loaded (MiB, all its GPUs together), and a command that prints the
+    # MiB used on each of its GPUs, one number a line (nvidia-smi's memory.used): a sleep is proven by the drop.
+    held_mib: int = 0
+    memory_probe: list[str] = field(default_factory=list)
 
     # -- HTTP, bounded ------------------------------------------------------------------------------------
     def call(self, method: str, path: str, body: dict | None = None, timeout_s: float = CALL_TIMEOUT_S):
@@ -54,8 +67,9 @@ class Engine:
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
-        if self.api_key and path.startswith("/v1/"):
-            request.add_header("Authorization", f"Bearer {self.api_key}")
+        key = key_of(self.key_settings) if self.key_settings else self.api_key
+        if key and path.startswith("/v1/"):
+            request.add_header("Authorization", f"Bearer {key}")
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 status, raw = response.status, response.read(MAX_ANSWER_BYTES + 1)
@@ -116,15 +130,45 @@ class Engine:
         why = ""
         if self.swap == "sleep":
             try:
+                before = self.memory_used()
                 status, answer = self.call("POST", f"/sleep?level={self.sleep_level}", timeout_s=120)
                 if status == 200 and self.is_sleeping() is True:
-                    return f"asleep (level {self.sleep_level})"
-                why = f"/sleep answered {status} {str(answer)[:200]} and /is_sleeping does not say asleep"
+                    why = self.memory_not_freed(before)
+                    if not why:
+                        return f"asleep (level {self.sleep_level})"
+                else:
+                    why = f"/sleep answered {status} {str(answer)[:200]} and /is_sleeping does not say asleep"
             except (OSError, EngineError) as error:
                 why = f"/sleep failed: {error}"
         # a sleep that did not take may hold the GPUs still: the container is stopped instead
         run(self.stop, f"{self.name}: stopping its container" + (f" ({why})" if why else ""), 120)
         return f"stopped ({why})" if why else "stopped"
+
+    def memory_used(self) -> int | None:
+        """MiB used on the model's GPUs, all together, as memory_probe prints it; None without a probe."""
+        if not self.memory_probe:
+            return None
+        try:
+            done = subprocess.run(self.memory_probe, capture_output=True, text=True, timeout=30)
+            values = [int(float(line)) for line in done.stdout.split()[:64]]
+        except (OSError, subprocess.TimeoutExpired, ValueError) as error:
+            raise EngineError(f"{self.name}: the GPUs' memory could not be read: {error}") from None
+        if done.returncode or not values:
+            raise EngineError(f"{self.name}: the GPUs' memory could not be read: exit {done.returncode} "
+                              f"{(done.stderr or done.stdout).strip()[-200:]}")
+        return sum(values)
+
+    def memory_not_freed(self, before: int | None) -> str:
+        """Why the sleep did not free the model's memory (it says asleep, but the GPUs say otherwise); ""."""
+        if before is None or not self.held_mib:
+            return ""
+        after = self.memory_used()
+        left = self.held_mib - (before - after)
+        allowed = max(LEFT_AFTER_SLEEP_MIB, round(self.held_mib * LEFT_AFTER_SLEEP_SHARE))
+        if left > allowed:
+            return (f"it says asleep but freed {before - after} MiB of the {self.held_mib} MiB it held: {left} MiB "
+                    f"left on its GPUs, more than {allowed}")
+        return ""
 
     def wake(self) -> str:
         """Bring the model back and prove it; a wake the canary refuses is followed by a cold restart. What

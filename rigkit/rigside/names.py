@@ -40,6 +40,12 @@ WATCHDOG_STATE_DIR = "/var/lib/rigkit/watchdog"  # one JSON file per model: last
 WATCHDOG_SERVICE = "rigkit-watchdog.service"
 WATCHDOG_TIMER = "rigkit-watchdog.timer"
 
+# On-demand models (docs/on-demand.md): rigkit-ondemand, the front and scheduler of the models loaded on demand
+ONDEMAND_PATH = f"{SBIN_DIR}/rigkit-ondemand"
+ONDEMAND_CONFIG_PATH = f"{ETC_DIR}/ondemand.json"
+ONDEMAND_SERVICE = "rigkit-ondemand.service"
+ONDEMAND_STATE_PATH = f"{RUN_DIR}/ondemand.json"  # each model's state and the last swaps, written by the program
+
 # GPU policy
 GPU_POLICY_UNIT = "rigkit-gpu-policy.service"
 GPU_POLICY_UNIT_PATH = f"{UNIT_DIR}/{GPU_POLICY_UNIT}"

@@ -146,6 +146,8 @@ class Scheduler:
             state, failure = ("parked" if verb == "park" else "awake"), ""
         except EngineError as error:
             done, state, failure = f"failed: {error}", "failed", str(error)
+        except Exception as error:  # anything else is said and kept too: the swap thread must not end unseen
+            done, state, failure = f"failed: {type(error).__name__}: {error}", "failed", f"{type(error).__name__}: {error}"
         seconds = time.monotonic() - started
         self.log(f"rigkit-ondemand: {name}: {done} ({seconds:.2f} s)")
         with self.cond:

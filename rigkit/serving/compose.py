@@ -34,10 +34,12 @@ def vllm_args(model: ModelConfig, host: str = "127.0.0.1", topology_args: tuple[
     the topology preflight adds for a model spanning GPUs (rigkit.topology), before the catalog's own
     extra_args (one the catalog already gives is not repeated)."""
     spec, v = model.spec, model.spec.vllm
+    if model.on_demand:  # behind rigkit-ondemand's front, which has the model's own port (docs/on-demand.md)
+        host = "127.0.0.1"
     args = [
         container_model_path(model),
         "--host", host,
-        "--port", str(spec.port),
+        "--port", str(model.engine_port),
         "--served-model-name", served_name(model),
         "--tensor-parallel-size", str(spec.parallel.tensor),
         "--pipeline-parallel-size", str(spec.parallel.pipeline),
@@ -68,6 +70,8 @@ def vllm_args(model: ModelConfig, host: str = "127.0.0.1", topology_args: tuple[
         args += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
     if strategy := load_strategy(model):
         args += ["--safetensors-load-strategy", strategy]
+    if model.on_demand and model.on_demand.swap == "sleep":
+        args.append("--enable-sleep-mode")
     args += [a for a in topology_args if a not in v.extra_args]
     return args + list(v.extra_args)
 
@@ -107,8 +111,10 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
     spec = model.spec
     # Published (Windows): the container has a network of its own, where nothing but the port is reached.
     node_local = {} if publish else NODE_LOCAL_ENV
+    # Sleep mode's routes are vLLM's development routes; the engine listens on loopback, behind the front.
+    sleep_mode = {"VLLM_SERVER_DEV_MODE": "1"} if model.on_demand and model.on_demand.swap == "sleep" else {}
     environment = {"VLLM_ENGINE_READY_TIMEOUT_S": str(spec.ready_timeout_s), "VLLM_CACHE_ROOT": COMPILE_CACHE_PATH,
-                   **node_local, **(topology_env or {}), **spec.env}
+                   **node_local, **(topology_env or {}), **spec.env, **sleep_mode}
     if spec.weights.storage == "volume":
         mount = {"type": "volume", "source": "weights", "target": container_model_path(model), "read_only": True}
         volumes = {"weights": {"external": True, "name": volume_name(model)}}
@@ -124,6 +130,7 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         model_file=comment_text(str(model.file)),
         project=project_name(model),
         image=spec.image,
+        on_demand=bool(model.on_demand),
         command=vllm_args(model, "0.0.0.0" if publish else host, topology_args)
         + (["--config", f"/run/secrets/{ACCEPTED_KEYS_SECRET}"] if accepted_keys else []),
         # host:port:port, TCP; Compose's long syntax would need a separate `host_ip`.
@@ -148,7 +155,7 @@ def stack_settings(model: ModelConfig, with_api_key: bool) -> str:
     return json.dumps(
         {
             "project": project_name(model),
-            "port": model.spec.port,
+            "port": model.engine_port,
             "served_model_name": served_name(model),
             "ready_timeout_s": model.spec.ready_timeout_s,
             "api_key_env_file": SECRETS_ENV_FILE if with_api_key else None,

@@ -21,7 +21,8 @@ from rigkit.rigside.names import (
 
 
 def watched(rig: RigConfig) -> list:
-    return [m for m in rig.models if m.spec.watchdog.enabled]
+    """Models the watchdog probes: not on-demand ones, which rigkit-ondemand parks and loads (docs/on-demand.md)."""
+    return [m for m in rig.models if m.spec.watchdog.enabled and not m.on_demand]
 
 
 def watchdog_config(rig: RigConfig, with_api_key: bool, api_key_env_file: str = SECRETS_ENV_FILE,

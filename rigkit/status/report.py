@@ -247,6 +247,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             "catalog_image_id": catalog_image.get("id"), "repo_digests": catalog_image.get("repo_digests", []),
             "compose_as_rendered": compose_as_rendered, "gate": gate,
             "last_start": _last_start(found.get("startup")),
+            "on_demand": bool(model.on_demand),
         }
         doc["stacks"].append(entry)
         if not found.get("deployed"):
@@ -254,7 +255,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             continue
         if found.get("containers_error"):
             failure(f"stack {model.name}", f"docker could not be asked: {found['containers_error']}")
-        elif not running:
+        elif not running and not model.on_demand:  # an on-demand model not running is parked (docs/on-demand.md)
             states = ", ".join(f"{c.get('name')} {c.get('status')}" for c in containers) or "no container"
             drift(f"stack {model.name}", f"not running ({states})", "running", commands.deploy)
         if gate == "held":
@@ -273,7 +274,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             drift(f"stack {model.name} files", f"{', '.join(changed)} differ from what the catalog renders "
                   "(edited on the rig, catalog changed since the deploy, or a rollout that did not finish)",
                   f"as rendered from {model.file}", commands.deploy)
-        if running and not entry["ready"]:
+        if running and not entry["ready"] and not model.on_demand:  # asleep, an on-demand engine answers 503
             failure(f"stack {model.name} readiness", f"a one-token completion failed: {entry['ready_error']}",
                     recreate(model.name))
         if containers and entry["running_image"] and entry["running_image"] != model.spec.image:

@@ -121,6 +121,12 @@ What it fakes, and the traps it reproduces:
   The fault `bad_wake` plays a wake that answers healthy HTTP with corrupted output (public reports):
   after every wake, greedy tokens and their logprobs differ from the ones before the sleep, until the
   process restarts.
+  GPU memory: what it holds on each of its GPUs as nvidia-smi would count it, answered on GET
+  /standin/memory ({"mib": N}; the simulated rig's nvidia-smi adds these up) and, with STANDIN_MEMORY_FILE,
+  written there as "PID MiB": STANDIN_MEMORY_MIB awake (default its --gpu-memory-utilization of an RTX
+  4090's 24564 MiB, the simulated rig's card), STANDIN_SLEEP_LEFT_MIB (default 512: the CUDA context) asleep; the fault `leaky_sleep` leaves 16384 MiB after a sleep (vllm#32714: 16 GB per GPU left
+  after sleep on v0.14). The file outlives the process: a reader counts it only while PID runs, as
+  nvidia-smi lists only live processes.
 - Greedy logprobs: a non-streamed completion asking for `logprobs` gets tokens and logprobs that are a
   function of the prompt alone (what a greedy decode of fixed weights gives), in vLLM's completions
   shape (`choices[0].logprobs`: tokens, token_logprobs, top_logprobs, text_offset).
@@ -306,6 +312,17 @@ class Engine:
         self.wake_s = _per_level(env.get("STANDIN_WAKE_S", "1:0.3,2:0.6"))
         self.sleeping_level = 0  # 0: awake
         self.wakes = 0  # with the fault bad_wake, every wake since start corrupts the weights a little more
+        self.memory_file = env.get("STANDIN_MEMORY_FILE")
+        self.memory_mib = int(env.get("STANDIN_MEMORY_MIB") or args.gpu_memory_utilization * 24564)
+        self.sleep_left_mib = 16384 if "leaky_sleep" in self.faults else int(env.get("STANDIN_SLEEP_LEFT_MIB", "512"))
+        self.hold_memory(self.memory_mib)
+
+    def hold_memory(self, mib: int) -> None:
+        self.held_mib = mib
+        if self.memory_file:
+            with open(self.memory_file + ".tmp", "w") as f:
+                f.write(f"{os.getpid()} {mib}\n")
+            os.replace(self.memory_file + ".tmp", self.memory_file)
 
     def rates(self) -> tuple[float, float]:
         """(prefill tok/s, decode tok/s) for a request arriving now."""
@@ -547,6 +564,8 @@ class Handler(BaseHTTPRequestHandler):
                                  "running": ENGINE.running, "arrivals": ENGINE.arrivals})
         elif self.path == "/version":
             self.send_json(200, {"version": "standin"})
+        elif self.path == "/standin/memory":
+            self.send_json(200, {"mib": ENGINE.held_mib})
         elif self.path == "/is_sleeping" and ENGINE.dev_mode:
             self.send_json(200, {"is_sleeping": bool(ENGINE.sleeping_level)})
         elif self.path == "/standin/info":
@@ -613,12 +632,14 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(ENGINE.sleep_s.get(level, 0.0))
             with ENGINE.lock:
                 ENGINE.sleeping_level = level
+                ENGINE.hold_memory(min(ENGINE.sleep_left_mib, ENGINE.memory_mib))
             return self.send_json(200, {"status": "sleeping", "level": level})
         time.sleep(ENGINE.wake_s.get(ENGINE.sleeping_level, 0.0))
         with ENGINE.lock:
             if ENGINE.sleeping_level:
                 ENGINE.wakes += 1
             ENGINE.sleeping_level = 0
+            ENGINE.hold_memory(ENGINE.memory_mib)
         self.send_json(200, {"status": "awake"})
 
     def standin_control(self):

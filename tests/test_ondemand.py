@@ -1,0 +1,149 @@
+"""On-demand models deployed on the simulated rig: the rig file's on_demand, the serving role rolling each model
+out alone and parking it, rigkit-ondemand as a systemd service holding requests on the models' own ports and
+loading one model at a time through vLLM's sleep mode, the canary catching a bad wake.
+
+Simulated: vLLM (tests/vllm_standin: sleep mode as vLLM 0.32 serves it, the fault bad_wake) and the GPUs
+(tests/simrig: nvidia-smi's memory.used adds up what the running stand-ins hold). The two models ask for 0.6 of
+GPU 0 each, so they cannot be loaded together. Real: pyinfra over SSH, systemd, Docker Compose on the host's
+engine, the HTTP from the clients through the fronts to the engines.
+"""
+
+from __future__ import annotations
+
+import json
+
+import docker
+import httpx
+import pytest
+
+from tests import ondemand_engines
+from tests.conftest import SERVING_RIG, run_deploy, wait_for
+
+pytestmark = pytest.mark.simrig
+SERVED_MODELS = {"od-alpha": 18141, "od-beta": 18142}  # serving_rig's
+ENGINES = {name: port + 10000 for name, port in SERVED_MODELS.items()}
+CATALOG = """image: rigkit-vllm-standin:sim
+weights:
+  source: /srv/rigkit-sim-models/{name}
+gpus: [0]
+port: {port}
+vllm:
+  dtype: bfloat16
+  gpu_memory_utilization: 0.6
+env:
+  STANDIN_DECODE_TOK_S: "200"
+  STANDIN_PREFILL_TOK_S: "4000"
+{extra}ready_timeout_s: 30
+"""
+ON_DEMAND = """on_demand:
+  hold_s: 60
+  models:
+    - {name: od-alpha}
+    - {name: od-beta}
+"""
+
+
+def write_catalog(folder, extra: dict[str, str] | None = None):
+    catalog = folder / "models"
+    catalog.mkdir(exist_ok=True)
+    for name, port in SERVED_MODELS.items():
+        (catalog / f"{name}.yml").write_text(CATALOG.format(name=name, port=port, extra=(extra or {}).get(name, "")))
+    return catalog
+
+
+@pytest.fixture(scope="module")
+def deployed(serving_rig, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ondemand")
+    rig_file = folder / "ondemand.yml"
+    text = SERVING_RIG.read_text()
+    rig_file.write_text(text.replace("models: [test-alpha, test-beta]", f"models: [{', '.join(SERVED_MODELS)}]")
+                        + ON_DEMAND)
+    catalog = write_catalog(folder)
+    run = run_deploy(serving_rig, rig_file, catalog=catalog, verify=False)
+    assert run.returncode == 0, run.output[-6000:]
+    yield serving_rig, rig_file, folder, run
+    serving_rig.exec("systemctl stop rigkit-ondemand")
+    for name in SERVED_MODELS:
+        serving_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
+
+
+def engine_running(name: str) -> bool:
+    containers = docker.from_env().containers.list(filters={"label": f"com.docker.compose.project=rigkit-{name}"})
+    return bool(containers)
+
+
+def loaded(name: str) -> bool:
+    """Its engine runs and is awake (what holds GPU memory beyond a context)."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{ENGINES[name]}/is_sleeping", timeout=2).json()["is_sleeping"] is False
+    except httpx.HTTPError:
+        return False
+
+
+def complete(model: str, stream: bool, max_tokens: int = 6) -> int:
+    url = f"http://127.0.0.1:{SERVED_MODELS[model]}/v1/completions"
+    body = {"model": model, "prompt": "one two three", "max_tokens": max_tokens, "stream": stream}
+    if not stream:
+        response = httpx.post(url, json=body, timeout=90)
+        assert response.status_code == 200, f"{model}: {response.status_code} {response.text[:300]}"
+        return response.json()["usage"]["completion_tokens"]
+    body["stream_options"] = {"include_usage": True}
+    tokens = None
+    with httpx.stream("POST", url, json=body, timeout=90) as response:
+        if response.status_code != 200:
+            response.read()
+            raise AssertionError(f"{model}: {response.status_code} {response.text[:300]}")
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                tokens = (json.loads(line[6:]).get("usage") or {}).get("completion_tokens", tokens)
+    return tokens
+
+
+def journal(rig) -> str:
+    return rig.exec("journalctl -u rigkit-ondemand.service --no-pager -o cat")[1]
+
+
+def test_the_deploy_parks_both_models_behind_their_fronts_and_a_second_deploy_changes_nothing(deployed):
+    rig, rig_file, folder, run = deployed
+    assert "Park od-alpha (on demand) after its rollout" in run.output
+    wait_for("rigkit-ondemand answering on both fronts",
+             lambda: all(httpx.get(f"http://127.0.0.1:{p}/health", timeout=2).status_code == 200
+                         for p in SERVED_MODELS.values()), 30)
+    assert not engine_running("od-alpha") and not engine_running("od-beta")
+    assert rig.exec("systemctl is-enabled rigkit-ondemand")[1].strip() == "enabled"
+    compose = rig.exec("cat /etc/rigkit/stacks/od-alpha/compose.yml")[1]
+    assert '"--port", "28141"' in compose and '"--enable-sleep-mode"' in compose and 'restart: "no"' in compose
+    again = run_deploy(rig, rig_file, catalog=folder / "models", verify=False)
+    assert again.returncode == 0 and again.changed_operations() == 0, again.output[-4000:]
+
+
+def test_two_models_that_cannot_both_be_loaded_alternate_under_four_clients_with_no_failed_request(deployed):
+    rig = deployed[0]
+    failures, tokens, both = ondemand_engines.alternate(
+        ("od-alpha", "od-beta"), complete, lambda: loaded("od-alpha") and loaded("od-beta"))
+    assert not failures, failures[:4]
+    assert tokens == [6] * 32
+    assert not both, f"both models loaded at once, {both} samples"
+    log = journal(rig)
+    assert log.count("woken, canary equal") >= 2, log[-3000:]
+    assert "asleep (level 1)" in log and "started, canary equal" in log, log[-3000:]
+    # GPU 0 as the rig's nvidia-smi reads it: the loaded model's share and the parked one's CUDA context only
+    assert [loaded(n) for n in SERVED_MODELS].count(True) == 1
+    used = int(rig.exec("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0")[1].strip())
+    assert used == int(0.6 * 24564) + 512, used
+
+
+def test_a_bad_wake_is_caught_by_the_canary_and_the_model_restarted_cold(deployed):
+    rig, rig_file, folder, _ = deployed
+    catalog = write_catalog(folder, {"od-alpha": '  STANDIN_FAULT: "bad_wake"\n'})  # in its env
+    text = (catalog / "od-alpha.yml").read_text()
+    assert 'STANDIN_FAULT: "bad_wake"' in text
+    run = run_deploy(rig, rig_file, catalog=catalog, verify=False)
+    assert run.returncode == 0, run.output[-4000:]
+    before = journal(rig).count("cold restart")
+    assert complete("od-alpha", stream=False) == 6  # started: its canary recorded from this start
+    assert complete("od-beta", stream=False) == 6  # od-alpha sleeps
+    assert complete("od-alpha", stream=True) == 6  # its wake is bad: caught, restarted cold, then served
+    log = journal(rig)
+    assert log.count("cold restart") == before + 1, log[-3000:]
+    assert "od-alpha: cold restart (after it was woken, the canary's greedy tokens differ from token 0 on" in log

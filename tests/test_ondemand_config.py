@@ -1,0 +1,131 @@
+"""The rig file's on_demand, offline: what it is checked for, and what it makes of the compose files, the readiness
+settings, rigkit-ondemand's settings, the watchdog's and status' view. Nothing simulated: pure functions and
+`rigkit check` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rigkit.config.errors import ConfigError
+from rigkit.config.loader import load_rig
+from rigkit.fit.check import shared_gpu_problems
+from rigkit.ondemand.plan import conflicts, front_config
+from rigkit.serving.compose import render_compose, stack_settings
+from rigkit.serving.watchdog import watched
+from tests.conftest import DATA, REPO, SERVING_RIG, copy_catalog
+
+BOTH = "on_demand:\n  hold_s: 45\n  models:\n    - {name: test-alpha}\n    - {name: test-beta, swap: stop, idle_park_s: 30}\n"
+ON_GPU_0 = [("gpus: [1]", "gpus: [0]"), ("vllm:\n", "vllm:\n  gpu_memory_utilization: 0.6\n")]
+SHARE = [("vllm:\n", "vllm:\n  gpu_memory_utilization: 0.6\n")]
+
+
+def rig_with(tmp_path, extra: str, catalog=None):
+    path = tmp_path / "rigs" / "od.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(SERVING_RIG.read_text() + extra)
+    return path, catalog or DATA / "models"
+
+
+def problems(tmp_path, extra: str, catalog=None) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_rig(*rig_with(tmp_path, extra, catalog))
+    return str(caught.value)
+
+
+def test_each_on_demand_model_gets_an_engine_port_behind_its_front_and_sleep_mode_where_it_sleeps(tmp_path):
+    rig = load_rig(*rig_with(tmp_path, BOTH))
+    alpha, beta = rig.models
+    assert (alpha.engine_port, beta.engine_port) == (28101, 28102)
+    compose = render_compose(alpha, with_api_key=False)
+    assert '"--host", "127.0.0.1", "--port", "28101"' in compose and '"--enable-sleep-mode"' in compose
+    assert '"VLLM_SERVER_DEV_MODE": "1"' in compose and 'restart: "no"' in compose
+    stopped = render_compose(beta, with_api_key=False, host="0.0.0.0")
+    assert '"--host", "127.0.0.1"' in stopped and "--enable-sleep-mode" not in stopped and "DEV_MODE" not in stopped
+    assert json.loads(stack_settings(alpha, False))["port"] == 28101  # rigkit-stack proves the engine itself
+    assert watched(rig) == []
+
+
+def test_a_rig_without_on_demand_renders_every_file_as_before(tmp_path):
+    plain = load_rig(SERVING_RIG, DATA / "models")
+    for model in plain.models:
+        compose = render_compose(model, with_api_key=True)
+        assert "restart: unless-stopped\n" in compose and f'"--port", "{model.spec.port}"' in compose
+        assert "sleep" not in compose and "DEV_MODE" not in compose
+        assert json.loads(stack_settings(model, True))["port"] == model.spec.port
+
+
+def test_rigkit_ondemands_settings_name_each_front_engine_and_the_models_it_takes_turns_with(tmp_path):
+    catalog = copy_catalog(tmp_path, test_alpha=SHARE, test_beta=ON_GPU_0)
+    rig = load_rig(*rig_with(tmp_path, BOTH, catalog))
+    assert conflicts(rig) == {"test-alpha": {"test-beta"}, "test-beta": {"test-alpha"}}
+    settings = json.loads(front_config(rig, with_api_key=True))
+    alpha, beta = settings["models"]
+    assert settings["hold_s"] == 45 and settings["api_key_env_file"] == "/etc/rigkit/secrets/vllm-api-key.env"
+    assert alpha["listen"] == ["127.0.0.1", 18101] and alpha["engine_url"] == "http://127.0.0.1:28101"
+    assert alpha["conflicts"] == ["test-beta"] and beta["swap"] == "stop" and beta["idle_park_s"] == 30
+    assert alpha["held_mib"] == int(0.6 * 24 * 1024)  # an RTX 4090's 24 GiB, from the GPU table
+    assert set(settings) == {"hold_s", "state_file", "api_key_env_file", "models"}  # the key stays in its root-only file
+    # they share GPU 0 without shared_gpus: they take turns; the fit counts each with the models always loaded
+    assert shared_gpu_problems(rig) == []
+
+
+def test_models_that_fit_together_do_not_take_turns(tmp_path):
+    small = [("gpus: [1]", "gpus: [0]"), ("vllm:\n", "vllm:\n  gpu_memory_utilization: 0.4\n")]
+    catalog = copy_catalog(tmp_path, test_alpha=[("vllm:\n", "vllm:\n  gpu_memory_utilization: 0.4\n")],
+                           test_beta=small)
+    rig = load_rig(*rig_with(tmp_path, BOTH, catalog))
+    assert conflicts(rig) == {"test-alpha": set(), "test-beta": set()}
+
+
+def test_an_on_demand_model_beside_one_always_loaded_must_fit_with_it(tmp_path):
+    shared = [("ready_timeout_s", "shared_gpus: true\nready_timeout_s")]
+    catalog = copy_catalog(tmp_path, test_alpha=SHARE + shared, test_beta=ON_GPU_0 + shared)
+    rig = load_rig(*rig_with(tmp_path, "on_demand:\n  models:\n    - {name: test-beta}\n", catalog))
+    assert shared_gpu_problems(rig) == ["GPU 0: test-alpha 0.6 + test-beta 0.6 = 1.2 of its memory; models sharing a "
+                                        "GPU must ask for at most 1 together (the second would not start); lower "
+                                        "their gpu_memory_utilization"]
+
+
+def test_bad_on_demand_entries_are_refused_with_the_field_and_what_is_allowed(tmp_path):
+    found = problems(tmp_path, "on_demand:\n  models:\n    - {name: nope}\n    - {name: test-beta}\n    - {name: test-beta}\n")
+    assert "on_demand.models[0].name: 'nope': not one of this rig's models (test-alpha, test-beta)" in found
+    assert "on_demand.models[2].name: 'test-beta': listed twice; once per model" in found
+    clash = problems(tmp_path, "on_demand:\n  models:\n    - {name: test-alpha, engine_port: 18102}\n")
+    assert ("on_demand.models[0].engine_port: 18102: port 18102 is the port of model test-beta; give test-alpha's "
+            "engine a port of its own") in clash
+    wrong = problems(tmp_path, "on_demand:\n  hold_s: 1\n  models:\n    - {name: test-alpha, swap: hibernate}\n")
+    assert "hold_s" in wrong and "greater than or equal to 5" in wrong and "'sleep' or 'stop'" in wrong
+
+
+def test_rigkit_check_refuses_on_demand_on_a_windows_rig(tmp_path):
+    rig = tmp_path / "rigs" / "win.yml"
+    rig.parent.mkdir(parents=True)
+    rig.write_text((DATA / "rigs" / "windows.yml").read_text() + "on_demand:\n  models:\n    - {name: win-alpha}\n")
+    proc = subprocess.run([sys.executable, "-m", "rigkit.cli", "check", str(rig), "--catalog", str(DATA / "models")],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout
+    assert "on-demand models run behind rigkit-ondemand, a systemd service of Linux rigs" in proc.stdout + proc.stderr
+
+
+def test_status_takes_an_on_demand_model_not_running_or_asleep_as_parked_not_down(tmp_path):
+    from rigkit.status.collect import wanted_files
+    from rigkit.status.report import build_status
+    from tests.test_status_report import COMMANDS, NOW, gpus, probe, results, weights
+
+    def drift_and_failures(rig):
+        facts = probe(rig)
+        facts["stacks"]["test-alpha"]["containers"][0].update(running=False, status="exited")
+        facts["stacks"]["test-beta"]["ready"] = {"ok": False, "seconds": 0.01, "port": 28102,
+                                                 "error": "HTTP 503: The model is sleeping"}
+        doc = build_status(rig, "rig1", COMMANDS, gpus(), facts, weights(rig=rig), wanted_files(rig), results(rig=rig),
+                           NOW, "rigkit-gpu-policy.service")
+        return doc, {d["what"] for d in doc["drift"]} | {f["what"] for f in doc["failures"]}
+
+    doc, found = drift_and_failures(load_rig(*rig_with(tmp_path, BOTH)))
+    assert found == set() and [s["on_demand"] for s in doc["stacks"]] == [True, True]
+    _, found = drift_and_failures(load_rig(SERVING_RIG, DATA / "models"))
+    assert found == {"stack test-alpha", "stack test-beta readiness"}  # the same facts, always loaded: wrong
