@@ -184,6 +184,25 @@ def test_health_check_interval_is_set_or_turned_off_and_bad_values_are_refused(f
     assert "gateway.health_check_interval_s: -5:" in run.stderr and "greater than or equal to 0" in run.stderr
 
 
+def test_an_on_demand_model_behind_health_checks_or_a_shorter_timeout_is_refused(fleet, tmp_path):
+    """A model served on demand (docs/on-demand.md) would be loaded by every health check, never parked; a request
+    its rig holds while it loads must outlast no gateway timeout."""
+    rig_a = tmp_path / "rigs" / "rig-a.yml"
+    rig_a.write_text(rig_a.read_text() + "on_demand:\n  hold_s: 300\n  models:\n    - {name: coder}\n")
+    run = cli("gateway-config", str(fleet))  # health checks at the inventory default
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert (f"host rig-a: coder is served on demand ({rig_a}: on_demand), and the gateway's background health "
+            f"checks (health_check_interval_s: {GATEWAY_HEALTH_CHECK_INTERVAL_S}) would load it every") in run.stderr
+    text = fleet.read_text()
+    fleet.write_text(text.replace('"cooldown_s": 20', '"cooldown_s": 20, "health_check_interval_s": 0, '
+                                                      '"request_timeout_s": 300'))
+    run = cli("gateway-config", str(fleet))
+    assert run.returncode == 2 and ("its rig holds a request up to 300 s (on_demand.hold_s) while the model loads, but "
+                                    "the gateway gives up on a request after request_timeout_s: 300") in run.stderr
+    fleet.write_text(text.replace('"cooldown_s": 20', '"cooldown_s": 20, "health_check_interval_s": 0'))
+    assert cli("gateway-config", str(fleet)).returncode == 0  # 900 s outlasts the hold
+
+
 def test_two_gateways_or_one_address_twice_are_refused(fleet):
     two = fleet.read_text().replace('"catalog_dir": "', '"gateway": {"master_key_file": "/x"}, "catalog_dir": "', 2)
     fleet.write_text(two)

@@ -86,6 +86,8 @@ def plan(views: list[RigView]) -> GatewayPlan | None:
         if has_key:
             keyed.append((view.host, env))
         for model in view.rig.models:
+            if model.on_demand:
+                _check_on_demand(runner.gateway, view, model)
             replicas.append(Replica(view.host, model, f"http://{host}:{model.spec.port}/v1", env if has_key else None))
     if not replicas:
         raise GatewayConfigError(f"host {runner.host} runs the gateway, but no rig of the inventory serves a model "
@@ -124,6 +126,24 @@ def backend_host(view: RigView, runner: RigView) -> str:
         f"so the gateway on {runner.host} cannot reach them. Set serve_address: 0.0.0.0 (with api_key_file) "
         f"in {view.rig.file}, or give host {view.host} a gateway_address in the inventory"
     )
+
+
+def _check_on_demand(spec: GatewaySpec, view: RigView, model) -> None:
+    """A model served on demand (docs/on-demand.md) behind the gateway: LiteLLM's background health checks would
+    load it every interval, so it would never be parked; a request held while it loads must not be cut by the
+    gateway's own timeout first."""
+    if spec.health_check_interval_s:
+        raise GatewayConfigError(
+            f"host {view.host}: {model.name} is served on demand ({view.rig.file}: on_demand), and the gateway's "
+            f"background health checks (health_check_interval_s: {spec.health_check_interval_s}) would load it every "
+            f"{spec.health_check_interval_s} s, so it would never be parked: set health_check_interval_s: 0 in the "
+            "gateway's inventory data")
+    hold_s = view.rig.spec.on_demand.hold_s
+    if spec.request_timeout_s <= hold_s:
+        raise GatewayConfigError(
+            f"host {view.host}: {model.name} is served on demand, and its rig holds a request up to {hold_s} s "
+            f"(on_demand.hold_s) while the model loads, but the gateway gives up on a request after "
+            f"request_timeout_s: {spec.request_timeout_s}: raise request_timeout_s above {hold_s}, or lower hold_s")
 
 
 def _check_distinct(replicas: list[Replica]) -> None:
