@@ -61,6 +61,15 @@ def compose(path: Path, *args: str) -> None:
     subprocess.run(["docker", "compose", "-f", str(path), *args], check=True, capture_output=True, timeout=600)
 
 
+def clear(path: Path, client) -> None:
+    """The bench's stack down and its compile cache volume gone: a cold start next."""
+    compose(path, "down")
+    try:
+        client.volumes.get(VOLUME).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
 def one_start(path: Path, served: str) -> dict:
     compose(path, "up", "-d")
     deadline = time.monotonic() + READY_S
@@ -91,11 +100,7 @@ def main() -> int:
     client = docker.from_env()
     with tempfile.TemporaryDirectory() as folder:
         path = compose_file(Path(folder), extra)
-        compose(path, "down")
-        try:
-            client.volumes.get(VOLUME).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+        clear(path, client)
         starts = []
         try:
             for n in range(args.warm + 1):
@@ -103,11 +108,7 @@ def main() -> int:
                 starts.append(doc)
                 print("\n".join(table(f"sim-chat ({'cold' if n == 0 else f'warm {n}'})", doc)), flush=True)
         finally:
-            compose(path, "down")
-            try:
-                client.volumes.get(VOLUME).remove(force=True)
-            except docker.errors.NotFound:
-                pass
+            clear(path, client)
     cold = starts[0]["total_s"]
     print(f"\ncold {cold:.1f} s" + (f" (env {extra})" if extra else ""))
     for n, doc in enumerate(starts[1:], 1):

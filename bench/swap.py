@@ -115,15 +115,11 @@ def sleep_path(folder: Path) -> None:
 def stop_start_path(folder: Path) -> None:
     import docker
 
-    from startup import PORT, PROJECT, VOLUME, compose, compose_file
+    from startup import PORT, PROJECT, clear, compose, compose_file
 
     client = docker.from_env()
     path = compose_file(folder, {})
-    compose(path, "down")
-    try:
-        client.volumes.get(VOLUME).remove(force=True)
-    except docker.errors.NotFound:
-        pass
+    clear(path, client)
     url = f"http://127.0.0.1:{PORT}"
     base = ["docker", "compose", "-f", str(path)]
     engine = Engine(name="sim-chat", served_name="sim-chat", url=url, swap="stop", stop=[*base, "stop"],
@@ -143,11 +139,7 @@ def stop_start_path(folder: Path) -> None:
             front.shutdown()
         scheduler.stop()
     finally:
-        compose(path, "down")
-        try:
-            client.volumes.get(VOLUME).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+        clear(path, client)
     print(f"stop and start, the real engine (vLLM's CPU build, {PROJECT}):")
     print(f"  cold start, request to first token: {cold_s:6.1f} s")
     print(f"  swapped back in (stopped container started, warm): {warm_s:6.1f} s")

@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from .keyfile import api_key as key_of
+from .probe import NoAnswer, complete_at
 
 CANARY_PROMPT = "The capital of France is Paris. The capital of Italy is"
 CANARY_TOKENS = 8
@@ -67,7 +68,7 @@ class Engine:
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
-        key = key_of(self.key_settings) if self.key_settings else self.api_key
+        key = self.key()
         if key and path.startswith("/v1/"):
             request.add_header("Authorization", f"Bearer {key}")
         try:
@@ -81,6 +82,9 @@ class Engine:
             return status, json.loads(raw) if raw else None
         except ValueError:
             return status, None
+
+    def key(self) -> str | None:
+        return key_of(self.key_settings) if self.key_settings else self.api_key
 
     def is_sleeping(self) -> bool | None:
         """True or False as vLLM says; None when the engine cannot be reached (stopped, starting)."""
@@ -206,13 +210,10 @@ class Engine:
         last = "nothing yet"
         pause = 0.1
         while time.monotonic() < deadline:
-            try:
-                status, answer = self.call("POST", "/v1/completions", {
-                    "model": self.served_name, "prompt": "ready?", "max_tokens": 1}, timeout_s=30)
-                if status == 200:
-                    return
-                last = f"HTTP {status} {str(answer)[:200]}"
-            except (OSError, EngineError) as error:
+            try:  # the runtime's one-token readiness probe, as rigkit-stack proves a start
+                complete_at(self.url, self.served_name, self.key(), "ready?", 1, 30)
+                return
+            except NoAnswer as error:
                 last = str(error)[:200]
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
