@@ -18,8 +18,8 @@ from rigkit.rigside.names import TUNE_DEADMAN_UNIT
 from tests.simrig.rig import STATE_ROOT, SimRig
 
 REPO = Path(__file__).resolve().parents[1]
-# The session's rig: `./run test` runs the engine's tests as two processes side by side, the rig_alone
-# ones (below) with a rig of their own, named in RIGKIT_TEST_RIG as NAME:PORT. The demo rig uses 2222;
+# The session's rig: `./run test` runs the engine's tests as several processes (PROCESS_MODULES, below),
+# each with a rig of its own, named in RIGKIT_TEST_RIG as NAME:PORT. The demo rig uses 2222;
 # tests never touch it.
 TEST_RIG_NAME, _, _port = os.environ.get("RIGKIT_TEST_RIG", "rigkit-test:2223").partition(":")
 TEST_RIG_PORT = int(_port)
@@ -62,17 +62,17 @@ def fresh_rig(simrig):
 
 SERVED_TEST_MODELS = {"test-alpha": 18101, "test-beta": 18102}  # tests/data/models, their ports
 # The Windows rig's model (tests/data/rigs/windows.yml): test-alpha under a name and port of its own, so
-# the Windows modules share nothing on the engine with the Linux ones (they run last: RUN_LAST_MODULES).
+# the Windows modules share nothing on the engine with the Linux ones (they run in a process of their own: PROCESS_MODULES).
 WINDOWS_TEST_MODELS = {"win-alpha": 18121}
 # test-alpha and test-beta under names and ports of their own, for modules that run beside the test
-# models' (RIG_ALONE_MODULES) and serve or read a two-model rig: alone_serving_rig.
+# models' (PROCESS_MODULES) and serve or read a two-model rig: alone_serving_rig.
 ALONE_TEST_MODELS = {"alone-alpha": 18131, "alone-beta": 18132}
 
 
 def concerns_this_process(name: str, labels: dict) -> bool:
     """Whether an engine object (a container, volume or event, by its name and labels) is this
     process's rig or one rigkit made for the test models. Engine-wide checks ("nothing changed on the
-    engine") read only these: the rig_alone tests run beside, in another process, on the same engine.
+    engine") read only these: other processes' tests run beside (PROCESS_MODULES), on the same engine.
     Everything a deploy makes on the engine is named or labelled after its model (Compose project
     rigkit-MODEL, volume rigkit-weights-MODEL, the weights helper's label), so a dry run or a status
     that touched the engine for these models is still seen."""
@@ -215,63 +215,65 @@ def run_status(rig: SimRig, rig_file: Path, tmp_path: Path, timeout: int = 300, 
 # Fixtures that need the Docker engine (the simulated rig, a stack or image on the host's engine).
 ENGINE_FIXTURES = {"simrig"}
 
-# Modules whose tests touch nothing on the host's engine but their own simulated rig(s) and things
-# named for themselves: no test model's stack, volume or port (test-alpha, test-beta), nothing
-# under RESULTS but their own. The gateway's module has its own models, ports and second rig;
-# test_hung_tools, test_monitoring and test_watchdog_rig serve ALONE_TEST_MODELS, and test_monitoring
-# alone uses Prometheus's ports. `./run test` runs them in an engine process of their own, with a rig
-# of their own, beside the others. A module not listed runs with the test models' modules: the safe
-# default for a new module. The split balances the two processes' minutes (the durations tables
-# `./run test` prints): the Windows modules, which serve win-alpha, could run beside too, and run
-# with the test models' modules for that. Two engine processes, not three: on two cores a third
-# made the timing-based tests flaky (tune's and the benchmarks' measurements, the gate's bands).
-RIG_ALONE_MODULES = {
-    "test_base", "test_deploy", "test_gateway", "test_gpu_offsets", "test_monitoring", "test_simrig", "test_watchdog_rig", "test_weights", "test_weights_relay_rigs",
-    "test_winconnector",
-}
-
-
-# Modules `./run test` runs in a process after another one in the same slot (SECOND_IN_SLOT_MODULES), each
-# process with a rig of its own, so that no process passes its 12 minutes: the Windows modules (WINDOWS_MODULES,
-# all of them together: they share one simulated Windows rig's engine objects; 12:32 of 12 minutes in the test
-# models' process once) after the tests without an engine, and test_gpu_keeper and test_hung_tools (bounds too)
-# after the rig-alone process (11:49 of 12 minutes with them in it once), and test_weights_hub (a second rig
-# of its own) and test_ondemand (on-demand models) with them. Then the modules of RUN_LAST_MODULES,
-# alone, after every slot: the tier on the real vLLM (its CPU build, tests/vllm_engine), whose starts and
-# benchmarks take both cores for half a minute or more and would make the timing-based tests beside them
-# flaky, and whose gate measures (beside the Windows modules, it once passed the config without the drafter
-# 78% slower at a CV of 26.8%), followed by test_tune_rig (11:10 of 12 minutes in the rig-alone process once
-# the benchmark calibrated its prompts). test_rollout_gate runs there too: its gate judges the stand-in's pacing,
-# which slows under a loaded machine (beside the gateway's rotation under load, a config slower on its first
-# start read a runs' CV of 9.6%, which widened the line and skipped the second look the test is about), and the
-# test models' process was at 10:29 of its 12 minutes with it.
+# Which pytest process of `./run test` runs each module that uses the engine (tests marked simrig), and
+# with it which rig: `./run test` gives each process a rig of its own (RIGKIT_TEST_RIG) and runs it with
+# `--rigkit-process NAME`. A module not named here runs in "test-models", with the test models' stacks,
+# volumes and ports (test-alpha, test-beta): the safe default for a new module. Every other process's
+# modules touch nothing on the host's engine but their own rig(s) and things named for themselves
+# (ALONE_TEST_MODELS, WINDOWS_TEST_MODELS, the gateway's gw-chat-a and gw-chat-b), nothing under RESULTS
+# but their own. A test that uses no engine runs in "no-engine". The layout, the slots the processes run
+# in and the minutes that chose it: docs/testing.md. Why these groups:
+# - the Windows modules stay together: they share one simulated Windows rig's engine objects;
+# - test_gateway has a process of its own (its rotations and kills under load took the rig-alone process
+#   to 12:02 of its 12 minutes on CI);
+# - "engine" and "engine-gate" run alone, after every slot: the real vLLM's starts and benchmarks take
+#   both cores for half a minute or more and would make the timing-based tests beside them flaky, and
+#   the gates measure (beside the Windows modules, the real gate once passed the config without the
+#   drafter 78% slower at a CV of 26.8%; beside the gateway's rotation, the stand-in's pacing read a CV of
+#   9.6%). Together they took 11:26 of their 12 minutes in a fresh clone.
 WINDOWS_MODULES = {
     "test_windows_deploy", "test_windows_docker_standin", "test_windows_install_dir", "test_windows_key",
     "test_windows_preflight", "test_windows_scripts", "test_windows_verify", "test_windows_weights",
 }
-SECOND_IN_SLOT_MODULES = {*WINDOWS_MODULES, "test_gpu_keeper", "test_hung_tools", "test_weights_hub", "test_ondemand"}
-RUN_LAST_MODULES = {"test_engine", "test_tune_rig", "test_surface_scan", "test_rollout_gate"}  # alone
+PROCESS_MODULES = {
+    "rig-alone": {"test_base", "test_deploy", "test_gpu_offsets", "test_monitoring", "test_simrig",
+                  "test_watchdog_rig", "test_weights", "test_weights_relay_rigs", "test_winconnector"},
+    "gateway": {"test_gateway"},
+    "bounded-waits": {"test_gpu_keeper", "test_hung_tools", "test_weights_hub", "test_ondemand"},
+    "windows": WINDOWS_MODULES,
+    "engine": {"test_engine", "test_surface_scan"},
+    "engine-gate": {"test_tune_rig", "test_rollout_gate"},
+}
+PROCESSES = ("test-models", *PROCESS_MODULES, "no-engine")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--rigkit-process", choices=PROCESSES, default=None,
+                     help="run only this process's tests (tests/conftest.py PROCESS_MODULES; docs/testing.md)")
+
+
+def process_of(item) -> str:
+    """The process of `./run test` that runs this test (PROCESS_MODULES)."""
+    if "simrig" not in item.keywords:
+        return "no-engine"
+    module = item.module.__name__.rpartition(".")[2]
+    return next((name for name, modules in PROCESS_MODULES.items() if module in modules), "test-models")
 
 
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the simulated rig (directly or through fresh_rig, serving_rig, ...) is
-    marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick`
-    runs those alone, `./run test` runs them beside the simrig tests, in a second process. The
-    engine's tests of RIG_ALONE_MODULES are also marked rig_alone (a third process), those of
-    SECOND_IN_SLOT_MODULES second_in_slot (and windows, of WINDOWS_MODULES: each after one of the other
-    processes), those of RUN_LAST_MODULES run_last (alone, after all of them)."""
+    marked simrig, so `-m "not simrig"` leaves out exactly what needs an engine: `./run quick` runs
+    those alone. With --rigkit-process, only that process's tests are kept (process_of); the others are
+    deselected."""
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simrig)
-        module = item.module.__name__.rpartition(".")[2]
-        if module in RIG_ALONE_MODULES:
-            item.add_marker(pytest.mark.rig_alone)
-        if module in RUN_LAST_MODULES:
-            item.add_marker(pytest.mark.run_last)
-        if module in SECOND_IN_SLOT_MODULES:
-            item.add_marker(pytest.mark.second_in_slot)
-        if module in WINDOWS_MODULES:
-            item.add_marker(pytest.mark.windows)
+    wanted = config.getoption("--rigkit-process")
+    if wanted is None:
+        return
+    kept = [item for item in items if process_of(item) == wanted]
+    config.hook.pytest_deselected(items=[item for item in items if process_of(item) != wanted])
+    items[:] = kept
 
 
 

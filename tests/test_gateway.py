@@ -11,6 +11,7 @@ the simulated rigs share the host's network, so the inventory gives rig B a gate
 from __future__ import annotations
 
 import hashlib
+import contextlib
 import io
 import json
 import os
@@ -301,7 +302,7 @@ def test_one_replica_killed_under_load_fails_only_requests_before_litellm_knows_
     it before LiteLLM knew, may fail; once LiteLLM's health check has marked it, none fails and every
     request goes to rig-a."""
     replica = docker.from_env().containers.get("rigkit-gw-chat-b-vllm-1")
-    with Load() as load:
+    with watchdog_held(fleet.rig_b), Load() as load:
         load.wait_count(20)
         killed_at = time.monotonic()
         replica.update(restart_policy={"Name": "no"})  # it stays dead: no restart brings it back mid-test
@@ -310,6 +311,8 @@ def test_one_replica_killed_under_load_fails_only_requests_before_litellm_knows_
                  lambda: litellm_health().get(REPLICA_IDS["gw-chat-b"]) is False, 3 * HEALTH_CHECK_S + 30, every_s=0.5)
         marked_at = time.monotonic()
         load.wait_count(40, after=marked_at)
+        replica.reload()
+        assert replica.status == "exited", replica.status  # dead all along: nothing brought it back
     failed = load.failures()
     after = [r for r in load.results if r["started"] >= marked_at]
     print(f"replica killed: {len(load.results)} requests, {len(failed)} failed, LiteLLM marked it "
@@ -319,6 +322,21 @@ def test_one_replica_killed_under_load_fails_only_requests_before_litellm_knows_
     # replica until LiteLLM cools it down (allowed_fails: 1), at most num_retries more per worker.
     assert len(failed) <= load.workers * 3, failed[:5]
     assert len(after) >= 40 and all(r["ok"] and r["deployment"] == REPLICA_IDS["gw-chat-a"] for r in after), after[:3]
+
+
+@contextlib.contextmanager
+def watchdog_held(rig: SimRig):
+    """The rig's watchdog stopped (its timer and a pass in progress) while a test keeps a replica down on
+    purpose: rigkit-watchdog starts a model whose containers all exited, so one of its passes (every 30 s)
+    could bring the replica back before LiteLLM's health check saw it gone, and the test would wait for a
+    mark that never comes (CI's loaded machine, once: 45 s). The watchdog's own tests are in
+    test_watchdog_rig and test_engine."""
+    code, out = rig.exec("systemctl stop rigkit-watchdog.timer rigkit-watchdog.service")
+    assert code == 0, out
+    try:
+        yield
+    finally:
+        rig.exec("systemctl start rigkit-watchdog.timer")
 
 
 def bring_back_rig_b(fleet) -> None:
@@ -337,10 +355,11 @@ def test_a_drain_waits_until_litellm_routes_to_a_replica_restarted_just_before(f
     moment the drain returns, every request goes to rig-b."""
     bring_back_rig_b(fleet)
     replica = docker.from_env().containers.get("rigkit-gw-chat-b-vllm-1")
-    replica.stop(timeout=10)
-    wait_for("LiteLLM to mark rig-b's stopped replica failed",
-             lambda: litellm_health().get(REPLICA_IDS["gw-chat-b"]) is False, 3 * HEALTH_CHECK_S + 30, every_s=0.5)
-    replica.start()
+    with watchdog_held(fleet.rig_b):
+        replica.stop(timeout=10)
+        wait_for("LiteLLM to mark rig-b's stopped replica failed",
+                 lambda: litellm_health().get(REPLICA_IDS["gw-chat-b"]) is False, 3 * HEALTH_CHECK_S + 30, every_s=0.5)
+        replica.start()
 
     def answers_directly():
         try:

@@ -49,7 +49,7 @@ LEFTOVERS = ("nvidia-smi", "sleep 3600", "timeout -k", "python3 -c", "docker ")
 @pytest.fixture(scope="module")
 def rig(fresh_rig, tmp_path_factory):
     """The fresh rig with the docker wrapper; its rig file (`.serving`) serves ALONE_TEST_MODELS: the
-    module runs beside the test models' (tests/conftest.py RIG_ALONE_MODULES)."""
+    module runs beside the test models' (tests/conftest.py PROCESS_MODULES)."""
     for name in ALONE_TEST_MODELS:
         ensure_checkpoint(name)
     fresh_rig.serving = alone_serving_rig(tmp_path_factory.mktemp("hung") / "serving.yml")

@@ -35,7 +35,7 @@ EXPORTER_PORT, PROMETHEUS_PORT = 19835, 19090  # the rig shares the host's netwo
 MONITORING = (f"monitoring: {{enabled: true, exporter_port: {EXPORTER_PORT}, prometheus_port: {PROMETHEUS_PORT}, "
               "scrape_interval_s: 1}\n")
 CLIENT = "127.0.0.7"  # the one host the rig file lets reach its models (serve_clients)
-SERVED_MODELS = ALONE_TEST_MODELS  # the module runs beside the test models' (tests/conftest.py RIG_ALONE_MODULES)
+SERVED_MODELS = ALONE_TEST_MODELS  # the module runs beside the test models' (tests/conftest.py PROCESS_MODULES)
 WAIT_S = 60
 KEY = "mon key $HOME #x"  # kept byte for byte: `$` and `#` as Compose's raw env format keeps them
 

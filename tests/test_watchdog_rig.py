@@ -19,7 +19,7 @@ pytestmark = pytest.mark.simrig
 SERVED_MODELS = ALONE_TEST_MODELS  # serving_rig's
 
 # The module serves ALONE_TEST_MODELS (alone_serving_rig): it runs beside the test models' modules
-# (tests/conftest.py RIG_ALONE_MODULES). The watchdog's tests are on alone-alpha.
+# (tests/conftest.py PROCESS_MODULES). The watchdog's tests are on alone-alpha.
 MODEL = "alone-alpha"
 URL = f"http://127.0.0.1:{ALONE_TEST_MODELS[MODEL]}"
 # The shortest legal watchdog settings (rigkit/config/schema.py: each >= 1 s), so each window is seconds.
