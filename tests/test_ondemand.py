@@ -11,13 +11,16 @@ engine, the HTTP from the clients through the fronts to the engines.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import docker
 import httpx
 import pytest
 
 from tests import ondemand_engines
-from tests.conftest import SERVING_RIG, run_deploy, wait_for
+from tests.conftest import REPO, RESULTS, SERVING_RIG, STATE_ROOT, run_deploy, wait_for
 
 pytestmark = pytest.mark.simrig
 SERVED_MODELS = {"od-alpha": 18141, "od-beta": 18142}  # serving_rig's
@@ -131,6 +134,47 @@ def test_two_models_that_cannot_both_be_loaded_alternate_under_four_clients_with
     assert [loaded(n) for n in SERVED_MODELS].count(True) == 1
     used = int(rig.exec("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0")[1].strip())
     assert used == int(0.6 * 24564) + 512, used
+    # Each model's proof (its canary and /v1/models answer, for its compose file) is kept root-only, and the
+    # parked model's front lists it from there without loading it.
+    assert rig.exec("stat -c '%a' /var/lib/rigkit/ondemand")[1].strip() == "700"
+    for name in SERVED_MODELS:
+        proof = json.loads(rig.exec(f"cat /var/lib/rigkit/ondemand/{name}.json")[1])
+        digest = rig.exec(f"sha256sum /etc/rigkit/stacks/{name}/compose.yml")[1].split()[0]
+        assert proof["config_sha256"] == digest and proof["canary"]["tokens"], proof
+    [parked] = [n for n in SERVED_MODELS if not loaded(n)]
+    swaps = journal(rig).count("rigkit-ondemand: ")
+    listed = httpx.get(f"http://127.0.0.1:{SERVED_MODELS[parked]}/v1/models", timeout=10)
+    assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == [parked], listed.text
+    assert not loaded(parked) and journal(rig).count("rigkit-ondemand: ") == swaps
+
+
+def test_a_dry_deploy_of_a_changed_on_demand_model_parks_nothing_and_restarts_nothing(deployed):
+    """--dry only reads: with od-alpha's config changed (a rollout, the models parked and the program stopped
+    and started again, were it real), the loaded model stays loaded and rigkit-ondemand keeps running."""
+    rig, rig_file, folder, _ = deployed
+    assert complete("od-alpha", stream=False) == 6
+    files = "sha256sum /etc/rigkit/ondemand.json /etc/rigkit/stacks/*/* /var/lib/rigkit/ondemand/*"
+
+    def state():
+        containers = sorted((c.name, c.id, c.attrs["State"]["StartedAt"], c.status)
+                            for c in docker.from_env().containers.list(all=True)
+                            if c.labels.get("com.docker.compose.project") in ("rigkit-od-alpha", "rigkit-od-beta"))
+        return (rig.exec("systemctl show -p MainPID --value rigkit-ondemand")[1].strip(), rig.exec(files)[1],
+                containers, loaded("od-alpha"), loaded("od-beta"))
+    before = state()
+    catalog = write_catalog(folder, {"od-alpha": '  STANDIN_DRIFT_PER_S: "0"\n'})
+    env = dict(os.environ, RIGKIT_SIM_PORT=str(rig.ssh_port), RIGKIT_RIG_FILE=str(rig_file),
+               RIGKIT_CATALOG_DIR=str(catalog), RIGKIT_STATE=str(STATE_ROOT), RIGKIT_RESULTS_DIR=str(RESULTS))
+    run = subprocess.run([sys.executable, "-m", "rigkit.cli", "deploy", "inventory/sim.py", "--dry", "--no-verify"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    # pyinfra's change detection lists what a real deploy would do: park, roll out, restart the program
+    for operation in ("Park every on-demand model and stop rigkit-ondemand while they roll out",
+                      "Park od-alpha (on demand) after its rollout", "Restart rigkit-ondemand"):
+        assert operation in output, output[-4000:]
+    assert state() == before
+    assert before[3] and before[0] != "0"
 
 
 def test_a_bad_wake_is_caught_by_the_canary_and_the_model_restarted_cold(deployed):

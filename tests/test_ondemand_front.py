@@ -192,6 +192,13 @@ def test_an_engine_without_sleep_mode_is_stopped_when_idle_and_started_warm_by_t
     while sleeping(engines["alpha"]) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sleeping(engines["alpha"]) is None, scheduler.swaps  # no process answers: stopped
+    while scheduler.slots["alpha"].state != "parked" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Prometheus' scrape of the parked model: no sample and no 502 (a parked model is not a model down)
+    scraped = httpx.get(f"{urls['alpha']}/metrics", timeout=5)
+    assert (scraped.status_code, scraped.headers["content-type"].split(";")[0]) == (200, "text/plain"), scraped.text
+    assert scraped.text == "# alpha is parked by rigkit-ondemand: no engine runs\n"
+    assert scheduler.slots["alpha"].state == "parked"  # the scrape loaded nothing
     assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8
     assert [s[1] for s in scheduler.swaps][-2:] == ["stopped", "started, canary equal"], scheduler.swaps
 
@@ -209,3 +216,76 @@ def test_a_sleep_that_leaves_the_memory_held_is_followed_by_a_stop_and_the_other
     assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8  # started again, proven
     assert [s[1] for s in scheduler.swaps if s[0] == "beta"] == ["woken, canary equal", "asleep (level 1)"]  # its sleep freed all
     assert [s[1] for s in scheduler.swaps if s[0] == "alpha"][-1] == "started, canary equal"
+
+
+def without_created(answer: dict) -> list:
+    """A /v1/models answer's entries without `created`, which vLLM stamps with the time of each request."""
+    return [{k: v for k, v in entry.items() if k != "created"} for entry in answer["data"]]
+
+
+def test_a_parked_model_lists_itself_from_its_last_proven_load_without_loading_behind_its_key(rig):
+    """The key check is the front's own on this path (the stand-ins here run without --api-key): the engine
+    object is given the key a rig's env file would hold."""
+    urls, engines, scheduler, log = rig()
+    assert scheduler.slots["beta"].state == "parked"
+    swaps = list(scheduler.swaps)
+    listed = httpx.get(f"{urls['beta']}/v1/models", timeout=10)
+    assert listed.status_code == 200, listed.text
+    assert [m["id"] for m in listed.json()["data"]] == ["beta"]
+    assert scheduler.swaps == swaps and scheduler.slots["beta"].state == "parked"  # nothing was loaded
+    assert sleeping(engines["beta"]) is True
+    scheduler.slots["beta"].engine.api_key = "sk-listed"
+    refused = httpx.get(f"{urls['beta']}/v1/models", timeout=10)
+    assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+    wrong = httpx.get(f"{urls['beta']}/v1/models", headers={"Authorization": "Bearer sk-other"}, timeout=10)
+    assert wrong.status_code == 401
+    kept = httpx.get(f"{urls['beta']}/v1/models", headers={"Authorization": "Bearer sk-listed"}, timeout=10)
+    assert kept.status_code == 200
+    scheduler.slots["beta"].engine.api_key = None
+    # Loaded, the engine answers itself; what was kept is what it says (but the time stamp of the answer).
+    assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8
+    assert scheduler.slots["beta"].state == "awake"
+    live = httpx.get(f"{urls['beta']}/v1/models", timeout=10).json()
+    assert without_created(live) == without_created(listed.json())
+
+
+def test_a_restarted_program_proves_a_wake_with_the_kept_canary_until_the_config_changes(tmp_path):
+    """rigkit-ondemand restarted (each deploy restarts it) with a model asleep: the canary kept in the proof
+    file for the config in force proves the wake, so no cold restart; a config changed since (its compose
+    file here is a file of this test's) leaves the proof unused and the wake is a cold restart that records
+    it again. Simulated: Compose's stop/start/restart, played on a local stand-in process."""
+    port = free_port()
+    spec = ondemand_engines.spec_for(tmp_path, "gamma", port, {}, [])
+    subprocess.run(ondemand_engines.command("start", spec), check=True, timeout=30)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(url)
+    config, proof = tmp_path / "compose.yml", tmp_path / "proof" / "gamma.json"
+    config.write_text("services: {vllm: {command: [--max-model-len, '4096']}}\n")
+
+    def engine():  # as rigkit-ondemand makes it at each start
+        return Engine(name="gamma", served_name="gamma", url=url, swap="sleep", sleep_level=1,
+                      stop=ondemand_engines.command("stop", spec), start=ondemand_engines.command("start", spec),
+                      restart=ondemand_engines.command("restart", spec), ready_timeout_s=30,
+                      proof_file=str(proof), config_file=str(config))
+    try:
+        first = engine()
+        assert not first.load_proof()  # nothing kept yet
+        assert first.wake() == "already awake, canary equal"
+        kept = json.loads(proof.read_text())
+        assert kept["canary"] == first.canary and [m["id"] for m in kept["models"]["data"]] == ["gamma"]
+        assert (proof.parent.stat().st_mode & 0o777) == 0o700
+        assert first.park() == "asleep (level 1)"
+
+        second = engine()
+        assert second.load_proof() and second.canary == first.canary
+        assert second.models["data"][0]["id"] == "gamma"
+        assert second.wake() == "woken, canary equal"  # proven against the kept canary, not restarted cold
+        assert second.park() == "asleep (level 1)"
+
+        config.write_text("services: {vllm: {command: [--max-model-len, '8192']}}\n")  # a deploy changed it
+        third = engine()
+        assert not third.load_proof() and third.canary is None and third.models is None
+        assert third.wake() == "cold restart (no canary recorded yet to prove a wake against), canary equal"
+        assert json.loads(proof.read_text())["config_sha256"] != kept["config_sha256"]  # recorded again
+    finally:
+        ondemand_engines.stop(spec)

@@ -12,11 +12,13 @@ from rigkit.plumbing.render import render
 from rigkit.rigside.names import (
     ONDEMAND_CONFIG_PATH,
     ONDEMAND_PATH,
+    ONDEMAND_PROOF_DIR,
     ONDEMAND_STATE_PATH,
     SECRETS_ENV_FILE,
     project_name,
     served_name,
 )
+from rigkit.rigside.stack import PROVEN_COMPOSE_FILE, stack_file
 
 SLEEP_LEVEL = 1  # level 2 discards the weights, which vLLM must then be given again before a wake serves right
 
@@ -69,6 +71,8 @@ def front_config(rig: RigConfig, with_api_key: bool) -> str:
         "conflicts": sorted(clash[m.name]),
         "held_mib": held_mib(rig, m),
         "ready_timeout_s": m.spec.ready_timeout_s,
+        "proof_file": f"{ONDEMAND_PROOF_DIR}/{m.name}.json",
+        "config_file": stack_file(m.name, PROVEN_COMPOSE_FILE),
     } for m in on_demand(rig)]
     return json.dumps({"hold_s": rig.spec.on_demand.hold_s, "state_file": ONDEMAND_STATE_PATH,
                        "api_key_env_file": SECRETS_ENV_FILE if with_api_key else None, "models": models},

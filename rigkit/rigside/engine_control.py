@@ -8,17 +8,25 @@ on the rig's loopback only, where rigkit-ondemand reaches them; clients reach th
 The canary: one fixed greedy completion (temperature 0) with its logprobs, recorded from a start rigkit
 proved, and asked again after every wake. A wake can answer healthy HTTP with corrupted output (public
 reports of vLLM's sleep mode); the canary's tokens must be equal and each logprob within CANARY_TOLERANCE.
+
+The proof file keeps the canary and the engine's /v1/models answer for the config they were recorded
+with (the SHA-256 of its proven compose file): a rigkit-ondemand restarted (every deploy restarts it)
+proves the next wake against it instead of restarting the model cold, and its front answers /v1/models
+from it while the model is parked instead of loading it. A changed config leaves them unused until the
+next proven start records them again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from . import atomic
 from .keyfile import api_key as key_of
 from .probe import NoAnswer, complete_at
 
@@ -61,6 +69,40 @@ class Engine:
     # MiB used on each of its GPUs, one number a line (nvidia-smi's memory.used): a sleep is proven by the drop.
     held_mib: int = 0
     memory_probe: list[str] = field(default_factory=list)
+    # The proof file (above) and the config file whose digest it must name to be used; none: kept in memory only.
+    proof_file: str | None = None
+    config_file: str | None = None
+    models: dict | None = None  # the engine's /v1/models answer, from its last proven start or wake
+
+    # -- the proof, kept across restarts of the program ------------------------------------------------------
+    def load_proof(self) -> bool:
+        """Take the canary and the models' answer from the proof file if it was recorded with the config in
+        force now; whether it was."""
+        proof = atomic.read_json(self.proof_file) if self.proof_file else None
+        digest = atomic.sha256(self.config_file) if self.config_file else None
+        if not isinstance(proof, dict) or digest is None or proof.get("config_sha256") != digest:
+            return False
+        canary, models = proof.get("canary"), proof.get("models")
+        if not (isinstance(canary, dict) and isinstance(canary.get("tokens"), list)
+                and isinstance(canary.get("token_logprobs"), list)):
+            return False
+        self.canary = canary
+        self.models = models if isinstance(models, dict) else None
+        return True
+
+    def proven(self) -> None:
+        """After the canary agreed: read /v1/models and keep it, with the canary, in the proof file."""
+        try:
+            status, answer = self.call("GET", "/v1/models", timeout_s=10)
+        except OSError:
+            status, answer = 0, None
+        if status == 200 and isinstance(answer, dict) and isinstance(answer.get("data"), list):
+            self.models = answer
+        digest = atomic.sha256(self.config_file) if self.config_file else None
+        if self.proof_file and digest:
+            os.makedirs(os.path.dirname(self.proof_file), mode=0o700, exist_ok=True)
+            atomic.write_text(self.proof_file, json.dumps(
+                {"config_sha256": digest, "canary": self.canary, "models": self.models}) + "\n")
 
     # -- HTTP, bounded ------------------------------------------------------------------------------------
     def call(self, method: str, path: str, body: dict | None = None, timeout_s: float = CALL_TIMEOUT_S):
@@ -194,6 +236,7 @@ class Engine:
         differs = self.canary_differs()
         if differs:
             return self.cold_restart(f"after it was {how}, {differs}")
+        self.proven()
         return f"{how}, canary equal"
 
     def cold_restart(self, reason: str) -> str:
@@ -202,6 +245,7 @@ class Engine:
         differs = self.canary_differs()
         if differs:
             raise EngineError(f"{self.name}: after a cold restart ({reason}), {differs}")
+        self.proven()
         return f"cold restart ({reason}), canary equal"
 
     def wait_ready(self) -> None:

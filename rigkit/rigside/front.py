@@ -6,7 +6,11 @@ docs/on-demand.md.
 What it passes on: the OpenAI routes (/v1/...), which wait for the model, and /metrics, /version,
 /tokenize and /detokenize, which do not (answered by the engine when it is up). /health is the front's own:
 200 while the model can be served (loaded or loadable), 503 once it could not be loaded. Nothing else,
-so vLLM's development routes (sleep, wake, collective_rpc) never leave the rig.
+so vLLM's development routes (sleep, wake, collective_rpc) never leave the rig. GET /v1/models, while the
+model is parked, is answered with the engine's own answer from its last proven load (the engine's proof,
+rigside.engine_control), so a client that lists models does not load them; before any, it waits like
+every /v1/ route. /metrics of a parked model whose engine is not running (the "stop" swap) is 200 with no
+sample, not 502: Prometheus keeps the target up, and a parked model is not a model down.
 
 Bounds: a request's head and body (MAX_BODY_BYTES, a Content-Length required: an OpenAI client sends one),
 the wait for the model (the scheduler's hold_s) and each read from the engine (READ_TIMEOUT_S).
@@ -14,6 +18,7 @@ the wait for the model (the scheduler's hold_s) and each read from the engine (R
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import json
 import socket
@@ -42,9 +47,10 @@ class FrontHandler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):  # requests are the engine's to log; the front logs its swaps
         pass
 
-    def answer(self, status: int, body: bytes, extra: dict | None = None) -> None:
+    def answer(self, status: int, body: bytes, extra: dict | None = None,
+               content_type: str = "application/json") -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for name, value in (extra or {}).items():
             self.send_header(name, value)
@@ -75,6 +81,10 @@ class FrontHandler(BaseHTTPRequestHandler):
         if path == "/health":
             failed = front.scheduler.slots[front.name].state == "failed"
             return self.answer(503 if failed else 200, b"")
+        slot = front.scheduler.slots[front.name]
+        if (self.command == "GET" and path == "/v1/models" and slot.state != "awake"
+                and getattr(slot.engine, "models", None) is not None):
+            return self.answer_models(slot.engine)
         if path.startswith("/v1/"):
             try:
                 front.scheduler.enter(front.name)
@@ -89,6 +99,15 @@ class FrontHandler(BaseHTTPRequestHandler):
         else:
             self.answer(404, json.dumps({"detail": "Not Found"}).encode())
 
+    def answer_models(self, engine) -> None:
+        """The kept /v1/models answer, behind the key the engine itself checks (vLLM's --api-key: 401
+        {"error": "Unauthorized"}, tests/data/vllm-0.32/error-401.json)."""
+        key = engine.key()
+        sent = self.headers.get("Authorization", "")
+        if key and not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
+            return self.answer(401, b'{"error":"Unauthorized"}')
+        return self.answer(200, json.dumps(engine.models).encode())
+
     def relay(self, body: bytes) -> None:
         front = self.server.front
         upstream = http.client.HTTPConnection(front.engine_host, front.engine_port, timeout=READ_TIMEOUT_S)
@@ -99,6 +118,9 @@ class FrontHandler(BaseHTTPRequestHandler):
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 response = upstream.getresponse()
             except (OSError, http.client.HTTPException) as error:
+                if urlsplit(self.path).path == "/metrics" and front.scheduler.slots[front.name].state == "parked":
+                    return self.answer(200, f"# {front.name} is parked by rigkit-ondemand: no engine runs\n".encode(),
+                                       content_type="text/plain; version=0.0.4; charset=utf-8")
                 return self.answer(502, error_body(502, f"the engine of {front.name} did not answer: {error}",
                                                    "BadGatewayError"))
             self.send_response(response.status, response.reason)
