@@ -11,6 +11,7 @@ engine, the HTTP from the clients through the fronts to the engines.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -44,6 +45,7 @@ ON_DEMAND = """on_demand:
     - {name: od-alpha}
     - {name: od-beta}
 """
+EMPTY_IDLE_W, CONTEXT_DRAW_W = 24.5, 42.7  # the simulated GPU's idle draw; what a context adds (H200: 121.5 - 78.8)
 
 
 def write_catalog(folder, extra: dict[str, str] | None = None):
@@ -56,6 +58,10 @@ def write_catalog(folder, extra: dict[str, str] | None = None):
 
 @pytest.fixture(scope="module")
 def deployed(serving_rig, tmp_path_factory):
+    # Its GPUs draw more while a CUDA context is on them (tests/simrig/nvidia-smi), by what the H200 measured
+    gpus = serving_rig.gpus
+    serving_rig.gpus = [replace(g, context_draw_w=CONTEXT_DRAW_W) for g in gpus]
+    serving_rig.write_gpu_config()
     folder = tmp_path_factory.mktemp("ondemand")
     rig_file = folder / "ondemand.yml"
     text = SERVING_RIG.read_text()
@@ -65,6 +71,8 @@ def deployed(serving_rig, tmp_path_factory):
     run = run_deploy(serving_rig, rig_file, catalog=catalog, verify=False)
     assert run.returncode == 0, run.output[-6000:]
     yield serving_rig, rig_file, folder, run
+    serving_rig.gpus = gpus
+    serving_rig.write_gpu_config()
     serving_rig.exec("systemctl stop rigkit-ondemand")
     for name in SERVED_MODELS:
         serving_rig.exec(f"test -d /etc/rigkit/stacks/{name} && rigkit-stack down {name}")
@@ -191,3 +199,34 @@ def test_a_bad_wake_is_caught_by_the_canary_and_the_model_restarted_cold(deploye
     log = journal(rig)
     assert log.count("cold restart") == before + 1, log[-3000:]
     assert "od-alpha: cold restart (after it was woken, the canary's greedy tokens differ from token 0 on" in log
+
+
+def draw_w(rig, gpu: int = 0) -> float:
+    return float(rig.exec(f"nvidia-smi --query-gpu=power.draw --format=csv,noheader,nounits -i {gpu}")[1].strip())
+
+
+def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_empty_idle_draw(deployed):
+    """idle_park_s 15 (long enough that a loaded machine's slow read cannot pass it between two steps): od-beta
+    loaded after od-alpha (which sleeps for it, keeping its CUDA context), then neither asked again: both are
+    stopped and GPU 0 draws what it draws empty."""
+    rig, rig_file, folder, _ = deployed
+    idle = folder / "idle.yml"
+    idle.write_text(rig_file.read_text().replace("- {name: od-alpha}", "- {name: od-alpha, idle_park_s: 15}")
+                    .replace("- {name: od-beta}", "- {name: od-beta, idle_park_s: 15}"))
+    run = run_deploy(rig, idle, catalog=write_catalog(folder), verify=False)
+    assert run.returncode == 0, run.output[-4000:]
+    assert not engine_running("od-alpha") and not engine_running("od-beta")
+    assert draw_w(rig) == EMPTY_IDLE_W
+    assert complete("od-alpha", stream=False) == 6
+    assert draw_w(rig) == EMPTY_IDLE_W + CONTEXT_DRAW_W
+    assert complete("od-beta", stream=False) == 6  # od-alpha sleeps for it: its context stays
+    assert engine_running("od-alpha") and not loaded("od-alpha") and loaded("od-beta")
+    wait_for("both models stopped after 15 s idle",
+             lambda: not engine_running("od-alpha") and not engine_running("od-beta"), 60)
+    log = journal(rig)
+    assert "od-alpha: idle 15 s: stopped" in log and "od-beta: idle 15 s: stopped" in log, log[-3000:]
+    assert draw_w(rig) == EMPTY_IDLE_W
+    assert rig.exec("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0")[1].strip() == "0"
+    wait_for("rigkit-ondemand's state file to say both stopped",
+             lambda: all(m["state"] == "parked" and m["stopped"] for m in
+                         json.loads(rig.exec("cat /run/rigkit/ondemand.json")[1])["models"].values()), 10)

@@ -157,15 +157,20 @@ def test_a_request_held_past_its_bound_is_told_what_it_waited_for(rig):
     assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8
 
 
-def test_an_idle_model_is_parked_and_the_next_request_wakes_it(rig):
-    urls, engines, scheduler, log = rig(names=("alpha",), idle_park_s=0.5, conflicting=False)
+def test_an_idle_model_is_stopped_asleep_or_awake_and_the_next_request_starts_it(rig):
+    """Idle, a model is stopped, not put to sleep: a sleeping engine keeps its CUDA context, and with it its
+    GPUs out of their empty idle. Put to sleep for a swap, it is stopped too once idle."""
+    urls, engines, scheduler, log = rig(names=("alpha", "beta"), idle_park_s=1.0)
     assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
-    deadline = time.monotonic() + 10
-    while sleeping(engines["alpha"]) is not True and time.monotonic() < deadline:
+    deadline = time.monotonic() + 15
+    while (sleeping(engines["alpha"]), sleeping(engines["beta"])) != (None, None) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sleeping(engines["alpha"]) is True, scheduler.swaps
+    assert (sleeping(engines["alpha"]), sleeping(engines["beta"])) == (None, None), scheduler.swaps  # both stopped
+    assert all(scheduler.slots[n].stopped for n in ("alpha", "beta"))
+    idle = sorted(s[0] for s in scheduler.swaps if s[1] == "idle 1 s: stopped")
+    assert idle == ["alpha", "beta"], scheduler.swaps  # beta asleep since the start, alpha awake after its request
     assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8
-    assert [s[1] for s in scheduler.swaps][-2:] == ["asleep (level 1)", "woken, canary equal"], scheduler.swaps
+    assert [s[1] for s in scheduler.swaps if s[0] == "alpha"][-1] == "started, canary equal", scheduler.swaps
 
 
 def test_the_front_passes_no_development_route_and_no_chunked_body(rig):
@@ -200,7 +205,7 @@ def test_an_engine_without_sleep_mode_is_stopped_when_idle_and_started_warm_by_t
     assert scraped.text == "# alpha is parked by rigkit-ondemand: no engine runs\n"
     assert scheduler.slots["alpha"].state == "parked"  # the scrape loaded nothing
     assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8
-    assert [s[1] for s in scheduler.swaps][-2:] == ["stopped", "started, canary equal"], scheduler.swaps
+    assert [s[1] for s in scheduler.swaps][-2:] == ["idle 0.5 s: stopped", "started, canary equal"], scheduler.swaps
 
 
 def test_a_sleep_that_leaves_the_memory_held_is_followed_by_a_stop_and_the_other_model_loads(rig):

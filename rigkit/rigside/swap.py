@@ -1,7 +1,9 @@
 """Which on-demand model holds the GPUs, and when that changes: requests for a model that is not loaded are
 held, never refused, while the models in its way finish what they serve and are parked; the model is then
 woken and proven (rigside.engine_control), and the held requests go on. A model nobody asked for in its
-idle time is parked. Standard library only (it runs in rigkit-ondemand on the rig). docs/on-demand.md.
+idle time is stopped, asleep or not: a sleeping engine keeps its CUDA context, and with it its GPUs out of
+their empty idle; sleep is for swaps, where the next wake comes soon. Standard library only (it runs in
+rigkit-ondemand on the rig). docs/on-demand.md.
 
 One thread (run) does every park and wake, so two swaps never race; request threads only wait (enter) and
 count themselves out (leave). Every wait is bounded: a request held longer than hold_s is answered with a
@@ -30,6 +32,7 @@ class Slot:
     conflicts: set = field(default_factory=set)  # models that cannot be loaded beside this one
     idle_park_s: float = 600.0
     state: str = "unknown"  # awake, parked, failed
+    stopped: bool = False  # parked with its container stopped: nothing of it on its GPUs, not even a context
     in_flight: int = 0
     waiting: list = field(default_factory=list)  # arrival times of held requests
     closed: bool = False  # no new requests admitted: another model waits for these GPUs
@@ -130,20 +133,25 @@ class Scheduler:
                 return "park", idle[0]
             if not in_way:
                 return "wake", name
-        for name, slot in self.slots.items():  # parked after their idle time
-            if (slot.state == "awake" and not slot.in_flight and not slot.waiting
-                    and now - slot.last_used >= slot.idle_park_s):
+        for name, slot in self.slots.items():  # stopped after their idle time, awake or asleep
+            idle = not slot.in_flight and not slot.waiting and now - slot.last_used >= slot.idle_park_s
+            if idle and (slot.state == "awake" or (slot.state == "parked" and not slot.stopped)):
                 slot.closed = True
-                return "park", name
+                return "stop", name
         return None
 
     def act(self, verb: str, name: str) -> None:
         slot = self.slots[name]
-        self.doing = f"{'parking' if verb == 'park' else 'loading'} {name}"
+        self.doing = {"park": "parking", "stop": "stopping", "wake": "loading"}[verb] + f" {name}"
         started = time.monotonic()
         try:
-            done = slot.engine.park() if verb == "park" else slot.engine.wake()
-            state, failure = ("parked" if verb == "park" else "awake"), ""
+            if verb == "wake":
+                done, state = slot.engine.wake(), "awake"
+            else:
+                done, state = slot.engine.park(deep=verb == "stop"), "parked"
+                if verb == "stop":
+                    done = f"idle {slot.idle_park_s:g} s: {done}"
+            failure = ""
         except EngineError as error:
             done, state, failure = f"failed: {error}", "failed", str(error)
         except Exception as error:  # anything else is said and kept too: the swap thread must not end unseen
@@ -154,6 +162,7 @@ class Scheduler:
             self.swaps.append((name, done, round(seconds, 3)))
             del self.swaps[:-100]
             slot.state, slot.failure, slot.closed = state, failure, False
+            slot.stopped = state == "parked" and "stopped" in done
             if state == "awake":
                 slot.awake_since = slot.last_used = time.monotonic()
             if state == "failed":

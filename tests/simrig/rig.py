@@ -52,6 +52,7 @@ class SimGpu:
     offset_range_mhz: dict | None = field(default_factory=lambda: {"graphics": [-500, 1000], "memory": [-2000, 6000]})
     tune_profile: str | None = None  # a curve in tests/sim_curves.py: draw and clocks follow the settings
     held_at_w: float | None = None  # another firmware limit: draws at most this, reports the request as enforced
+    context_draw_w: float | None = None  # idle draw added while memory is held on it (nvidia-smi's docstring)
     # The PCIe link as nvidia-smi reports it: the max the card and slot allow together, and the current
     # link (the generation drops at idle to save power; a riser shows as a narrow max width).
     pcie_gen_max: int = 4
