@@ -13,11 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tqdm
 
 from rigkit.rigside.names import TUNE_DEADMAN_UNIT
 from tests.simrig.rig import STATE_ROOT, SimRig
 
 REPO = Path(__file__).resolve().parents[1]
+# No tqdm monitor thread (huggingface_hub's progress bars start one, in the tests that run its client in this
+# process): a test process's first import of pyinfra's CLI patches threading with gevent, and made while
+# that thread lived it failed with "RuntimeError: cannot release un-acquired lock" (test_hub_standin, then
+# test_weights_relay's first load_inventory, in one `./run quick` group).
+tqdm.tqdm.monitor_interval = 0
 # The session's rig: `./run test` runs the engine's tests as several processes (PROCESS_MODULES, below),
 # each with a rig of its own, named in RIGKIT_TEST_RIG as NAME:PORT. The demo rig uses 2222;
 # tests never touch it.

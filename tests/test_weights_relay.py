@@ -7,6 +7,7 @@ by `rigkit deploy` in one line before any rig is reached (the rigs' addresses he
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -87,19 +88,52 @@ def test_a_killed_copy_resumes_at_its_last_journaled_chunk_and_a_rerun_sends_not
     assert code != 0
     assert not (b / ".rigkit" / "complete").exists()
     kept = journaled_bytes(b / ".rigkit", {p: len(d) for p, d in files.items()})
-    partial = {str(p.relative_to(b))[:-len(".rigkit-partial")] for p in b.rglob("*.rigkit-partial")}
+    durable = durable_files(b)
     code, report, sent = relay(a, b)
     assert code == 0, report
     assert report["resent_bytes"] <= CHUNK
     # Nothing journaled crossed again: the sender read only what the receiver did not have.
     assert sent["read_bytes"] == report["received_bytes"] == total - sum(kept.values())
-    assert report["rehashed_bytes"] == sum(kept.get(p, 0) for p in partial)  # the cut file's prefix, re-read in place
+    # What was journaled but not yet marked durable (the cut file, or one renamed into place just before the
+    # kill) is re-read in place; a durable file is kept without a read.
+    assert report["rehashed_bytes"] == sum(n for p, n in kept.items() if p not in durable)
     assert {p: (b / p).read_bytes() for p in files} == files
     assert (b / ".rigkit" / "complete").exists() and not (b / ".rigkit" / "chunks.jsonl").exists()
     manifest = json.loads((b / ".rigkit" / "manifest.json").read_text())
     assert {e["path"]: e["proof"] for e in manifest["files"]}["sub/model-2.safetensors"] == ["safetensors-header"]
     code, report, sent = relay(a, b)
     assert code == 0 and report["received_bytes"] == 0 and sent["read_bytes"] == 0
+
+
+def durable_files(b: Path) -> set[str]:
+    """The files the receiver marked durable (progress.jsonl): kept by the next run without a read."""
+    progress = b / ".rigkit" / "progress.jsonl"
+    lines = progress.read_text().splitlines() if progress.exists() else []
+    return {json.loads(line)["path"] for line in lines if line.endswith("}") and json.loads(line).get("durable")}
+
+
+def test_a_file_renamed_into_place_but_killed_before_its_progress_line_is_proven_by_its_chunks_not_sent_again(tmp_path):
+    """The window between a finished file's rename and its durable line, made by hand on a finished copy: every
+    file in place, its chunks journaled as the receiver journals them (chunks.jsonl), no progress line, no
+    manifest, not complete. The next run proves each file by its chunks and asks the sender for nothing."""
+    a, files = source_volume(tmp_path)
+    b = tmp_path / "b"
+    assert relay(a, b)[0] == 0
+    state = b / ".rigkit"
+    sha = {e["path"]: e["sha256"] for e in json.loads((a / ".rigkit" / "manifest.json").read_text())["files"]}
+    with (state / "chunks.jsonl").open("w") as journal:
+        for path, data in files.items():
+            for index in range(0, max(1, -(-len(data) // CHUNK))):
+                piece = data[index * CHUNK:(index + 1) * CHUNK]
+                journal.write(json.dumps({"path": path, "file_sha256": sha[path], "chunk_bytes": CHUNK, "chunk": index,
+                                          "sha256": hashlib.sha256(piece).hexdigest()}) + "\n")
+    for name in ("progress.jsonl", "manifest.json", "complete"):
+        (state / name).unlink()
+    code, report, sent = relay(a, b)
+    assert code == 0, report
+    assert sent["read_bytes"] == report["received_bytes"] == 0  # nothing crossed again
+    assert report["rehashed_bytes"] == sum(len(d) for d in files.values())  # each file re-read in place instead
+    assert {p: (b / p).read_bytes() for p in files} == files and (state / "complete").exists()
 
 
 def test_a_source_volume_file_that_differs_from_its_manifest_is_refused_by_name_and_nothing_is_complete(tmp_path):

@@ -135,6 +135,10 @@ def resume_point(path, expected, chunk_bytes, journal, proof, dropped):
     partial = os.path.join(state.DST, path) + PARTIAL
     chunks = journal.get((path, expected, chunk_bytes), {})
     good = 0
+    final = os.path.join(state.DST, path)
+    if chunks and not os.path.isfile(partial) and os.path.isfile(final):
+        # Renamed into place, then killed before its progress line: not done, but its chunks still prove it
+        os.replace(final, partial)
     if os.path.isfile(partial) and not chunks:
         os.remove(partial)  # another source file's piece, or one whose chunks were never journaled
         return 0
