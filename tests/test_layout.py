@@ -545,6 +545,7 @@ def test_names_spelled_out_where_the_runtime_cannot_be_imported_agree_with_it():
     script = (REPO / "templates/gpu_policy/rigkit-gpu-policy.sh").read_text()
     assert f"APPLIED_STAMP={names.GPU_POLICY_APPLIED_PATH}\n" in script
     assert f"POLICY_LOCK={names.GPU_KEEPER_LOCK_PATH}\n" in script  # the keeper's lock: one writer at a time
+    assert f"PARKED={names.GPU_PARKED_PATH} " in script  # GPUs rigkit-ondemand unlocked while parked
     assert tune_helper.DEADMAN_UNIT == names.TUNE_DEADMAN_UNIT
 
 

@@ -114,12 +114,17 @@ def journal(rig) -> str:
     return rig.exec("journalctl -u rigkit-ondemand.service --no-pager -o cat")[1]
 
 
+def fronts_answer() -> bool:
+    try:
+        return all(httpx.get(f"http://127.0.0.1:{p}/health", timeout=2).status_code == 200 for p in SERVED_MODELS.values())
+    except httpx.HTTPError:
+        return False
+
+
 def test_the_deploy_parks_both_models_behind_their_fronts_and_a_second_deploy_changes_nothing(deployed):
     rig, rig_file, folder, run = deployed
     assert "Park od-alpha (on demand) after its rollout" in run.output
-    wait_for("rigkit-ondemand answering on both fronts",
-             lambda: all(httpx.get(f"http://127.0.0.1:{p}/health", timeout=2).status_code == 200
-                         for p in SERVED_MODELS.values()), 30)
+    wait_for("rigkit-ondemand answering on both fronts", fronts_answer, 30)
     assert not engine_running("od-alpha") and not engine_running("od-beta")
     assert rig.exec("systemctl is-enabled rigkit-ondemand")[1].strip() == "enabled"
     compose = rig.exec("cat /etc/rigkit/stacks/od-alpha/compose.yml")[1]
@@ -201,6 +206,18 @@ def test_a_bad_wake_is_caught_by_the_canary_and_the_model_restarted_cold(deploye
     assert "od-alpha: cold restart (after it was woken, the canary's greedy tokens differ from token 0 on" in log
 
 
+def clock_locks(rig) -> list:
+    """Each GPU's clock lock as the simulated driver holds it (nvidia-smi reports none: its state file)."""
+    return [gpu["clock_lock"] for gpu in rig.gpu_state()]
+
+
+def parked_gpus(rig) -> str:
+    """/run/rigkit/gpu-parked's text (a line after it tells an empty file from a read that lost its output)."""
+    out = rig.exec("cat /run/rigkit/gpu-parked && echo rigkit-read-whole")[1]
+    assert out.endswith("rigkit-read-whole\n"), out
+    return out[: -len("rigkit-read-whole\n")]
+
+
 def draw_w(rig, gpu: int = 0) -> float:
     return float(rig.exec(f"nvidia-smi --query-gpu=power.draw --format=csv,noheader,nounits -i {gpu}")[1].strip())
 
@@ -217,7 +234,14 @@ def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_emp
     assert run.returncode == 0, run.output[-4000:]
     assert not engine_running("od-alpha") and not engine_running("od-beta")
     assert draw_w(rig) == EMPTY_IDLE_W
+    # GPU 0 serves only on-demand models: its clock lock is released while they are parked; GPU 1 keeps its own
+    # rigkit-ondemand is Type=notify, ready once its fronts listen: the deploy returned with them answering
+    assert fronts_answer() and clock_locks(rig) == [None, [0, 2200]] and parked_gpus(rig) == "0\n"
     assert complete("od-alpha", stream=False) == 6
+    assert clock_locks(rig) == [[0, 2200], [0, 2200]]
+    log = journal(rig)
+    locked, loaded_at = log.rfind("GPU 0: clocks locked to 0,2200 MHz again (od-alpha loads)"), log.rfind("od-alpha: started")
+    assert -1 < locked < loaded_at, log[-3000:]  # locked before the model started, so before its first token
     assert draw_w(rig) == EMPTY_IDLE_W + CONTEXT_DRAW_W
     assert complete("od-beta", stream=False) == 6  # od-alpha sleeps for it: its context stays
     assert engine_running("od-alpha") and not loaded("od-alpha") and loaded("od-beta")
@@ -227,6 +251,16 @@ def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_emp
     assert "od-alpha: idle 15 s: stopped" in log and "od-beta: idle 15 s: stopped" in log, log[-3000:]
     assert draw_w(rig) == EMPTY_IDLE_W
     assert rig.exec("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0")[1].strip() == "0"
+    wait_for("GPU 0's clock lock released again", lambda: clock_locks(rig) == [None, [0, 2200]], 10)
+    # A boot's, a deploy's or the GPU keeper's apply of the policy leaves the parked GPU unlocked...
+    code, out = rig.exec("rigkit-gpu-policy apply")
+    assert code == 0 and "GPU 0: power limit 330 W as wanted, left alone; clocks left unlocked" in out, out
+    assert clock_locks(rig) == [None, [0, 2200]]
+    # ...and rigkit-ondemand puts the lock back as it stops (a deploy stops it to roll a model out)
+    assert rig.exec("systemctl stop rigkit-ondemand")[0] == 0
+    assert clock_locks(rig) == [[0, 2200], [0, 2200]] and parked_gpus(rig) == ""
+    assert rig.exec("systemctl start rigkit-ondemand")[0] == 0
+    assert fronts_answer() and clock_locks(rig) == [None, [0, 2200]]  # ready: locks settled, fronts listening
     wait_for("rigkit-ondemand's state file to say both stopped",
              lambda: all(m["state"] == "parked" and m["stopped"] for m in
                          json.loads(rig.exec("cat /run/rigkit/ondemand.json")[1])["models"].values()), 10)

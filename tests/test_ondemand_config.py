@@ -68,9 +68,22 @@ def test_rigkit_ondemands_settings_name_each_front_engine_and_the_models_it_take
     assert alpha["listen"] == ["127.0.0.1", 18101] and alpha["engine_url"] == "http://127.0.0.1:28101"
     assert alpha["conflicts"] == ["test-beta"] and beta["swap"] == "stop" and beta["idle_park_s"] == 30
     assert alpha["held_mib"] == int(0.6 * 24 * 1024)  # an RTX 4090's 24 GiB, from the GPU table
-    assert set(settings) == {"hold_s", "state_file", "api_key_env_file", "models"}  # the key stays in its root-only file
+    assert set(settings) == {"hold_s", "state_file", "api_key_env_file", "models", "release_clocks_on"}  # no key
+    assert settings["release_clocks_on"] == [0]  # only on-demand models use GPU 0: its clock lock goes while parked
+    assert alpha["proof_file"] == "/var/lib/rigkit/ondemand/test-alpha.json"
+    assert alpha["config_file"] == "/etc/rigkit/stacks/test-alpha/compose.yml"  # the proven config, as rigkit-stack keeps it
     # they share GPU 0 without shared_gpus: they take turns; the fit counts each with the models always loaded
     assert shared_gpu_problems(rig) == []
+
+
+def test_a_gpu_a_model_always_loaded_uses_keeps_its_clock_lock(tmp_path):
+    """test-beta stays loaded on GPU 1 beside on-demand test-alpha there; GPU 0 serves nothing."""
+    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]", "gpus: [1]\nshared_gpus: true"), *SHARE],
+                           test_beta=[("gpus: [1]", "gpus: [1]\nshared_gpus: true"),
+                                      ("vllm:\n", "vllm:\n  gpu_memory_utilization: 0.3\n")])
+    rig = load_rig(*rig_with(tmp_path, "on_demand:\n  models:\n    - {name: test-alpha}\n", catalog))
+    assert [m.spec.gpus for m in rig.models] == [[1], [1]]
+    assert json.loads(front_config(rig, with_api_key=False))["release_clocks_on"] == []
 
 
 def test_models_that_fit_together_do_not_take_turns(tmp_path):

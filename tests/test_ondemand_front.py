@@ -163,10 +163,10 @@ def test_an_idle_model_is_stopped_asleep_or_awake_and_the_next_request_starts_it
     urls, engines, scheduler, log = rig(names=("alpha", "beta"), idle_park_s=1.0)
     assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
     deadline = time.monotonic() + 15
-    while (sleeping(engines["alpha"]), sleeping(engines["beta"])) != (None, None) and time.monotonic() < deadline:
+    while not all(scheduler.slots[n].stopped for n in ("alpha", "beta")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert (sleeping(engines["alpha"]), sleeping(engines["beta"])) == (None, None), scheduler.swaps  # both stopped
-    assert all(scheduler.slots[n].stopped for n in ("alpha", "beta"))
+    assert all(scheduler.slots[n].stopped for n in ("alpha", "beta")), scheduler.swaps
+    assert (sleeping(engines["alpha"]), sleeping(engines["beta"])) == (None, None)  # no process answers: both stopped
     idle = sorted(s[0] for s in scheduler.swaps if s[1] == "idle 1 s: stopped")
     assert idle == ["alpha", "beta"], scheduler.swaps  # beta asleep since the start, alpha awake after its request
     assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8

@@ -80,7 +80,7 @@ def program(rig: RigConfig, config, changed: list) -> None:
         return
     script = put(name="Install rigkit-ondemand", data=template_text("ondemand/rigkit-ondemand"), dest=ONDEMAND_PATH,
                  mode="755", batch=FILES)
-    unit = put(name="rigkit-ondemand service unit", data=service_unit(), dest=UNIT_PATH, mode="644", batch=FILES)
+    unit = put(name="rigkit-ondemand service unit", data=service_unit(rig), dest=UNIT_PATH, mode="644", batch=FILES)
     systemd.daemon_reload(name="Reload systemd units (rigkit-ondemand)", _if=unit.did_change)
     files_changed = (config, script, unit)
     systemd.service(name="Restart rigkit-ondemand", service=ONDEMAND_SERVICE, running=True, enabled=True,

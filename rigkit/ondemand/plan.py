@@ -75,9 +75,27 @@ def front_config(rig: RigConfig, with_api_key: bool) -> str:
         "config_file": stack_file(m.name, PROVEN_COMPOSE_FILE),
     } for m in on_demand(rig)]
     return json.dumps({"hold_s": rig.spec.on_demand.hold_s, "state_file": ONDEMAND_STATE_PATH,
+                       "release_clocks_on": release_clocks_on(rig),
                        "api_key_env_file": SECRETS_ENV_FILE if with_api_key else None, "models": models},
                       indent=2) + "\n"
 
 
-def service_unit() -> str:
-    return render("ondemand/rigkit-ondemand.service.j2", script_path=ONDEMAND_PATH, config_path=ONDEMAND_CONFIG_PATH)
+def release_clocks_on(rig: RigConfig) -> list[int]:
+    """The GPUs that only on-demand models use: their clock locks are released while those models are parked
+    (rigside.parked_clocks); a GPU a model always loaded uses keeps its lock."""
+    on_demand_gpus = {g for m in on_demand(rig) for g in m.spec.gpus}
+    resident_gpus = {g for m in rig.models if not m.on_demand for g in m.spec.gpus}
+    return sorted(on_demand_gpus - resident_gpus)
+
+
+# What taking over one model may take at start, beyond its own ready_timeout_s: a sleep (120 s) that did not
+# take and the stop after it (120 s), or a restart (180 s) (rigside.engine_control's bounds).
+TAKE_OVER_MARGIN_S = 420
+
+
+def service_unit(rig: RigConfig) -> str:
+    """The unit, Type=notify: started (a deploy's restart returns) once the fronts listen, within the time
+    taking over every model may take."""
+    start_timeout_s = 60 + sum(m.spec.ready_timeout_s + TAKE_OVER_MARGIN_S for m in on_demand(rig))
+    return render("ondemand/rigkit-ondemand.service.j2", script_path=ONDEMAND_PATH, config_path=ONDEMAND_CONFIG_PATH,
+                  start_timeout_s=start_timeout_s)

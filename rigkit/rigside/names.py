@@ -64,6 +64,8 @@ GPU_KEEPER_RESUME_UNIT = "rigkit-gpu-keeper-resume.service"  # pulled in by the 
 GPU_KEEPER_DRIVER_UNIT = "rigkit-gpu-keeper-driver.service"  # part of nvidia-persistenced.service
 GPU_KEEPER_STATE_PATH = "/var/lib/rigkit/gpu-keeper.json"
 GPU_KEEPER_LOCK_PATH = f"{RUN_DIR}/gpu-keeper.lock"  # one repair at a time
+# GPUs whose clock lock is released while their on-demand models are parked (rigside.parked_clocks)
+GPU_PARKED_PATH = f"{RUN_DIR}/gpu-parked"
 # Its repair causes, the keys of its state file's counts and events (`rigkit status` and the exporter read
 # them): a resume from sleep, a driver (re)load (the two a unit passes as `repair CAUSE`), a limit found back
 # at the GPU's default (what a GPU reset leaves), any other limit

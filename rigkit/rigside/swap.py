@@ -43,8 +43,9 @@ class Slot:
 
 
 class Scheduler:
-    def __init__(self, slots: dict[str, Slot], hold_s: float = 300.0, log=print):
-        self.slots, self.hold_s, self.log = slots, hold_s, log
+    def __init__(self, slots: dict[str, Slot], hold_s: float = 300.0, log=print, clocks=None):
+        """`clocks`: rigside.parked_clocks.ParkedClocks, or None to leave clock locks alone."""
+        self.slots, self.hold_s, self.log, self.clocks = slots, hold_s, log, clocks
         self.cond = threading.Condition()
         self.stopping = False
         self.swaps = []  # (model, what was done, seconds): what `rigkit status` and tests read
@@ -146,6 +147,8 @@ class Scheduler:
         started = time.monotonic()
         try:
             if verb == "wake":
+                if self.clocks:  # the policy's clock lock back before the model's first token
+                    self.clocks.before_load(name)
                 done, state = slot.engine.wake(), "awake"
             else:
                 done, state = slot.engine.park(deep=verb == "stop"), "parked"
@@ -169,3 +172,10 @@ class Scheduler:
                 slot.failed_at = time.monotonic()
             self.doing = ""
             self.cond.notify_all()
+            # busy: loaded, or wanted now (its GPUs' locks would only be put back at once)
+            busy = {n for n, s in self.slots.items() if s.state == "awake" or s.waiting}
+        if self.clocks:  # a GPU no awake model uses gives its clock lock back
+            try:
+                self.clocks.settle(busy)
+            except Exception as error:  # said, never the end of the swap thread
+                self.log(f"rigkit-ondemand: clock locks not settled: {type(error).__name__}: {error}")

@@ -3,7 +3,9 @@
 # Installed by rigkit; run at boot by rigkit-gpu-policy.service and by deploys that change
 # the policy. Usage: rigkit-gpu-policy [apply|reset] [POLICY_FILE]
 #   apply  wait for every listed GPU, set persistence mode, re-apply each power limit only
-#          where it differs, lock (or reset) clocks, set NVML clock offsets (0,0 for "default")
+#          where it differs, lock (or reset) clocks, set NVML clock offsets (0,0 for "default");
+#          a GPU listed in PARKED is left unlocked: rigkit-ondemand released its lock while its
+#          on-demand models are parked, and locks it again before one loads (rigside/parked_clocks.py)
 #   reset  unlock clocks, zero clock offsets and restore each listed GPU's default power limit
 # Every line goes to stdout, which systemd sends to the journal. Exits non-zero on any failure.
 set -u -o pipefail
@@ -22,6 +24,7 @@ APPLIED_STAMP=/run/rigkit/gpu-policy.applied
 # with RIGKIT_GPU_POLICY_LOCK_HELD=1; anyone else waits here for it.
 POLICY_LOCK=/run/rigkit/gpu-keeper.lock
 LOCK_WAIT_S=${RIGKIT_GPU_LOCK_WAIT_S:-150}   # longer than a keeper's repair may take (its 120 s apply bound)
+PARKED=/run/rigkit/gpu-parked      # GPUs whose clock lock rigkit-ondemand released, an index a line
 TIMED_OUT=124                      # timeout(1)'s exit status (137: it had to SIGKILL)
 
 # nvidia-smi under a time limit: killed (nothing left running) and reported when it hangs.
@@ -110,7 +113,10 @@ for n in "${!INDEX[@]}"; do
         out=$(nvsmi -i "$i" -pl "$want" 2>&1); check $? "$out" "GPU $i: setting power limit $want W"
         did="power limit ${CURRENT[$i]} W -> $want W"
     fi
-    if [[ $lock == default ]]; then
+    if [[ $lock != default && $ACTION == apply ]] && grep -qx -- "$i" "$PARKED" 2>/dev/null; then
+        out=$(nvsmi -i "$i" -rgc 2>&1); check $? "$out" "GPU $i: resetting clocks"
+        did+="; clocks left unlocked: its on-demand models are parked (rigkit-ondemand locks them to $lock MHz before one loads)"
+    elif [[ $lock == default ]]; then
         out=$(nvsmi -i "$i" -rgc 2>&1); check $? "$out" "GPU $i: resetting clocks"
         did+="; clocks unlocked"
     else
