@@ -6,6 +6,8 @@ container, systemd as PID 1, sshd, and the reboot (a container restart).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytestmark = pytest.mark.simrig
@@ -61,3 +63,38 @@ def test_gpu_count_and_model_are_configurable(simrig):
     finally:
         simrig.gpus = original
         simrig.write_gpu_config()
+
+
+def test_a_session_refused_past_sshds_max_sessions_is_opened_once_one_closes(simrig):
+    """The session rig's sshd allows 4 sessions per connection (MaxSessions 4, as hardened configs do). rigkit's
+    transport asks again for a session sshd refused while one closes; paramiko's own raises at once."""
+    import threading
+
+    import paramiko
+
+    from rigkit.plumbing.ssh import gcm_first_transport
+
+    def connect(factory=None):
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        client.connect("127.0.0.1", port=simrig.ssh_port, username="root", key_filename=str(simrig.ssh_key),
+                       look_for_keys=False, allow_agent=False, **({"transport_factory": factory} if factory else {}))
+        return client
+
+    plain, rigkits = connect(), connect(gcm_first_transport)
+    try:
+        held = [plain.get_transport().open_session() for _ in range(4)]
+        with pytest.raises(paramiko.ChannelException, match="Connect failed"):
+            plain.get_transport().open_session()  # the fifth, refused by sshd
+        held += [rigkits.get_transport().open_session() for _ in range(4)]
+        closing = threading.Timer(0.5, held[-1].close)
+        closing.start()
+        started = time.monotonic()
+        fifth = rigkits.get_transport().open_session()
+        waited = time.monotonic() - started
+        assert 0.4 < waited < 5, waited  # refused while all 4 were open, opened once one had closed
+        fifth.exec_command("true")
+        assert fifth.recv_exit_status() == 0
+    finally:
+        plain.close()
+        rigkits.close()

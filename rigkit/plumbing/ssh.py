@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import subprocess
+import time
 
 import paramiko
 from pyinfra.api.exceptions import OperationError
@@ -37,9 +38,12 @@ def tcp_nodelay(host) -> bool:
     return True
 
 
+SESSION_RETRY_S = 10.0  # how long a session refused past sshd's MaxSessions is asked for again
+
+
 class GcmFirstTransport(paramiko.Transport):
     """paramiko's Transport asking for AES-GCM first (then its usual order: a server without GCM gets
-    what it got before). paramiko's own first choice, aes128-ctr with hmac-sha2-256, costs the
+    what it got before), and asking again for a session sshd refused past its MaxSessions (open_channel). paramiko's own first choice, aes128-ctr with hmac-sha2-256, costs the
     controller's CPU twice per byte; measured through one channel from the simulated rig's OpenSSH,
     1 GiB each way: receive 345-376 MB/s (ctr) vs 596-645 MB/s (gcm), send 161-185 vs 214-253 MB/s.
     The deploy's connection carries little bulk (the weights relay has its own `ssh`, openssh_command);
@@ -47,6 +51,22 @@ class GcmFirstTransport(paramiko.Transport):
     costs the controller less CPU so."""
 
     _preferred_ciphers = tuple(sorted(paramiko.Transport._preferred_ciphers, key=lambda name: "-gcm@" not in name))
+
+    def open_channel(self, kind, *args, **kwargs):
+        """A session sshd refuses ("Connect failed": past its MaxSessions, 4 in some hardened configs) is asked
+        for again until SESSION_RETRY_S: a finished command's session is freed only once sshd has read the
+        client's close, which can still be on its way (the deploy's read-aheads, pyinfra's own command and the
+        engine API's `docker system dial-stdio` share one connection). Any other refusal, or one that lasts,
+        is raised as before."""
+        deadline, pause = time.monotonic() + SESSION_RETRY_S, 0.02
+        while True:
+            try:
+                return super().open_channel(kind, *args, **kwargs)
+            except paramiko.ChannelException as error:
+                if kind != "session" or error.code != paramiko.OPEN_FAILED_CONNECT_FAILED or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)  # gevent's sleep in a deploy (pyinfra patches time): other greenlets run meanwhile
+            pause = min(pause * 2, 0.5)
 
 
 def gcm_first_transport(sock, **kwargs) -> paramiko.Transport:
