@@ -327,7 +327,12 @@ def _client_or_server_decode(client_tok_s: float | None, single: StreamResult,
                           "reported"]
 
 
-BURST_RETRIES = 2  # a burst measured again, twice at most: a starved client bursts once, a buffering proxy always
+# A burst is measured again, after a pause, at most this many times: a starved client bursts now and then, a
+# buffering proxy always. Two were not enough on a 2-core machine serving vLLM's CPU build: the demo's gate
+# read a burst in each of its 3 runs and three in a row in one (256 tokens within 3.6-6.0 ms for 0.22 s of
+# server decode; the engine's threads and the SSH tunnel the client reads through share both cores).
+BURST_RETRIES = 4
+BURST_PAUSE_S = 1.0
 
 
 def _single_stream(client, url, model, prompt_words, prompt_tokens, output_tokens, timeout_s, endpoint, rng,
@@ -354,6 +359,7 @@ def _single_stream(client, url, model, prompt_words, prompt_tokens, output_token
             return single, prompt, before, after, unsettled, bursts
         decode = f" for {times.decode_s:.2f} s of server decode" if times and times.decode_s else ""
         bursts.append(f"{single.completion_tokens} tokens within {(single.arrival_span_s or 0) * 1000:.1f} ms{decode}")
+        time.sleep(BURST_PAUSE_S)  # what starved the client now may be gone in a moment
 
 
 def _calibrate(client, url, model, prompt_tokens, warm: StreamResult, timeout_s, endpoint, rng,
