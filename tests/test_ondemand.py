@@ -264,3 +264,19 @@ def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_emp
     wait_for("rigkit-ondemand's state file to say both stopped",
              lambda: all(m["state"] == "parked" and m["stopped"] for m in
                          json.loads(rig.exec("cat /run/rigkit/ondemand.json")[1])["models"].values()), 10)
+
+
+def test_a_parked_models_container_removed_by_a_prune_is_created_again_by_the_next_request(deployed):
+    """`docker container prune` removes every stopped container, and a parked model's is stopped: the next
+    request creates it again from its proven compose file (the deploy would not: a parked model is not down)."""
+    rig = deployed[0]
+    client = docker.from_env()
+    wait_for("od-beta parked with its container stopped (the test before leaves both idle)",
+             lambda: not engine_running("od-beta"), 60)
+    [container] = client.containers.list(all=True, filters={"label": "com.docker.compose.project=rigkit-od-beta"})
+    container.remove()  # what `docker container prune` does to it
+    assert not client.containers.list(all=True, filters={"label": "com.docker.compose.project=rigkit-od-beta"})
+    assert complete("od-beta", stream=True) == 6
+    log = journal(rig)
+    assert "od-beta: started (its container was gone: created again from its proven config), canary equal" in log, \
+        log[-3000:]

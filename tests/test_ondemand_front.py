@@ -8,6 +8,7 @@ engines speak, streams included, and the scheduler's threads under concurrent lo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -294,3 +295,24 @@ def test_a_restarted_program_proves_a_wake_with_the_kept_canary_until_the_config
         assert json.loads(proof.read_text())["config_sha256"] != kept["config_sha256"]  # recorded again
     finally:
         ondemand_engines.stop(spec)
+
+
+def test_a_stopped_engine_whose_container_is_gone_is_created_again_and_proven(rig):
+    """Compose's `start` finds no container (simulated: a start command that fails as `docker compose start`
+    does with none); the create command (here, the process's own start) brings it back, proven by the canary."""
+    urls, engines, scheduler, log = rig(names=("alpha",), idle_park_s=0.5, conflicting=False)
+    engine = scheduler.slots["alpha"].engine
+    deadline = time.monotonic() + 15
+    while not scheduler.slots["alpha"].stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scheduler.slots["alpha"].stopped, scheduler.swaps
+    engine.create, engine.start = engine.start, ["sh", "-c", "echo 'no container to start' >&2; exit 1"]
+    engine.create_env = lambda: {**os.environ, "RIGKIT_TEST_CREATED": "1"}
+    assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
+    assert scheduler.swaps[-1][1] == "started (its container was gone: created again from its proven config), canary equal"
+    engine.create = []  # without a create command the start's own failure is the answer
+    while not scheduler.slots["alpha"].stopped and time.monotonic() < deadline + 15:
+        time.sleep(0.05)
+    response = httpx.post(f"{urls['alpha']}/v1/completions", json={"model": "alpha", "prompt": "x", "max_tokens": 1},
+                          timeout=30)
+    assert response.status_code == 503 and "no container to start" in response.text, response.text

@@ -35,6 +35,7 @@ CANARY_TOKENS = 8
 CANARY_TOLERANCE = 0.02  # logprobs of one greedy decode on one GPU agree far closer; corruption is far off
 MAX_ANSWER_BYTES = 1 << 20  # anything the engine sends is bounded before it is decoded
 CALL_TIMEOUT_S = 30.0
+CREATE_TIMEOUT_S = 1800  # rigkit-stack's bound on `compose up`, which may pull an image of many GB
 # A sleep must free what the model held on its GPUs but its CUDA context: at most this much may stay (vLLM
 # 0.14 once kept 16 GB per GPU after a sleep, vllm#32714; a context is a few hundred MiB).
 LEFT_AFTER_SLEEP_MIB = 2048
@@ -59,6 +60,12 @@ class Engine:
     stop: list[str] = field(default_factory=list)
     start: list[str] = field(default_factory=list)
     restart: list[str] = field(default_factory=list)
+    # Where `start` finds no container (removed by hand, or by `docker container prune`, which removes every
+    # stopped one, and a parked model's is stopped): the command that creates it again from the proven config,
+    # and what gives its environment when it runs (rigside.keyfile.compose_env: the keys a rotation has the
+    # servers accept now).
+    create: list[str] = field(default_factory=list)
+    create_env: object = None
     ready_timeout_s: float = 600.0
     # Where the models' key is read from for each call (a stack's settings: api_key_env_file), so a key rotated
     # while the program runs is the one sent; or the key itself (tests).
@@ -226,9 +233,17 @@ class Engine:
         was done, in words. Raises EngineError when the model cannot be brought back proven."""
         sleeping = self.is_sleeping()
         if sleeping is None:  # stopped (the "stop" swap, or a container gone): a warm start
-            run(self.start, f"{self.name}: starting its container", 120)
-            self.wait_ready()
             how = "started"
+            try:
+                run(self.start, f"{self.name}: starting its container", 120)
+            except EngineError as error:
+                if not self.create:
+                    raise
+                # as rigkit-stack's `up`: it may pull the image again (docker system prune -a removes it too)
+                run(self.create, f"{self.name}: creating its container again ({error})", CREATE_TIMEOUT_S,
+                    env=self.create_env() if self.create_env else None)
+                how = "started (its container was gone: created again from its proven config)"
+            self.wait_ready()
         elif sleeping:
             if self.canary is None:  # nothing to prove a wake against: a start rigkit proves is the reference
                 return self.cold_restart("no canary recorded yet to prove a wake against")
@@ -269,12 +284,12 @@ class Engine:
         raise EngineError(f"{self.name}: no completion within {self.ready_timeout_s:g} s of its start ({last})")
 
 
-def run(command: list[str], what: str, timeout_s: float) -> None:
+def run(command: list[str], what: str, timeout_s: float, env: dict | None = None) -> None:
     """Run `command` (no shell), bounded; raises EngineError saying `what` failed and how."""
     if not command:
         raise EngineError(f"{what}: no command to do it")
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise EngineError(f"{what}: still running after {timeout_s:g} s") from None
     except OSError as error:
