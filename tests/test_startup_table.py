@@ -84,3 +84,25 @@ def test_the_wait_for_rigkits_next_probe_is_its_own_phase_and_never_the_slowest(
     assert [(p["phase"], p["s"]) for p in start["phases"]][-2:] == [(POLL_WAIT, 3.0), (FIRST_TOKEN, 0.5)]
     assert start["total_s"] == 6.5
     assert "slowest phase: weights load 2.0 s" in check_time_to_ready(start, 1).message
+
+
+def test_lines_docker_stamped_before_the_starts_recorded_time_still_count():
+    """Docker records StartedAt after the start returns; a process that logs at once can have its first lines
+    stamped before it (a loaded machine: a 4 s weights load read as "container start to its first line"). The
+    start's lines are those after the container's last run ended (log_since: its FinishedAt)."""
+    from rigkit.rigside.startup import log_since
+
+    log = "\n".join(f"2026-12-04T10:00:{t}Z {text}" for t, text in (
+        ("00.000", "INFO: Shutting down (SIGTERM)"),  # the last run's
+        ("09.950", "INFO vllm-standin: serving /m"), ("09.960", "Initializing a V1 LLM engine (v0.32.0)"),
+        ("09.970", "Starting to load model /m..."), ("14.000", "Loading weights took 4.00 seconds"),
+        ("14.010", "INFO: Application startup complete.")))
+    state = {"StartedAt": "2026-12-04T10:00:10.000000000Z", "FinishedAt": "2026-12-04T10:00:01.000000000Z"}
+    since = log_since(state)
+    assert since == state["FinishedAt"]
+    start = startup(log, stamp(state["StartedAt"]), since=stamp(since))
+    phases = {p["phase"]: p["s"] for p in start["phases"]}
+    assert phases["weights load"] == 4.0 and phases["container start to its first line"] == 0.0
+    wrong = {p["phase"]: p["s"] for p in startup(log, stamp(state["StartedAt"]))["phases"]}
+    assert wrong["container start to its first line"] == 4.0 and wrong["weights load"] == 0.0  # what CI read
+    assert log_since({"StartedAt": state["StartedAt"], "FinishedAt": "0001-01-01T00:00:00Z"}) is None  # first run

@@ -73,11 +73,15 @@ def read_lines(log: str, started_at: float) -> list[tuple[float, str]]:
     return sorted(lines, key=lambda line: line[0])  # stdout's and stderr's lines, read apart, in time order
 
 
-def startup(log: str, started_at: float, ready_at: float | None = None, asked_at: float | None = None) -> dict:
+def startup(log: str, started_at: float, ready_at: float | None = None, asked_at: float | None = None,
+            since: float | None = None) -> dict:
     """The table of one start: `log` from `docker logs --timestamps`, `started_at` the container's
     State.StartedAt (seconds), `ready_at` when rigkit's first completion answered (None: not measured) and
-    `asked_at` when that request was sent."""
-    lines = read_lines(log, started_at)
+    `asked_at` when that request was sent. `since`: where this start's lines begin (log_since); default
+    `started_at`. Docker can stamp a process's first lines before the StartedAt it records after the start
+    returns: a loaded machine once dropped every line before a 4 s weights load, and the table gave the
+    load to "container start to its first line". A line before `started_at` counts as 0 s from the start."""
+    lines = read_lines(log, started_at if since is None else since)
     found = []
     for phase, pattern in MARKS:
         at = next((at for at, text in lines if pattern.search(text)), None)
@@ -110,6 +114,19 @@ def startup(log: str, started_at: float, ready_at: float | None = None, asked_at
         "silences": [{"s": round(s, 3), "after": text.strip()[:200]} for s, text in silences],
         "compile_cache": compile_cache([text for _, text in lines]),
     }
+
+
+def log_since(state: dict) -> str | None:
+    """Where a container's current start's lines begin, from `docker inspect`'s State: after its last run's
+    FinishedAt, which Docker keeps while the container runs again; None for a first run (every line is this
+    start's). For `docker logs --since` and, stamped, startup()'s `since`."""
+    finished, started = state.get("FinishedAt") or "", state.get("StartedAt") or ""
+    if not finished or finished.startswith("0001-") or not started:
+        return None
+    try:
+        return finished if stamp(finished) < stamp(started) else None
+    except ValueError:
+        return None
 
 
 def slowest_phase(phases: list) -> dict | None:
