@@ -16,24 +16,21 @@ import os
 import subprocess
 
 from . import atomic, lock
+from .metrics import parse_policy
 from .names import GPU_KEEPER_LOCK_PATH, GPU_PARKED_PATH, GPU_POLICY_PATH
 
 NVSMI_TIMEOUT_S = 8  # the policy script's bound on one nvidia-smi call: a wedged driver hangs it
 
 
 def policy_locks(policy_path: str = GPU_POLICY_PATH) -> dict[int, str]:
-    """{GPU: "MIN,MAX"} of the GPUs whose clocks the policy locks (its third column; "default" is no lock)."""
+    """{GPU: "MIN,MAX"} of the GPUs whose clocks the policy locks, as the exporter reads the file
+    (metrics.parse_policy: a lock that does not parse is no lock)."""
     try:
         with open(policy_path) as f:
-            lines = f.read().splitlines()
+            policy = parse_policy(f.read())
     except OSError:
         return {}
-    locks = {}
-    for line in lines:
-        cells = line.split()
-        if len(cells) >= 3 and cells[0].isdigit() and cells[2] != "default":
-            locks[int(cells[0])] = cells[2]
-    return locks
+    return {gpu: f"{p['lock'][0]},{p['lock'][1]}" for gpu, p in policy.items() if p["lock"]}
 
 
 def parked(parked_path: str = GPU_PARKED_PATH) -> set[int]:
