@@ -130,7 +130,7 @@ def stop_start_path(folder: Path) -> None:
         engine.wait_ready()
         cold_s = time.monotonic() - started
         engine.wake()  # records the canary from this start
-        print(engine.park())
+        print(engine.park()[0])
         slot = Slot(engine=engine, state="parked")
         scheduler, urls, fronts = serve({"sim-chat": slot}, {"sim-chat": url})
         warm_s = first_token_s(urls["sim-chat"], "sim-chat")

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from rigkit.rigside.names import TUNE_DEADMAN_UNIT
-from tests.conftest import POLICY_RIG, run_deploy, run_status
+from rigkit.rigside.names import IDLE_ENERGY_PATH, TUNE_DEADMAN_UNIT
+from tests.conftest import POLICY_RIG, run_deploy, run_status, wait_for
 
 pytestmark = pytest.mark.simrig
 
@@ -129,6 +129,49 @@ def test_status_shows_the_repairs_by_cause(rig, tmp_path):
     assert f"repairs: resume {REPEATS}, driver {REPEATS}, reset {REPEATS}, changed-by-hand {REPEATS}" in text, text
     assert "GPU policy keeper: re-applied the policy" in text, text
     assert not [d for d in doc["drift"] if "keeper" in d["what"]], doc["drift"]
+
+
+def idle_ledger(rig) -> dict:
+    code, out = rig.exec(f"cat {IDLE_ENERGY_PATH}")
+    return json.loads(out) if code == 0 else {}
+
+
+def idle_seconds(ledger: dict, gpu: str) -> float:
+    return ((ledger.get("totals") or {}).get(gpu) or [0, 0, 0, 0])[1]
+
+
+def test_the_keeper_measures_idle_energy_keeps_it_across_a_restart_and_status_shows_it(rig, tmp_path):
+    """Simulates GPU 0 idle (the simulated NVML reads utilization 0 and nvidia-smi's empty-idle draw,
+    24.5 W: no model holds memory on this rig) beside GPU 1 under load (utilization 100). The
+    keeper's ledger counts GPU 0's idle time at 24.5 W and none of GPU 1's; a restart of the keeper keeps
+    what it counted (saved at its stop); `rigkit status` shows the day's figure per GPU."""
+    code, out = rig.exec("echo 0 > /run/nvidia-sim/idle")
+    assert code == 0, out
+    try:
+        start = idle_seconds(idle_ledger(rig), "0")
+        wait_for("15 s of GPU 0 idle in the keeper's ledger", lambda: idle_seconds(idle_ledger(rig), "0") >= start + 15, 60)
+        ledger = idle_ledger(rig)
+        idle_j, idle_s, all_j, all_s = ledger["totals"]["0"]
+        assert idle_j / idle_s == pytest.approx(24.5, abs=0.3), ledger
+        gpu1 = ledger["totals"]["1"]
+        assert gpu1[1] == 0 and gpu1[3] >= 15, ledger  # measured, never idle
+
+        code, out = rig.exec("systemctl stop rigkit-gpu-keeper.service")
+        assert code == 0, out
+        stopped = idle_seconds(idle_ledger(rig), "0")
+        assert stopped >= idle_seconds(ledger, "0"), "the keeper's stop lost what it counted"
+        code, out = rig.exec("systemctl start rigkit-gpu-keeper.service")
+        assert code == 0, out
+        wait_for("the restarted keeper counting on from its saved ledger",
+                 lambda: idle_seconds(idle_ledger(rig), "0") > stopped, 60)
+
+        _, text, report = run_status(rig, POLICY_RIG, tmp_path, timeout=120)
+        day = report["rigs"][0]["idle_energy"]
+        assert day["gpus"]["0"]["idle_w"] == pytest.approx(24.5, abs=0.3) and day["gpus"]["1"]["idle_s"] == 0, day
+        assert day["idle_kwh_per_day"] > 0, day
+        assert "idle energy: " in text and "GPU 1 0.000 kWh, idle 0%" in text, text
+    finally:
+        rig.exec("rm -f /run/nvidia-sim/idle")
 
 
 def test_a_tune_session_is_not_disturbed(rig):

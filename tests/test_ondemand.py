@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests import ondemand_engines
-from tests.conftest import REPO, RESULTS, SERVING_RIG, STATE_ROOT, run_deploy, wait_for
+from tests.conftest import REPO, RESULTS, SERVING_RIG, STATE_ROOT, run_deploy, run_status, wait_for
 
 pytestmark = pytest.mark.simrig
 SERVED_MODELS = {"od-alpha": 18141, "od-beta": 18142}  # serving_rig's
@@ -222,7 +222,7 @@ def draw_w(rig, gpu: int = 0) -> float:
     return float(rig.exec(f"nvidia-smi --query-gpu=power.draw --format=csv,noheader,nounits -i {gpu}")[1].strip())
 
 
-def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_empty_idle_draw(deployed):
+def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_empty_idle_draw(deployed, tmp_path):
     """idle_park_s 15 (long enough that a loaded machine's slow read cannot pass it between two steps): od-beta
     loaded after od-alpha (which sleeps for it, keeping its CUDA context), then neither asked again: both are
     stopped and GPU 0 draws what it draws empty."""
@@ -264,6 +264,13 @@ def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_emp
     wait_for("rigkit-ondemand's state file to say both stopped",
              lambda: all(m["state"] == "parked" and m["stopped"] for m in
                          json.loads(rig.exec("cat /run/rigkit/ondemand.json")[1])["models"].values()), 10)
+    # `rigkit status` says so: each model stopped (not down), GPU 0's lock released while parked
+    _, text, report = run_status(rig, idle, tmp_path, timeout=180, catalog=write_catalog(folder))
+    (doc,) = report["rigs"]
+    assert {s["model"]: s["on_demand"] for s in doc["stacks"] if s["on_demand"]} == \
+        {"od-alpha": "stopped", "od-beta": "stopped"}, doc["stacks"]
+    assert doc["gpus_parked"] == [0] and "clock locks released while parked (on-demand models): GPU 0" in text, text
+    assert "on demand: stopped" in text and not [d for d in doc["drift"] if "od-" in d["what"]], doc["drift"]
 
 
 def test_a_parked_models_container_removed_by_a_prune_is_created_again_by_the_next_request(deployed):

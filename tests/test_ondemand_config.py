@@ -127,18 +127,28 @@ def test_rigkit_check_refuses_on_demand_on_a_windows_rig(tmp_path):
 def test_status_takes_an_on_demand_model_not_running_or_asleep_as_parked_not_down(tmp_path):
     from rigkit.status.collect import wanted_files
     from rigkit.status.report import build_status
+    from rigkit.status.table import status_table
     from tests.test_status_report import COMMANDS, NOW, gpus, probe, results, weights
 
-    def drift_and_failures(rig):
+    def drift_and_failures(rig, written_s_ago=1.0):
         facts = probe(rig)
         facts["stacks"]["test-alpha"]["containers"][0].update(running=False, status="exited")
         facts["stacks"]["test-beta"]["ready"] = {"ok": False, "seconds": 0.01, "port": 28102,
                                                  "error": "HTTP 503: The model is sleeping"}
+        facts["ondemand"] = {"now": 1000.0, "gpus_parked": ["0"], "state": {
+            "written_at": 1000.0 - written_s_ago, "models": {
+                "test-alpha": {"state": "parked", "stopped": True}, "test-beta": {"state": "parked", "stopped": False}}}}
         doc = build_status(rig, "rig1", COMMANDS, gpus(), facts, weights(rig=rig), wanted_files(rig), results(rig=rig),
                            NOW, "rigkit-gpu-policy.service")
         return doc, {d["what"] for d in doc["drift"]} | {f["what"] for f in doc["failures"]}
 
     doc, found = drift_and_failures(load_rig(*rig_with(tmp_path, BOTH)))
-    assert found == set() and [s["on_demand"] for s in doc["stacks"]] == [True, True]
+    assert found == set() and [s["on_demand"] for s in doc["stacks"]] == ["stopped", "asleep"]
+    assert doc["gpus_parked"] == [0]
+    text = status_table({**doc, "ok": True})
+    assert "on demand: stopped" in text and "on demand: asleep" in text, text
+    assert "clock locks released while parked (on-demand models): GPU 0" in text, text
+    stale, _ = drift_and_failures(load_rig(*rig_with(tmp_path, BOTH)), written_s_ago=60)
+    assert [s["on_demand"] for s in stale["stacks"]] == ["unknown (rigkit-ondemand's state is 60 s old)"] * 2
     _, found = drift_and_failures(load_rig(SERVING_RIG, DATA / "models"))
     assert found == {"stack test-alpha", "stack test-beta readiness"}  # the same facts, always loaded: wrong

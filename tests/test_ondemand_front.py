@@ -280,13 +280,13 @@ def test_a_restarted_program_proves_a_wake_with_the_kept_canary_until_the_config
         kept = json.loads(proof.read_text())
         assert kept["canary"] == first.canary and [m["id"] for m in kept["models"]["data"]] == ["gamma"]
         assert (proof.parent.stat().st_mode & 0o777) == 0o700
-        assert first.park() == "asleep (level 1)"
+        assert first.park() == ("asleep (level 1)", False)
 
         second = engine()
         assert second.load_proof() and second.canary == first.canary
         assert second.models["data"][0]["id"] == "gamma"
         assert second.wake() == "woken, canary equal"  # proven against the kept canary, not restarted cold
-        assert second.park() == "asleep (level 1)"
+        assert second.park() == ("asleep (level 1)", False)
 
         config.write_text("services: {vllm: {command: [--max-model-len, '8192']}}\n")  # a deploy changed it
         third = engine()

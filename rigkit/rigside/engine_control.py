@@ -178,13 +178,14 @@ class Engine:
         return None
 
     # -- park and wake ----------------------------------------------------------------------------------------
-    def park(self, deep: bool = False) -> str:
-        """Free the model's GPUs; what was done, in words. `deep`: stop the container even where it could sleep,
+    def park(self, deep: bool = False) -> tuple[str, bool]:
+        """Free the model's GPUs: (what was done, in words; whether the container was stopped, so that nothing
+        of it stays on its GPUs, where asleep its CUDA context does). `deep`: stop the container even where it could sleep,
         so nothing stays on its GPUs: a sleeping engine keeps its CUDA context, which keeps a GPU out of its
         empty idle (121.5 W against 78.8 W on an H200, docs/on-demand.md)."""
         if deep:
             run(self.stop, f"{self.name}: stopping its container", 120)
-            return "stopped"
+            return "stopped", True
         why = ""
         if self.swap == "sleep":
             try:
@@ -193,14 +194,14 @@ class Engine:
                 if status == 200 and self.is_sleeping() is True:
                     why = self.memory_not_freed(before)
                     if not why:
-                        return f"asleep (level {self.sleep_level})"
+                        return f"asleep (level {self.sleep_level})", False
                 else:
                     why = f"/sleep answered {status} {str(answer)[:200]} and /is_sleeping does not say asleep"
             except (OSError, EngineError) as error:
                 why = f"/sleep failed: {error}"
         # a sleep that did not take may hold the GPUs still: the container is stopped instead
         run(self.stop, f"{self.name}: stopping its container" + (f" ({why})" if why else ""), 120)
-        return f"stopped ({why})" if why else "stopped"
+        return (f"stopped ({why})" if why else "stopped"), True
 
     def memory_used(self) -> int | None:
         """MiB used on the model's GPUs, all together, as memory_probe prints it; None without a probe."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .idle_energy import ALL_S, IDLE_J, IDLE_S, last_day, normalized
 from .names import GPU_KEEPER_CAUSES
 
 # name: (type, help). DCGM field numbers in the help where the name is DCGM's.
@@ -63,6 +64,11 @@ RIG_METRICS = {
     "rigkit_model_start_compile_cache_hit": ("gauge", "1 when that start loaded its compiled graph from the cache, 0 when it compiled (absent: nothing compiled)."),
     "rigkit_model_start_timestamp_seconds": ("gauge", "When that start began (Unix time)."),
     "rigkit_exporter_nvml_up": ("gauge", "1 when NVML answered this scrape."),
+    # the GPU keeper's idle-energy ledger (rigside.idle_energy): idle when NVML's utilization read 0
+    "rigkit_gpu_idle_energy_joules_total": ("counter", "Energy the GPU drew while idle (utilization 0), since the GPU keeper's ledger began (J)."),
+    "rigkit_gpu_idle_seconds_total": ("counter", "Time the GPU was idle (utilization 0), since the ledger began (s)."),
+    "rigkit_gpu_measured_seconds_total": ("counter", "Time the ledger measured the GPU, idle or not (s)."),
+    "rigkit_idle_energy_kwh_per_day": ("gauge", "The rig's GPUs' idle energy over the last 24 h (kWh), scaled to a day while less was measured (what rigkit status says)."),
 }
 METRICS = {**GPU_METRICS, **XID_METRICS, **POLICY_METRICS, **RIG_METRICS}
 GPU_LABELS = ("gpu", "UUID", "modelName", "device")
@@ -170,12 +176,14 @@ def _iso_seconds(text) -> float | None:
 
 def build(readings: list[dict] | None, policy: dict[int, dict], keeper_state: dict | None,
           watchdog_states: dict[str, dict], verifications: dict[str, dict], model_gpus: dict[str, list[int]],
-          now: float, xids: dict[int, tuple[int, int]] | None = None, starts: dict[str, dict] | None = None) -> list[Family]:
+          now: float, xids: dict[int, tuple[int, int]] | None = None, starts: dict[str, dict] | None = None,
+          idle_energy: dict | None = None) -> list[Family]:
     """Every family of one scrape. `readings`: read_gpu's per GPU, or None when NVML did not answer;
     `xids`: rigside.xid.XidCounts.snapshot() ({GPU: (count, last Xid)} of the GPUs watched);
     `keeper_state`: the keeper's state file; `watchdog_states`: {model: its state file};
     `verifications`: {model: the last verification's summary (verification_summary)};
-    `model_gpus`: {model: its GPU indexes}; `starts`: {model: its last proven start (rigside.startup's table)}."""
+    `model_gpus`: {model: its GPU indexes}; `starts`: {model: its last proven start (rigside.startup's table)};
+    `idle_energy`: the keeper's idle-energy ledger as read from its file (None: no file)."""
     families = {name: Family(name, kind, text) for name, (kind, text) in METRICS.items()}
 
     def add(name, labels, value):
@@ -235,6 +243,14 @@ def build(readings: list[dict] | None, policy: dict[int, dict], keeper_state: di
         cache = (start.get("compile_cache") or {}).get("cache")
         if cache in ("hit", "miss"):
             add("rigkit_model_start_compile_cache_hit", labels, int(cache == "hit"))
+
+    if idle_energy is not None:
+        for gpu, cells in sorted(normalized(idle_energy)["totals"].items(), key=lambda item: int(item[0])):
+            add("rigkit_gpu_idle_energy_joules_total", {"gpu": gpu}, cells[IDLE_J])
+            add("rigkit_gpu_idle_seconds_total", {"gpu": gpu}, cells[IDLE_S])
+            add("rigkit_gpu_measured_seconds_total", {"gpu": gpu}, cells[ALL_S])
+        day = last_day(idle_energy, now)
+        add("rigkit_idle_energy_kwh_per_day", {}, day["idle_kwh_per_day"] if day else None)
 
     for model, gpus in sorted(model_gpus.items()):
         for index in gpus:

@@ -63,6 +63,7 @@ GPU_KEEPER_UNIT = "rigkit-gpu-keeper.service"  # the watch
 GPU_KEEPER_RESUME_UNIT = "rigkit-gpu-keeper-resume.service"  # pulled in by the sleep targets
 GPU_KEEPER_DRIVER_UNIT = "rigkit-gpu-keeper-driver.service"  # part of nvidia-persistenced.service
 GPU_KEEPER_STATE_PATH = "/var/lib/rigkit/gpu-keeper.json"
+IDLE_ENERGY_PATH = "/var/lib/rigkit/idle-energy.json"  # the keeper's ledger of idle energy (rigside.idle_energy)
 GPU_KEEPER_LOCK_PATH = f"{RUN_DIR}/gpu-keeper.lock"  # one repair at a time
 # GPUs whose clock lock is released while their on-demand models are parked (rigside.parked_clocks)
 GPU_PARKED_PATH = f"{RUN_DIR}/gpu-parked"

@@ -149,23 +149,24 @@ class Scheduler:
             if verb == "wake":
                 if self.clocks:  # the policy's clock lock back before the model's first token
                     self.clocks.before_load(name)
-                done, state = slot.engine.wake(), "awake"
+                done, state, stopped = slot.engine.wake(), "awake", False
             else:
-                done, state = slot.engine.park(deep=verb == "stop"), "parked"
+                (done, stopped), state = slot.engine.park(deep=verb == "stop"), "parked"
                 if verb == "stop":
                     done = f"idle {slot.idle_park_s:g} s: {done}"
             failure = ""
         except EngineError as error:
-            done, state, failure = f"failed: {error}", "failed", str(error)
+            done, state, stopped, failure = f"failed: {error}", "failed", False, str(error)
         except Exception as error:  # anything else is said and kept too: the swap thread must not end unseen
-            done, state, failure = f"failed: {type(error).__name__}: {error}", "failed", f"{type(error).__name__}: {error}"
+            done, state, stopped = f"failed: {type(error).__name__}: {error}", "failed", False
+            failure = f"{type(error).__name__}: {error}"
         seconds = time.monotonic() - started
         self.log(f"rigkit-ondemand: {name}: {done} ({seconds:.2f} s)")
         with self.cond:
             self.swaps.append((name, done, round(seconds, 3)))
             del self.swaps[:-100]
             slot.state, slot.failure, slot.closed = state, failure, False
-            slot.stopped = state == "parked" and "stopped" in done
+            slot.stopped = stopped
             if state == "awake":
                 slot.awake_since = slot.last_used = time.monotonic()
             if state == "failed":

@@ -23,7 +23,10 @@ from rigkit.config.inventory import gateway_spec
 from rigkit.gateway.stack import probe_host
 from rigkit.rigside.names import (
     GATEWAY_TLS_CERT_PATH,
+    GPU_PARKED_PATH,
     GPU_POLICY_UNIT,
+    IDLE_ENERGY_PATH,
+    ONDEMAND_STATE_PATH,
     SURFACE_TABLE,
     STACKS_DIR,
     WATCHDOG_STATE_DIR,
@@ -87,7 +90,8 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
     known = known_ports(rig, (gateway.bind_address, gateway.port) if gateway is not None else None)
     args = probe_args(
         stacks_dir=STACKS_DIR, gpu_unit=GPU_POLICY_UNIT, watchdog_timer=WATCHDOG_TIMER, watchdog_state_dir=WATCHDOG_STATE_DIR,
-        gpu_keeper_unit=GPU_KEEPER_UNIT, gpu_keeper_state=GPU_KEEPER_STATE_PATH,
+        gpu_keeper_unit=GPU_KEEPER_UNIT, gpu_keeper_state=GPU_KEEPER_STATE_PATH, idle_energy=IDLE_ENERGY_PATH,
+        ondemand_state=ONDEMAND_STATE_PATH if any(m.on_demand for m in rig.models) else None, gpus_parked=GPU_PARKED_PATH,
         deadline_s=READY_DEADLINE_S, known_ports=known, surface_table=SURFACE_TABLE,
         gateway_tls=None if gateway is None or gateway.tls == "none" else
         {"host": probe_host(gateway), "port": gateway.port,

@@ -20,6 +20,7 @@ from rigkit.gpu.keeper import keeper_summary
 from rigkit.rigside.names import GPU_KEEPER_STATE_PATH, GPU_KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
+from rigkit.rigside.idle_energy import last_day
 from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
 from rigkit.rigside.stack import FAILED_COMPOSE_FILE, PROVEN_COMPOSE_FILE, rollout_command
 from rigkit.rigside.startup import slowest_phase
@@ -74,6 +75,8 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     _gpus(doc, rig, gpus, probe, commands, drift, failure)
     _policy_unit(doc, rig, probe.get("gpu_unit"), commands, drift, failure, gpu_unit)
     _keeper(doc, rig, probe.get("gpu_keeper"), now, commands, drift)
+    doc["idle_energy"] = last_day(probe.get("idle_energy"), now.timestamp())  # the keeper's ledger (docs/status.md)
+    doc["gpus_parked"] = sorted(int(g) for g in (probe.get("ondemand") or {}).get("gpus_parked", []) if str(g).isdigit())
     if scheduled_tasks is not None:
         _tasks(doc, rig, scheduled_tasks, commands, drift, failure)
     recreate = recreate or (lambda name: commands.on_rig(rollout_command(name, recreate=True)))
@@ -247,7 +250,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             "catalog_image_id": catalog_image.get("id"), "repo_digests": catalog_image.get("repo_digests", []),
             "compose_as_rendered": compose_as_rendered, "gate": gate,
             "last_start": _last_start(found.get("startup")),
-            "on_demand": bool(model.on_demand),
+            "on_demand": ondemand_state(probe.get("ondemand"), model.name) if model.on_demand else None,
         }
         doc["stacks"].append(entry)
         if not found.get("deployed"):
@@ -294,6 +297,28 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
     for name in probe.get("stacks_on_rig", []):
         if name not in wanted_names:
             drift(f"stack {name}", "on the rig", "absent (not in the rig file)", commands.deploy)
+
+
+ONDEMAND_STATE_STALE_S = 30  # rigkit-ondemand writes its state every 2 s
+
+
+def ondemand_state(found: dict | None, name: str) -> str:
+    """An on-demand model as rigkit-ondemand says it is: loaded, asleep, stopped, failed (why), or unknown
+    where the program's state file is missing or stale (the program is not running)."""
+    state = (found or {}).get("state") if isinstance((found or {}).get("state"), dict) else None
+    model = ((state or {}).get("models") or {}).get(name)
+    written = (state or {}).get("written_at")
+    if not isinstance(model, dict) or not isinstance(written, (int, float)):
+        return "unknown (rigkit-ondemand's state not found)"
+    if found["now"] - written > ONDEMAND_STATE_STALE_S:
+        return f"unknown (rigkit-ondemand's state is {found['now'] - written:.0f} s old)"
+    if model.get("state") == "awake":
+        return "loaded"
+    if model.get("state") == "parked":
+        return "stopped" if model.get("stopped") else "asleep"
+    if model.get("state") == "failed":
+        return f"failed ({model.get('failure')})"
+    return str(model.get("state"))
 
 
 def _last_start(start) -> dict | None:

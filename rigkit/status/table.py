@@ -33,6 +33,12 @@ def _start(start) -> str:
             + (f", cache {cache}" if cache in ("hit", "miss") else ""))
 
 
+def _running(stack: dict) -> str:
+    if stack.get("on_demand"):  # rigkit-ondemand's word for it (docs/on-demand.md)
+        return f"on demand: {stack['on_demand']}"
+    return {True: "yes", False: "NO"}.get(stack["running"], "?")
+
+
 def status_table(doc: dict) -> str:
     verdict = "OK" if doc.get("ok") else "UNREACHABLE" if not doc.get("reachable") else (
         f"DRIFT ({len(doc['drift'])}), FAILED ({len(doc['failures'])})")
@@ -51,7 +57,7 @@ def status_table(doc: dict) -> str:
                      f"{'ran' if unit['ran_this_boot'] else 'did NOT run'} this boot; last: {last}")
     if doc.get("stacks"):
         lines += _rows(["stack", "running", "restarts", "watchdog/h", "ready", "last start", "image", "compose"],
-                       [[s["model"], {True: "yes", False: "NO"}.get(s["running"], "?"), s["restarts_since_deploy"],
+                       [[s["model"], _running(s), s["restarts_since_deploy"],
                          s["watchdog_restarts_last_hour"] if s["watchdog_restarts_last_hour"] is not None else "-",
                          f"yes {s['ready_s']:.2f} s" if s["ready"] else "NO", _start(s.get("last_start")),
                          f"{s['image']} {(s['image_id'] or '')[:19]}",
@@ -76,6 +82,10 @@ def status_table(doc: dict) -> str:
         lines.append(f"GPU policy keeper: {k['enabled']}, {k['active']}; repairs: {counts}"
                      + (f"; last {last['time']} ({last['cause']}, {'ok' if last['ok'] else 'FAILED'})" if last else "")
                      + (f"; holding off: {k['holding']}" if k.get("holding") else ""))
+    if doc.get("gpus_parked"):
+        lines.append(f"clock locks released while parked (on-demand models): GPU {', '.join(map(str, doc['gpus_parked']))}")
+    if doc.get("idle_energy"):
+        lines.append(idle_energy_line(doc["idle_energy"]))
     if doc.get("watchdog") and doc["watchdog"]["watched"]:
         w = doc["watchdog"]
         lines.append(f"watchdog timer: {w['timer_enabled']}, {w['timer_active']}; watching {', '.join(w['watched'])}")
@@ -86,3 +96,16 @@ def status_table(doc: dict) -> str:
     for note in doc.get("notes", []):
         lines.append(f"note   {note}")
     return "\n".join(lines)
+
+
+def idle_energy_line(day: dict) -> str:
+    """The GPUs' idle energy over the last 24 h (rigside.idle_energy.last_day), as one line: what each GPU drew
+    while idle, and for how much of the time measured, scaled to a day while less than a day was measured."""
+    hours = day["measured_s"] / 3600
+    gpus = "; ".join(f"GPU {g} {v['idle_kwh']:.3f} kWh, idle {100 * v['idle_s'] / v['measured_s']:.0f}%"
+                     + (f" at {v['idle_w']:.1f} W" if v.get("idle_w") is not None else "")
+                     for g, v in day["gpus"].items() if v["measured_s"])
+    if hours >= 23.95:
+        return f"idle energy, last 24 h: {day['idle_kwh']:.3f} kWh ({gpus})"
+    return (f"idle energy: {day['idle_kwh']:.3f} kWh in the {hours:.1f} h measured, "
+            f"{day['idle_kwh_per_day']:.2f} kWh/day at that rate ({gpus})")

@@ -22,6 +22,10 @@ policy file is newer than the last policy applied (a deploy between writing and 
 no policy file (`gpu_policy: remove`) it does nothing. Holds are checked only when a limit
 differs, so an idle watch costs a few NVML reads per GPU per WATCH_S.
 
+The watch also samples each GPU's energy, power and utilization for the idle-energy ledger
+(rigside.idle_energy, IDLE_ENERGY_PATH): what the GPUs drew while idle, per hour, which `rigkit
+status` and the exporter read. It is saved every 15 s and when the keeper is stopped.
+
 A repair decides on the policy it applies, under the lock it applies it with: it reads the policy
 file's bytes once, under LOCK_PATH (which the policy script takes too, so a deploy's or a boot's
 apply waits for the repair), checks the hold on those bytes, runs the script on a copy of them
@@ -32,6 +36,7 @@ not apply (a 300 -> 330 W deploy once made a repair log a false NOT HELD and bac
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +47,7 @@ from datetime import datetime, timezone
 # folder is rigkit.rigside.names.LIB_DIR (tests/test_layout.py keeps them equal).
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
-from rigside import atomic, lock, names  # noqa: E402
+from rigside import atomic, idle_energy, lock, names  # noqa: E402
 from rigside.sdnotify import notify  # noqa: E402
 
 POLICY_PATH = names.GPU_POLICY_PATH
@@ -50,6 +55,7 @@ POLICY_SCRIPT = names.GPU_POLICY_SCRIPT_PATH
 POLICY_UNIT = names.GPU_POLICY_UNIT
 APPLIED_STAMP = names.GPU_POLICY_APPLIED_PATH  # sha256 of the policy file last applied (the script writes it)
 STATE_PATH = names.GPU_KEEPER_STATE_PATH
+IDLE_ENERGY_PATH = names.IDLE_ENERGY_PATH  # what the GPUs drew idle (rigside.idle_energy): status and the exporter read it
 LOCK_PATH = names.GPU_KEEPER_LOCK_PATH
 TUNE_TIMER = f"{names.TUNE_DEADMAN_UNIT}.timer"  # rigkit tune's dead man's switch: armed for the whole session
 WATCH_S = 1.5
@@ -153,15 +159,27 @@ class Gpus:
                                 pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle) / 1000.0)
             return found
         except pynvml.NVMLError as exc:
-            if not self.lost:
-                say(f"NVML does not answer ({exc}); retrying every {WATCH_S} s")
-            self.lost = True
-            self.handles = None
-            try:
-                pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass
+            self.lost_nvml(exc)
             return None
+
+    def sample_energy(self, ledger, indexes):
+        """Each GPU's energy, power and utilization into the idle-energy ledger (rigside.idle_energy)."""
+        for index in indexes:
+            try:
+                ledger.add(index, time.monotonic(), *idle_energy.read_gpu(pynvml, self.handles[index]))
+            except (pynvml.NVMLError, KeyError, TypeError):  # the limits' next read says what NVML did
+                ledger.forget(index)
+        ledger.save()
+
+    def lost_nvml(self, exc):
+        if not self.lost:
+            say(f"NVML does not answer ({exc}); retrying every {WATCH_S} s")
+        self.lost = True
+        self.handles = None
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
 
 
 def wanted_w(want, default_w):
@@ -299,6 +317,12 @@ def classify(before, found):
 
 def watch():
     gpus = Gpus()
+    ledger = idle_energy.Ledger(IDLE_ENERGY_PATH)
+
+    def stopped(signum, frame):  # systemd's stop: keep the ledger's last seconds
+        ledger.save(force=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stopped)
     notify("READY=1")
     say(f"watching the enforced power limits every {WATCH_S} s ({POLICY_PATH})")
     policy_mtime, wanted = None, None
@@ -317,6 +341,7 @@ def watch():
             found = gpus.read(list(wanted))
             if found is not None:
                 gpus.lost = False
+                gpus.sample_energy(ledger, list(found))
                 before = differing(wanted, found)
                 if was_lost:  # NVML came back: a driver reload; locks are gone whatever the limits say
                     time.sleep(GRACE_S)

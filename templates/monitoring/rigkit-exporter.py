@@ -9,7 +9,8 @@ python3-prometheus-client and pynvml (the rig's nvidia-ml-py, else the copy rigk
 Every scrape reads NVML (per GPU: power, requested/enforced/default limits, SM and memory clocks,
 temperature, clock event reasons, the energy counter, ECC counts where NVML has them) and rigkit's
 own files: the GPU policy (configured caps and locks), the keeper's state (repairs by cause), the
-watchdog's state per model (restarts), the last verification per model, the last proven start per model. Names and the metric set:
+watchdog's state per model (restarts), the last verification per model, the last proven start per model, the
+keeper's idle-energy ledger (what the GPUs drew idle). Names and the metric set:
 the rig-side runtime's rigside.metrics (DCGM's names where DCGM has the metric). Nothing is read
 between scrapes (the cost follows the scrape interval), except Xid errors: NVML delivers them only
 as events, which a thread waits for in bounded waits and counts (rigside.xid).
@@ -129,13 +130,14 @@ class RigCollector:
             summary = atomic.read_json(os.path.join(s["verify_summary_dir"], f"{model}.json"))
             if isinstance(summary, dict):
                 verified[model] = summary
-        return policy, keeper if isinstance(keeper, dict) else None, watchdog, verified, starts
+        idle = atomic.read_json(s["idle_energy_path"]) if s.get("idle_energy_path") else None
+        return policy, keeper if isinstance(keeper, dict) else None, watchdog, verified, starts, idle
 
     def collect(self):
         readings = self.gpu_readings()
-        policy, keeper, watchdog, verified, starts = self.read_files()
+        policy, keeper, watchdog, verified, starts, idle = self.read_files()
         families = metrics.build(readings, policy, keeper, watchdog, verified, self.settings["models"], time.time(),
-                                 self.xids.snapshot(), starts)
+                                 self.xids.snapshot(), starts, idle)
         yield from metrics.to_prometheus(families, core)
 
 

@@ -139,6 +139,14 @@ def load_json(path):
     return atomic.read_json(path)
 
 
+def read_lines(path):
+    try:
+        with open(path) as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []
+
+
 def held_candidate(path):
     """The SHA-256 a candidate held for the rollout gate was held under (rigkit-stack's gate.pending), or None."""
     try:
@@ -374,6 +382,11 @@ def main(argv):
             # A file there that is not a JSON object (cut off, garbage, empty) is said, not read as no repairs.
             report["gpu_keeper"] = {"unit": keeper.result(), "state": state,
                                     "state_unreadable": state is None and os.path.lexists(args["gpu_keeper_state"])}
+        if args.get("ondemand_state"):  # rigkit-ondemand's models (loaded, asleep, stopped) and the GPUs it parked
+            report["ondemand"] = {"state": load_json(args["ondemand_state"]), "now": time.time(),
+                                  "gpus_parked": read_lines(args["gpus_parked"])}
+        if args.get("idle_energy"):  # the keeper's idle-energy ledger (rigside.idle_energy), read as it is
+            report["idle_energy"] = load_json(args["idle_energy"])
         report["timed_out"] = dict(hung)
     print(json.dumps(report))
     return 0

@@ -13,6 +13,11 @@ The driver version is "driver_version" in gpus.json, or SIM_DRIVER_VERSION.
 The energy counter is that power integrated since the rig booted, so it agrees with
 the power samples. RIGKIT_SIMULATED marks every run it produced as simulated.
 
+Idle GPUs (the GPU keeper's idle-energy ledger, rigside.idle_energy): a GPU whose index a test
+wrote into /run/nvidia-sim/idle reads as idle instead: utilization 0 and the draw the simulated
+nvidia-smi reads (its idle draw, plus the GPU's context_draw_w while a stand-in holds memory on
+it). Every other GPU reads utilization 100 (the steady load above).
+
 For `rigkit tune` (docs/simulated-rig.md):
 - Clock offsets: nvmlDeviceGetClockOffsets / nvmlDeviceSetClockOffsets with nvidia-ml-py's
   c_nvmlClockOffset_t (passed as is or through ctypes.byref), per GPU and domain (graphics,
@@ -70,6 +75,7 @@ nvmlEventTypeXidCriticalError = 0x0000000000000008
 nvmlEventTypeClock = 0x0000000000000010
 _SUPPORTED_EVENTS = nvmlEventTypeXidCriticalError | nvmlEventTypePState | nvmlEventTypeClock
 XID_EVENTS_PATH = STATE_DIR + "/xid-events"
+IDLE_PATH = STATE_DIR + "/idle"  # a test's switch: the GPUs listed read idle
 _EVENT_POLL_S = 0.1
 
 
@@ -287,12 +293,51 @@ def nvmlDeviceGetCurrentClocksEventReasons(handle):
     return 0x4  # SW power cap: a capped card under load sits at its limit
 
 
+def _idle(handle):
+    """A GPU a test listed in IDLE_PATH (one index per line) reads idle."""
+    try:
+        with open(IDLE_PATH) as f:
+            return str(handle) in f.read().split()
+    except FileNotFoundError:
+        return False
+
+
+_IDLE_DRAW = {}  # handle: (monotonic time, W): nvidia-smi asked at most once a second per GPU
+
+
 def _draw_w(handle):
+    if _idle(handle):  # what the simulated nvidia-smi reads: its idle draw, a context's more while memory is held
+        import subprocess
+
+        cached = _IDLE_DRAW.get(handle)
+        if cached and time.monotonic() - cached[0] < 1.0:
+            return cached[1]
+
+        try:
+            found = subprocess.run(["nvidia-smi", "--query-gpu=power.draw", "--format=csv,noheader,nounits", "-i",
+                                    str(handle)], capture_output=True, text=True, timeout=30)
+            _IDLE_DRAW[handle] = (time.monotonic(), float(found.stdout.strip()))
+            return _IDLE_DRAW[handle][1]
+        except (subprocess.TimeoutExpired, ValueError):
+            raise NVMLError("Unknown Error")
     truth = _truth(handle)
     return truth.draw_w if truth is not None else _limit_w(handle) * LOAD_SHARE
 
 
+class c_nvmlUtilization_t:  # noqa: N801 (nvidia-ml-py's name and fields)
+    def __init__(self, gpu, memory):
+        self.gpu, self.memory = gpu, memory
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    return c_nvmlUtilization_t(0, 0) if _idle(handle) else c_nvmlUtilization_t(100, 60)
+
+
 def nvmlDeviceGetTotalEnergyConsumption(handle):
+    """mJ: the draw read now times the time since the rig booted. It agrees with the power samples while
+    the draw holds (steady load, or an idle GPU whose memory stays as it is); a GPU whose draw changed
+    (listed idle, or not, since) jumps once, as a counter the ledger does not believe (rigside.idle_energy
+    then takes the power readings)."""
     return int(_draw_w(handle) * _seconds_since_boot() * 1000)
 
 
