@@ -117,9 +117,10 @@ def test_the_exporter_counts_the_totals_and_gives_the_days_figure():
 
 
 class StandInNvml:
-    """nvidia-ml-py's names for the calls read_gpu makes; `missing`: calls the GPU does not support."""
+    """nvidia-ml-py's names for the calls read_gpu makes; `missing`: {call: the NVML error code it raises}."""
 
     NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13
 
     class NVMLError(Exception):
         def __init__(self, value):
@@ -129,12 +130,12 @@ class StandInNvml:
     class Utilization:
         gpu, memory = 7, 3
 
-    def __init__(self, missing=()):
-        self.missing = missing
+    def __init__(self, missing=None):
+        self.missing = missing or {}
 
     def _answer(self, name, value):
         if name in self.missing:
-            raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+            raise self.NVMLError(self.missing[name])
         return value
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle):
@@ -149,7 +150,8 @@ class StandInNvml:
 
 def test_read_gpu_takes_nvmls_units_and_leaves_out_what_the_gpu_does_not_support():
     assert idle_energy.read_gpu(StandInNvml(), 0) == (123.456, 24.5, 7)
-    assert idle_energy.read_gpu(StandInNvml(missing=("energy",)), 0) == (None, 24.5, 7)
+    assert idle_energy.read_gpu(StandInNvml(missing={"energy": 3}), 0) == (None, 24.5, 7)  # not on this GPU
+    assert idle_energy.read_gpu(StandInNvml(missing={"utilization": 13}), 0) == (123.456, 24.5, None)  # not in this driver
     nvml = StandInNvml()
     nvml.nvmlDeviceGetPowerUsage = lambda handle: (_ for _ in ()).throw(nvml.NVMLError(999))
     with pytest.raises(StandInNvml.NVMLError):  # NVML down is the keeper's to see, not a missing value

@@ -43,8 +43,9 @@ def read_gpu(nvml, handle) -> tuple[float | None, float | None, int | None]:
             return None
         try:
             value = fn(handle)
-        except nvml.NVMLError as exc:
-            if getattr(exc, "value", None) in (getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3),):
+        except nvml.NVMLError as exc:  # not on this GPU, or not in this driver: a missing value; else NVML is down
+            if getattr(exc, "value", None) in (getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3),
+                                               getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)):
                 return None
             raise
         return value if scale is None else value / scale
