@@ -156,3 +156,45 @@ def test_read_gpu_takes_nvmls_units_and_leaves_out_what_the_gpu_does_not_support
     nvml.nvmlDeviceGetPowerUsage = lambda handle: (_ for _ in ()).throw(nvml.NVMLError(999))
     with pytest.raises(StandInNvml.NVMLError):  # NVML down is the keeper's to see, not a missing value
         idle_energy.read_gpu(nvml, 0)
+
+
+def test_a_hostile_or_garbled_ledger_is_dropped_where_it_does_not_parse_never_a_traceback(tmp_path):
+    """Keys str.isdigit takes but int refuses ("²"), numbers past a float (10**400, 1e999 read as Infinity),
+    NaN, negatives, JSON nested past the parser's limit: each part dropped, the rest kept."""
+    hostile = ('{"since": ' + "9" * 400 + ', "hours": {"\\u00b2": {"0": [1, 1, 1, 1]}, "7": {"0": [1e999, 1, 1, 1], '
+               '"1": [NaN, 1, 1, 1], "2": [-1, 1, 1, 1], "3": [1, 1, 1, 1]}}, "totals": {"\\u00b2": [1, 1, 1, 1], '
+               '"0": [' + "9" * 400 + ', 1, 1, 1], "1": [2, 2, 2, 2]}}')
+    path = tmp_path / "l.json"
+    path.write_text(hostile)
+    ledger = Ledger(str(path), Clock(7 * HOUR_S + 1))
+    assert ledger.doc == {"version": 1, "since": None, "hours": {"7": {"3": [1.0, 1.0, 1.0, 1.0]}},
+                          "totals": {"1": [2.0, 2.0, 2.0, 2.0]}}
+    assert last_day(json.loads(hostile.replace("9" * 400, "1")), 7 * HOUR_S + 1)["gpus"] == \
+        {3: {"idle_kwh": 0.0, "idle_s": 1.0, "measured_s": 1.0, "idle_w": 1.0}}
+    assert [f.name for f in metrics.build(None, {}, None, {}, {}, {}, 0.0, idle_energy=json.loads(hostile))]
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert Ledger(str(path), Clock()).doc["hours"] == {}
+
+
+def test_the_day_is_24_hours_back_from_now_and_hours_ahead_of_the_clock_are_dropped(tmp_path):
+    """The oldest hour counts for its share within 24 h of now: a rig measured all day reads a whole day at
+    any minute of the hour. Hours after now (a clock set back) are neither counted nor kept."""
+    hour = int(T0 // HOUR_S)
+    doc = {"hours": {str(hour + h): {"0": [3600.0, 3600.0, 3600.0, 3600.0]} for h in range(-1, 26)}}
+    doc["hours"][str(hour + 24)] = {"0": [900.0, 900.0, 900.0, 900.0]}  # the hour now, a quarter gone
+    now = T0 + 24 * HOUR_S + 0.25 * HOUR_S  # hour 0 counts for the 3/4 of it within 24 h
+    day = last_day(doc, now)
+    assert day["measured_s"] == 24 * 3600 and day["idle_kwh"] == round(24 * 3600 / 3.6e6, 4), day
+    clock = Clock(now)
+    path = tmp_path / "l.json"
+    path.write_text(json.dumps(doc))
+    ledger = Ledger(str(path), clock)
+    ledger.save(force=True)
+    assert max(int(h) for h in json.loads(path.read_text())["hours"]) == hour + 24
+
+
+def test_each_gpu_is_scaled_to_a_day_by_its_own_measured_time():
+    """A GPU measured for less time (added to the policy an hour ago) is not under-counted in the rate."""
+    doc = {"hours": {str(int(T0 // HOUR_S)): {"0": [7200.0, 7200.0, 7200.0, 7200.0], "1": [1800.0, 1800.0, 1800.0, 1800.0]}}}
+    day = last_day(doc, T0 + 1)
+    assert day["idle_kwh_per_day"] == round((1.0 + 1.0) * 86400 / 3.6e6, 4), day  # 1 W each, a whole day

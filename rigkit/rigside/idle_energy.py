@@ -19,6 +19,7 @@ grow: the exporter's counters). `rigkit status` and the exporter read it with la
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -58,9 +59,28 @@ def _empty() -> dict:
     return {"version": 1, "hours": {}, "totals": {}, "since": None}
 
 
+def _number(value) -> float | None:
+    """A finite number at or above 0 (JSON allows 1e999 and Infinity; Python's int any size), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _index(key) -> str | None:
+    """A GPU or hour key as the ledger writes it: ASCII digits ("²" is a digit to str.isdigit, not to int)."""
+    key = str(key)
+    return key if key.isascii() and key.isdigit() and len(key) < 16 else None
+
+
 def _cells(value) -> list[float] | None:
-    if isinstance(value, list) and len(value) == 4 and all(isinstance(v, (int, float)) and v >= 0 for v in value):
-        return [float(v) for v in value]
+    if isinstance(value, list) and len(value) == 4:
+        numbers = [_number(v) for v in value]
+        if None not in numbers:
+            return numbers
     return None
 
 
@@ -70,17 +90,16 @@ def normalized(doc) -> dict:
     out = _empty()
     if not isinstance(doc, dict):
         return out
-    if isinstance(doc.get("since"), (int, float)):
-        out["since"] = float(doc["since"])
-    for hour, gpus in (doc.get("hours") or {}).items() if isinstance(doc.get("hours"), dict) else ():
-        if str(hour).isdigit() and isinstance(gpus, dict):
-            kept = {str(g): c for g, c in ((g, _cells(v)) for g, v in gpus.items()) if str(g).isdigit() and c}
+    out["since"] = _number(doc.get("since"))
+    for hour, gpus in doc["hours"].items() if isinstance(doc.get("hours"), dict) else ():
+        if _index(hour) and isinstance(gpus, dict):
+            kept = {_index(g): c for g, c in ((g, _cells(v)) for g, v in gpus.items()) if _index(g) and c}
             if kept:
-                out["hours"][str(hour)] = kept
-    for gpu, value in (doc.get("totals") or {}).items() if isinstance(doc.get("totals"), dict) else ():
+                out["hours"][_index(hour)] = kept
+    for gpu, value in doc["totals"].items() if isinstance(doc.get("totals"), dict) else ():
         cells = _cells(value)
-        if str(gpu).isdigit() and cells:
-            out["totals"][str(gpu)] = cells
+        if _index(gpu) and cells:
+            out["totals"][_index(gpu)] = cells
     return out
 
 
@@ -89,7 +108,10 @@ class Ledger:
 
     def __init__(self, path: str, clock=time.time):
         self.path, self.clock = path, clock
-        self.doc = normalized(atomic.read_json(path))
+        try:
+            self.doc = normalized(atomic.read_json(path))
+        except Exception:  # e.g. JSON nested past the parser's recursion limit: a fresh ledger, never a crash
+            self.doc = _empty()
         self.last: dict[int, tuple[float, float | None, float | None, int | None]] = {}
         self.saved_at = 0.0
 
@@ -131,34 +153,42 @@ class Ledger:
         now = self.clock()
         if not force and now - self.saved_at < SAVE_S:
             return
-        oldest = int(now // HOUR_S) - KEPT_HOURS + 1
-        self.doc["hours"] = {h: v for h, v in self.doc["hours"].items() if int(h) >= oldest}
+        oldest, current = int(now // HOUR_S) - KEPT_HOURS + 1, int(now // HOUR_S)
+        # hours ahead of the clock (it was set back: a boot with its clock ahead, then NTP) are dropped too
+        self.doc["hours"] = {h: v for h, v in self.doc["hours"].items() if oldest <= int(h) <= current}
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         atomic.write_text(self.path, json.dumps(self.doc, sort_keys=True))
         self.saved_at = now
 
 
 def last_day(doc, now: float) -> dict | None:
-    """The ledger's last 24 hours (the current hour and the 23 before it), or None with nothing measured:
-    {"gpus": {gpu: {"idle_kwh", "idle_s", "measured_s", "idle_w"}}, "idle_kwh", "measured_s",
-    "idle_kwh_per_day"}. `idle_kwh_per_day` is the rig's idle energy scaled to a whole day from the hours
-    measured (equal to idle_kwh once a whole day was measured); `idle_w` a GPU's mean draw while idle."""
+    """The ledger's last 24 hours, or None with nothing measured: the hours from the current one back, the
+    oldest counted for the share of it within 24 h of `now` (the rig's clock; a bucket is taken as spread
+    evenly over its hour): {"gpus": {gpu: {"idle_kwh", "idle_s", "measured_s", "idle_w"}}, "idle_kwh",
+    "measured_s", "idle_kwh_per_day"}. `idle_kwh_per_day` scales each GPU's idle energy to a whole day from
+    the time it was measured (so it equals idle_kwh once a whole day was); `idle_w` a GPU's mean draw while
+    idle; `measured_s` the longest any GPU was measured."""
     doc = normalized(doc)
-    first = int(now // HOUR_S) - 23
+    current = int(now // HOUR_S)
+    oldest = current - 24
     sums: dict[str, list[float]] = {}
     for hour, gpus in doc["hours"].items():
-        if int(hour) >= first:
-            for gpu, cells in gpus.items():
-                total = sums.setdefault(gpu, [0.0] * 4)
-                for i, value in enumerate(cells):
-                    total[i] += value
-    if not sums or not any(cells[ALL_S] for cells in sums.values()):
+        if not oldest <= int(hour) <= current:
+            continue
+        share = 1.0 - (now - current * HOUR_S) / HOUR_S if int(hour) == oldest else 1.0
+        for gpu, cells in gpus.items():
+            total = sums.setdefault(gpu, [0.0] * 4)
+            for i, value in enumerate(cells):
+                total[i] += value * share
+    measured = {g: c for g, c in sums.items() if c[ALL_S]}
+    if not measured:
         return None
     gpus = {int(g): {"idle_kwh": round(c[IDLE_J] / J_PER_KWH, 4), "idle_s": round(c[IDLE_S], 1),
                      "measured_s": round(c[ALL_S], 1),
                      "idle_w": round(c[IDLE_J] / c[IDLE_S], 1) if c[IDLE_S] else None}
-            for g, c in sorted(sums.items(), key=lambda item: int(item[0]))}
-    idle_j = sum(c[IDLE_J] for c in sums.values())
-    measured_s = max(c[ALL_S] for c in sums.values())
-    return {"gpus": gpus, "idle_kwh": round(idle_j / J_PER_KWH, 4), "measured_s": round(measured_s, 1),
-            "idle_kwh_per_day": round(idle_j / J_PER_KWH * DAY_S / min(measured_s, DAY_S), 4) if measured_s else None}
+            for g, c in sorted(measured.items(), key=lambda item: int(item[0]))}
+    idle_j = sum(c[IDLE_J] for c in measured.values())
+    per_day_j = sum(c[IDLE_J] * DAY_S / min(c[ALL_S], DAY_S) for c in measured.values())
+    return {"gpus": gpus, "idle_kwh": round(idle_j / J_PER_KWH, 4),
+            "measured_s": round(max(c[ALL_S] for c in measured.values()), 1),
+            "idle_kwh_per_day": round(per_day_j / J_PER_KWH, 4)}

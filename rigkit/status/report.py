@@ -75,8 +75,12 @@ def build_status(rig: RigConfig, host_name: str, commands: Commands, gpus: GpuRe
     _gpus(doc, rig, gpus, probe, commands, drift, failure)
     _policy_unit(doc, rig, probe.get("gpu_unit"), commands, drift, failure, gpu_unit)
     _keeper(doc, rig, probe.get("gpu_keeper"), now, commands, drift)
-    doc["idle_energy"] = last_day(probe.get("idle_energy"), now.timestamp())  # the keeper's ledger (docs/status.md)
-    doc["gpus_parked"] = sorted(int(g) for g in (probe.get("ondemand") or {}).get("gpus_parked", []) if str(g).isdigit())
+    # the keeper's ledger, by the rig's clock (its hours are the rig's) (docs/status.md)
+    rig_now = probe.get("rig_time") if isinstance(probe.get("rig_time"), (int, float)) else now.timestamp()
+    doc["idle_energy"] = last_day(probe.get("idle_energy"), rig_now)
+    ondemand = probe.get("ondemand") if isinstance(probe.get("ondemand"), dict) else {}
+    parked = ondemand.get("gpus_parked") if isinstance(ondemand.get("gpus_parked"), list) else []
+    doc["gpus_parked"] = sorted(int(g) for g in parked if str(g).isascii() and str(g).isdigit())
     if scheduled_tasks is not None:
         _tasks(doc, rig, scheduled_tasks, commands, drift, failure)
     recreate = recreate or (lambda name: commands.on_rig(rollout_command(name, recreate=True)))
@@ -305,13 +309,14 @@ ONDEMAND_STATE_STALE_S = 30  # rigkit-ondemand writes its state every 2 s
 def ondemand_state(found: dict | None, name: str) -> str:
     """An on-demand model as rigkit-ondemand says it is: loaded, asleep, stopped, failed (why), or unknown
     where the program's state file is missing or stale (the program is not running)."""
-    state = (found or {}).get("state") if isinstance((found or {}).get("state"), dict) else None
-    model = ((state or {}).get("models") or {}).get(name)
-    written = (state or {}).get("written_at")
-    if not isinstance(model, dict) or not isinstance(written, (int, float)):
+    found = found if isinstance(found, dict) else {}
+    state = found.get("state") if isinstance(found.get("state"), dict) else {}
+    models = state.get("models") if isinstance(state.get("models"), dict) else {}
+    model, written, now = models.get(name), state.get("written_at"), found.get("now")
+    if not isinstance(model, dict) or not all(isinstance(v, (int, float)) for v in (written, now)):
         return "unknown (rigkit-ondemand's state not found)"
-    if found["now"] - written > ONDEMAND_STATE_STALE_S:
-        return f"unknown (rigkit-ondemand's state is {found['now'] - written:.0f} s old)"
+    if now - written > ONDEMAND_STATE_STALE_S:
+        return f"unknown (rigkit-ondemand's state is {now - written:.0f} s old)"
     if model.get("state") == "awake":
         return "loaded"
     if model.get("state") == "parked":

@@ -105,7 +105,7 @@ def idle_energy_line(day: dict) -> str:
     gpus = "; ".join(f"GPU {g} {v['idle_kwh']:.3f} kWh, idle {100 * v['idle_s'] / v['measured_s']:.0f}%"
                      + (f" at {v['idle_w']:.1f} W" if v.get("idle_w") is not None else "")
                      for g, v in day["gpus"].items() if v["measured_s"])
-    if hours >= 23.95:
+    if hours >= 23.5:  # a day, but for the keeper's gaps (a repair, a restart)
         return f"idle energy, last 24 h: {day['idle_kwh']:.3f} kWh ({gpus})"
     return (f"idle energy: {day['idle_kwh']:.3f} kWh in the {hours:.1f} h measured, "
             f"{day['idle_kwh_per_day']:.2f} kWh/day at that rate ({gpus})")

@@ -143,6 +143,7 @@ class Gpus:
     def __init__(self):
         self.handles = None
         self.lost = False  # NVML failed since it last answered: a driver reload or a GPU reset
+        self.ledger_said = False  # a ledger that cannot be written is said once
 
     def read(self, indexes):
         """{index: (enforced W, default W)}, or None where NVML does not answer."""
@@ -163,13 +164,21 @@ class Gpus:
             return None
 
     def sample_energy(self, ledger, indexes):
-        """Each GPU's energy, power and utilization into the idle-energy ledger (rigside.idle_energy)."""
+        """Each GPU's energy, power and utilization into the idle-energy ledger (rigside.idle_energy). Never the
+        end of the watch, whose job is the policy: a ledger that cannot be written (a full or read-only disk)
+        is said once and tried again at the next save."""
         for index in indexes:
             try:
                 ledger.add(index, time.monotonic(), *idle_energy.read_gpu(pynvml, self.handles[index]))
-            except (pynvml.NVMLError, KeyError, TypeError):  # the limits' next read says what NVML did
+            except (pynvml.NVMLError, KeyError, TypeError, ValueError):  # the limits' next read says what NVML did
                 ledger.forget(index)
-        ledger.save()
+        try:
+            ledger.save()
+            self.ledger_said = False
+        except Exception as exc:
+            if not self.ledger_said:
+                say(f"cannot write the idle-energy ledger {IDLE_ENERGY_PATH} ({exc}); the policy is still watched")
+            self.ledger_said = True
 
     def lost_nvml(self, exc):
         if not self.lost:
@@ -320,7 +329,10 @@ def watch():
     ledger = idle_energy.Ledger(IDLE_ENERGY_PATH)
 
     def stopped(signum, frame):  # systemd's stop: keep the ledger's last seconds
-        ledger.save(force=True)
+        try:
+            ledger.save(force=True)
+        except Exception as exc:
+            say(f"stopping: cannot write the idle-energy ledger {IDLE_ENERGY_PATH} ({exc})")
         sys.exit(0)
     signal.signal(signal.SIGTERM, stopped)
     notify("READY=1")

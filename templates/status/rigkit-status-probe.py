@@ -387,6 +387,7 @@ def main(argv):
                                   "gpus_parked": read_lines(args["gpus_parked"])}
         if args.get("idle_energy"):  # the keeper's idle-energy ledger (rigside.idle_energy), read as it is
             report["idle_energy"] = load_json(args["idle_energy"])
+            report["rig_time"] = time.time()  # its hours are the rig's clock's
         report["timed_out"] = dict(hung)
     print(json.dumps(report))
     return 0
