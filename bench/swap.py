@@ -7,7 +7,12 @@ front and scheduler (rigkit/rigside: front, swap, engine_control), from one run.
    a maintainer-run comparison of 2026-07-15). A 32B model in bfloat16 backs up 59.6 GiB: 2.71 x, so sleep
    28.6 s and wake 5.93 s. Timed: a wake with the GPUs free (issue #51: within 10 s), and a swap, where the
    other model must sleep first.
-2. Stop and start (engines without sleep mode: vLLM's CPU build refuses --enable-sleep-mode), on the real
+2. NVIDIA's cuda-checkpoint (swap: checkpoint), on the same stand-ins with the stand-in tool
+   (tests/simrig/cuda-checkpoint). Its times are this project's H200 measurement (tests/gpu/test_park_gpu.py:
+   checkpoint 3.81 s, restore 1.17 s for a process using 6756 MiB) scaled linearly to the 59.6 GiB of a 32B
+   model in bfloat16 (9.03 x: checkpoint 34.4 s, restore 10.6 s): an extrapolation, since both copy the
+   process's GPU memory through host memory.
+3. Stop and start (engines without sleep mode: vLLM's CPU build refuses --enable-sleep-mode), on the real
    engine here: the demo's model from the compose file rigkit renders (bench/startup.py's), its compile cache
    on a volume of this bench's own. A cold start (empty cache, new container) against a swap back in (the
    stopped container started again by the scheduler, warm), each from request to first token. Issue #51: the
@@ -43,6 +48,9 @@ from tests.standin import free_port  # noqa: E402
 SCALE_32B = 59.6 / 22  # GiB a 32B bf16 model backs up / GiB the measured 8B backed up (vllm#48337)
 SLEEP_S = {1: round(10.57 * SCALE_32B, 2)}
 WAKE_S = {1: round(2.19 * SCALE_32B, 2)}
+SCALE_CHECKPOINT_32B = 59.6 * 1024 / 6756  # GiB of a 32B bf16 model / MiB the H200's parked process used
+CHECKPOINT_S, RESTORE_S = round(3.81 * SCALE_CHECKPOINT_32B, 2), round(1.17 * SCALE_CHECKPOINT_32B, 2)
+CUDA_CHECKPOINT = str(REPO / "tests" / "simrig" / "cuda-checkpoint")
 
 
 def first_token_s(url: str, model: str, timeout: float = 900) -> float:
@@ -72,32 +80,41 @@ def serve(slots: dict, engine_urls: dict) -> tuple[Scheduler, dict, list]:
     return scheduler, urls, fronts
 
 
-def sleep_path(folder: Path) -> None:
+def stand_in_path(folder: Path, swap: str) -> tuple[float, float, float]:
+    """(first token with the model loaded, after a swap, after a wake with the GPUs free) on two stand-ins sized
+    as a 32B model, parked by `swap` ("sleep" or "checkpoint")."""
+    import os
+
+    registry = folder / f"cuda-processes-{swap}"
+    os.environ["CUDA_CHECKPOINT_STANDIN_REGISTRY"] = str(registry)
     env = {"STANDIN_SLEEP_S": ",".join(f"{k}:{v}" for k, v in SLEEP_S.items()),
-           "STANDIN_WAKE_S": ",".join(f"{k}:{v}" for k, v in WAKE_S.items())}
+           "STANDIN_WAKE_S": ",".join(f"{k}:{v}" for k, v in WAKE_S.items()),
+           "STANDIN_CHECKPOINT_S": str(CHECKPOINT_S), "STANDIN_RESTORE_S": str(RESTORE_S),
+           "STANDIN_CHECKPOINT_REGISTRY": str(registry)}
     specs, slots, engine_urls = [], {}, {}
     try:
         for name in ("alpha", "beta"):
             port = free_port()
-            spec = ondemand_engines.spec_for(folder, name, port, env, [])
+            spec = ondemand_engines.spec_for(folder / swap, name, port, env, [])
             specs.append(spec)
             subprocess.run(ondemand_engines.command("start", spec), check=True, timeout=30)
             engine_urls[name] = f"http://127.0.0.1:{port}"
-            engine = Engine(name=name, served_name=name, url=engine_urls[name], swap="sleep", sleep_level=1,
+            engine = Engine(name=name, served_name=name, url=engine_urls[name], swap=swap, sleep_level=1,
                             stop=ondemand_engines.command("stop", spec), start=ondemand_engines.command("start", spec),
-                            restart=ondemand_engines.command("restart", spec), ready_timeout_s=60)
+                            restart=ondemand_engines.command("restart", spec), ready_timeout_s=60,
+                            checkpoint_tool=CUDA_CHECKPOINT, pids=ondemand_engines.command("pids", spec))
             engine.wait_ready()
             engine.wake()  # records the canary from this start
             slots[name] = Slot(engine=engine, conflicts={"beta"} if name == "alpha" else {"alpha"})
-        slots["beta"].engine.park()
+        _, slots["beta"].parked_as = slots["beta"].engine.park()
         slots["alpha"].state, slots["beta"].state = "awake", "parked"
         scheduler, urls, fronts = serve(slots, engine_urls)
         awake_s = first_token_s(urls["alpha"], "alpha")
-        swap_s = first_token_s(urls["beta"], "beta")  # alpha sleeps, then beta wakes
-        slots["beta"].engine.park()
-        with scheduler.cond:
+        swap_s = first_token_s(urls["beta"], "beta")  # alpha is parked, then beta loaded
+        with scheduler.cond:  # beta parked by hand, as the scheduler would: the GPUs are free then
+            _, slots["beta"].parked_as = slots["beta"].engine.park()
             slots["beta"].state = "parked"
-            slots["alpha"].state = "parked"  # alpha sleeps already (the swap above): the GPUs are free
+            slots["alpha"].state = "parked"  # alpha is parked already (the swap above)
         wake_s = first_token_s(urls["beta"], "beta")
         for front in fronts:
             front.shutdown()
@@ -105,11 +122,25 @@ def sleep_path(folder: Path) -> None:
     finally:
         for spec in specs:
             ondemand_engines.stop(spec)
+    return awake_s, swap_s, wake_s
+
+
+def sleep_path(folder: Path) -> None:
+    awake_s, swap_s, wake_s = stand_in_path(folder, "sleep")
     print(f"sleep mode, level 1, a 32B model (stand-in: sleep {SLEEP_S[1]} s, wake {WAKE_S[1]} s):")
     print(f"  loaded already:            {awake_s:6.2f} s to the first token")
     print(f"  woken, GPUs free:          {wake_s:6.2f} s   (issue #51: within 10 s)")
     print(f"  swapped (the other sleeps): {swap_s:6.2f} s")
     print(f"  swapped / woken: {swap_s / wake_s:.2f}")
+
+
+def checkpoint_path(folder: Path) -> None:
+    awake_s, swap_s, wake_s = stand_in_path(folder, "checkpoint")
+    print(f"cuda-checkpoint, a 32B model (stand-in: checkpoint {CHECKPOINT_S} s, restore {RESTORE_S} s, "
+          "the H200's times scaled by the bytes):")
+    print(f"  loaded already:                   {awake_s:6.2f} s to the first token")
+    print(f"  restored, GPU free:               {wake_s:6.2f} s")
+    print(f"  swapped (the other checkpointed): {swap_s:6.2f} s")
 
 
 def stop_start_path(folder: Path) -> None:
@@ -152,6 +183,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         sleep_path(Path(folder))
+        checkpoint_path(Path(folder))
         if not args.skip_real:
             stop_start_path(Path(folder))
     return 0

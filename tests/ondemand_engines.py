@@ -3,10 +3,11 @@ stops and starts a model's container on a rig. TEST INFRASTRUCTURE: it plays Doc
 and restart for a process on 127.0.0.1 (the container and its engine process; a restart is a new process,
 so whatever a bad wake corrupted is gone, as in a restarted container).
 
-    python3 tests/ondemand_engines.py stop|start|restart|memory SPEC.json
+    python3 tests/ondemand_engines.py stop|start|restart|memory|pids SPEC.json
 
 `memory` plays `nvidia-smi --query-gpu=memory.used` for the engine's one GPU: the MiB its process holds (the
 stand-in's STANDIN_MEMORY_FILE), 0 once that process is gone, as a driver frees a dead process's memory.
+`pids` plays `docker top CONTAINER -eo pid`: a header, then the engine's PID while it runs.
 """
 
 from __future__ import annotations
@@ -88,6 +89,14 @@ if __name__ == "__main__":
     verb, path = sys.argv[1], Path(sys.argv[2])
     if verb == "memory":
         print(memory(path))
+    if verb == "pids":  # as `docker top CONTAINER -eo pid` prints the container's processes
+        print("PID")
+        try:
+            pid = int(Path(json.loads(path.read_text())["pidfile"]).read_text())
+        except (FileNotFoundError, ValueError):
+            pid = 0
+        if pid and alive(pid):
+            print(pid)
     if verb in ("stop", "restart"):
         stop(path)
     if verb in ("start", "restart"):

@@ -262,7 +262,7 @@ def test_an_idle_model_is_stopped_asleep_or_not_and_its_gpu_goes_back_to_its_emp
     assert rig.exec("systemctl start rigkit-ondemand")[0] == 0
     assert fronts_answer() and clock_locks(rig) == [None, [0, 2200]]  # ready: locks settled, fronts listening
     wait_for("rigkit-ondemand's state file to say both stopped",
-             lambda: all(m["state"] == "parked" and m["stopped"] for m in
+             lambda: all(m["state"] == "parked" and m["parked_as"] == "stopped" for m in
                          json.loads(rig.exec("cat /run/rigkit/ondemand.json")[1])["models"].values()), 10)
     # `rigkit status` says so: each model stopped (not down), GPU 0's lock released while parked
     _, text, report = run_status(rig, idle, tmp_path, timeout=180, catalog=write_catalog(folder))
@@ -287,3 +287,30 @@ def test_a_parked_models_container_removed_by_a_prune_is_created_again_by_the_ne
     log = journal(rig)
     assert "od-beta: started (its container was gone: created again from its proven config), canary equal" in log, \
         log[-3000:]
+
+
+def test_models_parked_by_checkpoint_leave_nothing_on_the_gpu_and_each_restore_is_proven(deployed, tmp_path):
+    """`swap: checkpoint` for both models: rigkit-ondemand parks each with the rig's cuda-checkpoint (simulated:
+    tests/simrig/cuda-checkpoint plays NVIDIA's tool on the stand-ins, found through Docker by PID; checkpointed,
+    a stand-in holds 0 MiB and its requests wait) and restores it for its next request, proven by the canary.
+    The parked model's container keeps running, with nothing of it on GPU 0."""
+    rig, rig_file, folder, _ = deployed
+    path = folder / "checkpoint.yml"
+    path.write_text(rig_file.read_text().replace("- {name: od-alpha}", "- {name: od-alpha, swap: checkpoint}")
+                    .replace("- {name: od-beta}", "- {name: od-beta, swap: checkpoint}"))
+    catalog = write_catalog(folder)
+    run = run_deploy(rig, path, catalog=catalog, verify=False)
+    assert run.returncode == 0, run.output[-4000:]
+    assert "--enable-sleep-mode" not in rig.exec("cat /etc/rigkit/stacks/od-alpha/compose.yml")[1]
+    assert complete("od-alpha", stream=False) == 6
+    assert complete("od-beta", stream=True) == 6  # od-alpha is checkpointed for it
+    assert complete("od-alpha", stream=False) == 6  # od-beta is checkpointed, od-alpha restored
+    log = journal(rig)
+    assert "od-alpha: checkpointed (1 CUDA process)" in log and "od-beta: checkpointed (1 CUDA process)" in log, log[-3000:]
+    assert "od-alpha: restored from its checkpoint, canary equal" in log, log[-3000:]
+    assert engine_running("od-alpha") and engine_running("od-beta")  # both processes run; one is checkpointed
+    used = int(rig.exec("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0")[1])
+    assert used == int(0.6 * 24564), used  # od-alpha's share only: nothing of od-beta on GPU 0
+    _, text, report = run_status(rig, path, tmp_path, timeout=180, catalog=catalog)
+    states = {s["model"]: s["on_demand"] for s in report["rigs"][0]["stacks"] if s["on_demand"]}
+    assert states == {"od-alpha": "loaded", "od-beta": "checkpointed"}, states

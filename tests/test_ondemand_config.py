@@ -111,7 +111,22 @@ def test_bad_on_demand_entries_are_refused_with_the_field_and_what_is_allowed(tm
     assert ("on_demand.models[0].engine_port: 18102: port 18102 is the port of model test-beta; give test-alpha's "
             "engine a port of its own") in clash
     wrong = problems(tmp_path, "on_demand:\n  hold_s: 1\n  models:\n    - {name: test-alpha, swap: hibernate}\n")
-    assert "hold_s" in wrong and "greater than or equal to 5" in wrong and "'sleep' or 'stop'" in wrong
+    assert "hold_s" in wrong and "greater than or equal to 5" in wrong and "'sleep', 'checkpoint' or 'stop'" in wrong
+    tool = problems(tmp_path, "on_demand:\n  cuda_checkpoint: 'cuda-checkpoint; reboot'\n  models:\n    - {name: test-alpha}\n")
+    assert "on_demand.cuda_checkpoint" in tool and "should match pattern '^/[A-Za-z0-9_./-]*$'" in tool, tool
+
+
+def test_a_model_spanning_gpus_is_not_parked_by_checkpoint(tmp_path):
+    """cuda-checkpoint does not move memory shared between processes (NCCL): a model on two GPUs is refused."""
+    catalog = copy_catalog(tmp_path, test_alpha=[("gpus: [0]", "gpus: [0, 1]\nparallel: {tensor: 2}\nshared_gpus: true")])
+    found = problems(tmp_path, "on_demand:\n  models:\n    - {name: test-alpha, swap: checkpoint}\n", catalog)
+    assert ("on_demand.models[0].swap: 'checkpoint': test-alpha spans GPUs ([0, 1]): cuda-checkpoint does not move "
+            "the memory its processes share (NCCL); a model on one GPU only, else sleep or stop") in found, found
+    rig = load_rig(*rig_with(tmp_path, "on_demand:\n  models:\n    - {name: test-beta, swap: checkpoint}\n"))
+    assert [m.on_demand.swap for m in rig.models if m.on_demand] == ["checkpoint"]
+    settings = json.loads(front_config(rig, with_api_key=True))
+    assert [m["checkpoint_tool"] for m in settings["models"]] == ["/usr/local/bin/cuda-checkpoint"]
+    assert "--enable-sleep-mode" not in render_compose(rig.models[1], with_api_key=True)
 
 
 def test_rigkit_check_refuses_on_demand_on_a_windows_rig(tmp_path):
@@ -137,7 +152,7 @@ def test_status_takes_an_on_demand_model_not_running_or_asleep_as_parked_not_dow
                                                  "error": "HTTP 503: The model is sleeping"}
         facts["ondemand"] = {"now": 1000.0, "gpus_parked": ["0"], "state": {
             "written_at": 1000.0 - written_s_ago, "models": {
-                "test-alpha": {"state": "parked", "stopped": True}, "test-beta": {"state": "parked", "stopped": False}}}}
+                "test-alpha": {"state": "parked", "parked_as": "stopped"}, "test-beta": {"state": "parked", "parked_as": "asleep"}}}}
         doc = build_status(rig, "rig1", COMMANDS, gpus(), facts, weights(rig=rig), wanted_files(rig), results(rig=rig),
                            NOW, "rigkit-gpu-policy.service")
         return doc, {d["what"] for d in doc["drift"]} | {f["what"] for f in doc["failures"]}

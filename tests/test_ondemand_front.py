@@ -34,17 +34,23 @@ def wait_for(url: str, seconds: float = 20) -> None:
     raise AssertionError(f"{url} did not answer /health within {seconds} s")
 
 
+CUDA_CHECKPOINT = os.path.join(os.path.dirname(__file__), "simrig", "cuda-checkpoint")
+
+
 @pytest.fixture
-def rig(tmp_path):
+def rig(tmp_path, monkeypatch):
     """Start engines and fronts as asked: rig(names, env_of={name: {...}}, hold_s=..., idle_park_s=...)
     -> (front URLs, engine URLs, scheduler, log lines)."""
     specs, fronts, schedulers = [], [], []
+    registry = tmp_path / "cuda-processes"  # where the stand-in cuda-checkpoint finds a local engine by its PID
+    monkeypatch.setenv("CUDA_CHECKPOINT_STANDIN_REGISTRY", str(registry))
 
     def build(names=("alpha", "beta"), env_of=None, hold_s=60.0, idle_park_s=600.0, conflicting=True, swap="sleep"):
         slots, engine_urls, log = {}, {}, []
         for name in names:
             port = free_port()
-            spec = ondemand_engines.spec_for(tmp_path, name, port, (env_of or {}).get(name, {}), [])
+            env = {"STANDIN_CHECKPOINT_REGISTRY": str(registry), **(env_of or {}).get(name, {})}
+            spec = ondemand_engines.spec_for(tmp_path, name, port, env, [])
             specs.append(spec)
             subprocess.run(ondemand_engines.command("start", spec), check=True, timeout=30)
             engine_urls[name] = f"http://127.0.0.1:{port}"
@@ -54,14 +60,15 @@ def rig(tmp_path):
                             start=ondemand_engines.command("start", spec),
                             restart=ondemand_engines.command("restart", spec), ready_timeout_s=30,
                             held_mib=int((env_of or {}).get(name, {}).get("STANDIN_MEMORY_MIB", "0")),
-                            memory_probe=ondemand_engines.command("memory", spec))
+                            memory_probe=ondemand_engines.command("memory", spec),
+                            checkpoint_tool=CUDA_CHECKPOINT, pids=ondemand_engines.command("pids", spec))
             others = {n for n in names if n != name} if conflicting else set()
             slots[name] = Slot(engine=engine, conflicts=others, idle_park_s=idle_park_s)
         # as rigkit-ondemand starts: every model's canary recorded from its start, the first left loaded
         for i, name in enumerate(names):
             slots[name].engine.wake()
             if i and conflicting:
-                slots[name].engine.park()
+                _, slots[name].parked_as = slots[name].engine.park()
                 slots[name].state = "parked"
             else:
                 slots[name].state = "awake"
@@ -164,9 +171,9 @@ def test_an_idle_model_is_stopped_asleep_or_awake_and_the_next_request_starts_it
     urls, engines, scheduler, log = rig(names=("alpha", "beta"), idle_park_s=1.0)
     assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
     deadline = time.monotonic() + 15
-    while not all(scheduler.slots[n].stopped for n in ("alpha", "beta")) and time.monotonic() < deadline:
+    while not all(scheduler.slots[n].parked_as == "stopped" for n in ("alpha", "beta")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert all(scheduler.slots[n].stopped for n in ("alpha", "beta")), scheduler.swaps
+    assert all(scheduler.slots[n].parked_as == "stopped" for n in ("alpha", "beta")), scheduler.swaps
     assert (sleeping(engines["alpha"]), sleeping(engines["beta"])) == (None, None)  # no process answers: both stopped
     idle = sorted(s[0] for s in scheduler.swaps if s[1] == "idle 1 s: stopped")
     assert idle == ["alpha", "beta"], scheduler.swaps  # beta asleep since the start, alpha awake after its request
@@ -280,13 +287,13 @@ def test_a_restarted_program_proves_a_wake_with_the_kept_canary_until_the_config
         kept = json.loads(proof.read_text())
         assert kept["canary"] == first.canary and [m["id"] for m in kept["models"]["data"]] == ["gamma"]
         assert (proof.parent.stat().st_mode & 0o777) == 0o700
-        assert first.park() == ("asleep (level 1)", False)
+        assert first.park() == ("asleep (level 1)", "asleep")
 
         second = engine()
         assert second.load_proof() and second.canary == first.canary
         assert second.models["data"][0]["id"] == "gamma"
         assert second.wake() == "woken, canary equal"  # proven against the kept canary, not restarted cold
-        assert second.park() == ("asleep (level 1)", False)
+        assert second.park() == ("asleep (level 1)", "asleep")
 
         config.write_text("services: {vllm: {command: [--max-model-len, '8192']}}\n")  # a deploy changed it
         third = engine()
@@ -303,16 +310,77 @@ def test_a_stopped_engine_whose_container_is_gone_is_created_again_and_proven(ri
     urls, engines, scheduler, log = rig(names=("alpha",), idle_park_s=0.5, conflicting=False)
     engine = scheduler.slots["alpha"].engine
     deadline = time.monotonic() + 15
-    while not scheduler.slots["alpha"].stopped and time.monotonic() < deadline:
+    while not scheduler.slots["alpha"].parked_as == "stopped" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert scheduler.slots["alpha"].stopped, scheduler.swaps
+    assert scheduler.slots["alpha"].parked_as == "stopped", scheduler.swaps
     engine.create, engine.start = engine.start, ["sh", "-c", "echo 'no container to start' >&2; exit 1"]
     engine.create_env = lambda: {**os.environ, "RIGKIT_TEST_CREATED": "1"}
     assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
     assert scheduler.swaps[-1][1] == "started (its container was gone: created again from its proven config), canary equal"
     engine.create = []  # without a create command the start's own failure is the answer
-    while not scheduler.slots["alpha"].stopped and time.monotonic() < deadline + 15:
+    while not scheduler.slots["alpha"].parked_as == "stopped" and time.monotonic() < deadline + 15:
         time.sleep(0.05)
     response = httpx.post(f"{urls['alpha']}/v1/completions", json={"model": "alpha", "prompt": "x", "max_tokens": 1},
                           timeout=30)
     assert response.status_code == 503 and "no container to start" in response.text, response.text
+
+
+def checkpoint_state(engine) -> str | None:
+    """What the stand-in cuda-checkpoint says of the engine's process (None: no process runs)."""
+    pids = engine.container_pids()
+    if not pids:
+        return None
+    done = subprocess.run([CUDA_CHECKPOINT, "--get-state", "--pid", str(pids[0])], capture_output=True, text=True,
+                          timeout=30)
+    return done.stdout.strip()
+
+
+def test_two_models_parked_by_checkpoint_alternate_with_no_failed_request_and_nothing_left_on_the_gpu(rig):
+    """swap: checkpoint. Simulated: the GPU (each engine's held MiB) and cuda-checkpoint (tests/simrig/
+    cuda-checkpoint: the stand-in's memory to 0 and its requests waiting while checkpointed). Every park is a
+    checkpoint that leaves 0 MiB of the model on its GPU, every load a restore proven by the canary."""
+    mib = {"STANDIN_MEMORY_MIB": "14000"}
+    urls, engines, scheduler, log = rig(swap="checkpoint", env_of={"alpha": mib, "beta": mib})
+    alpha, beta = scheduler.slots["alpha"].engine, scheduler.slots["beta"].engine
+    assert checkpoint_state(beta) == "checkpointed" and beta.memory_used() == 0  # parked at the start
+    failures, usages, both = ondemand_engines.alternate(
+        ("alpha", "beta"), lambda model, stream: complete(urls[model], model, stream, max_tokens=6)["completion_tokens"],
+        lambda: alpha.memory_used() > 0 and beta.memory_used() > 0, each=6, timeout_s=180)
+    assert not failures, failures[:5]
+    assert usages == [6] * 24 and not both, (usages, both)
+    restores = [s for s in scheduler.swaps if "restored" in s[1]]
+    assert len(restores) >= 2 and all(s[1] == "restored from its checkpoint, canary equal" for s in restores), \
+        scheduler.swaps
+    assert all(s[1] == "checkpointed (1 CUDA process)" for s in scheduler.swaps if "restored" not in s[1]), \
+        scheduler.swaps
+    parked = next(n for n, slot in scheduler.slots.items() if slot.state == "parked")
+    assert scheduler.slots[parked].parked_as == "checkpointed"
+    assert checkpoint_state(scheduler.slots[parked].engine) == "checkpointed"
+    assert scheduler.slots[parked].engine.memory_used() == 0
+
+
+def test_a_restore_that_brings_corrupted_weights_back_is_caught_by_the_canary_and_restarted_cold(rig):
+    urls, engines, scheduler, log = rig(swap="checkpoint", env_of={"alpha": {"STANDIN_FAULT": "bad_wake"}})
+    assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8  # alpha is checkpointed for beta
+    assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8  # its restore is bad
+    [load] = [s for s in scheduler.swaps if s[0] == "alpha" and "canary" in s[1]]
+    assert load[1].startswith("cold restart (after it was restored from its checkpoint, the canary's greedy tokens "
+                              "differ from token 0 on"), load
+    assert scheduler.slots["alpha"].engine.canary_differs() is None
+
+
+def test_an_idle_model_parked_by_checkpoint_stays_checkpointed_not_stopped_and_is_restored_by_the_next_request(rig):
+    """Idle, a checkpointed model is left so (nothing of it on its GPU already) and one awake is checkpointed,
+    not stopped: the next request restores it instead of starting it."""
+    urls, engines, scheduler, log = rig(swap="checkpoint", idle_park_s=1.0)
+    assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8
+    deadline = time.monotonic() + 15
+    while scheduler.slots["alpha"].state != "parked" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [scheduler.slots[n].parked_as for n in ("alpha", "beta")] == ["checkpointed", "checkpointed"], scheduler.swaps
+    assert [s for s in scheduler.swaps if s[0] == "alpha"][-1][1] == "idle 1 s: checkpointed (1 CUDA process)"
+    assert not [s for s in scheduler.swaps if "stopped" in s[1]], scheduler.swaps
+    assert checkpoint_state(scheduler.slots["alpha"].engine) == "checkpointed"  # the process still runs
+    assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8
+    assert [s[1] for s in scheduler.swaps if s[0] == "alpha"][-1] == "restored from its checkpoint, canary equal"
+

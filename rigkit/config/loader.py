@@ -86,6 +86,10 @@ def on_demand_models(spec: RigSpec, rig_file: Path, models: list[ModelConfig]) -
             result.append(model)
             continue
         n, entry = wanted[model.name]
+        if entry.swap == "checkpoint" and len(model.spec.gpus) > 1:
+            problems.append(Problem(rig_file, f"on_demand.models[{n}].swap", entry.swap,
+                                    f"{model.name} spans GPUs ({model.spec.gpus}): cuda-checkpoint does not move the "
+                                    "memory its processes share (NCCL); a model on one GPU only, else sleep or stop"))
         port = entry.engine_port or (model.spec.port + 10000 if model.spec.port + 10000 <= 65535 else model.spec.port - 10000)
         if port in taken:
             problems.append(Problem(rig_file, f"on_demand.models[{n}].engine_port", port,

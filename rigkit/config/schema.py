@@ -212,13 +212,14 @@ def _ipv4_network(value: str) -> str:
 class OnDemandModel(_Strict):
     """One model of the rig served on demand (docs/on-demand.md): loaded when a request for it comes, parked
     after `idle_park_s` with none. `swap`: how it is parked and loaded again, vLLM's sleep mode (level 1: the
-    weights kept in host RAM) or stopping its container (started again warm). `engine_port`: where its vLLM
+    weights kept in host RAM), NVIDIA's cuda-checkpoint (its process's GPU memory kept in host RAM, nothing left
+    on the GPU; a model on one GPU) or stopping its container (started again warm). `engine_port`: where its vLLM
     listens on the rig's loopback, behind rigkit-ondemand's front on the model's own port (default: the
     model's port + 10000, or - 10000 where that passes 65535)."""
 
     name: Annotated[str, AfterValidator(_follows_name_rule)]
     idle_park_s: int = Field(default=600, ge=5, le=86_400)
-    swap: Literal["sleep", "stop"] = "sleep"
+    swap: Literal["sleep", "checkpoint", "stop"] = "sleep"
     engine_port: int | None = Field(default=None, ge=1024, le=65535)
 
 
@@ -226,6 +227,9 @@ class OnDemandSpec(_Strict):
     """The rig's on-demand models and how long a request waits for its model to be loaded (`hold_s`)."""
 
     hold_s: int = Field(default=300, ge=5, le=3600)
+    # NVIDIA's cuda-checkpoint on the rig (github.com/NVIDIA/cuda-checkpoint, bin/x86_64_Linux/; driver 570 or
+    # later), for models with `swap: checkpoint`: an absolute path on the rig (letters, digits, _ . / -).
+    cuda_checkpoint: str = Field(default="/usr/local/bin/cuda-checkpoint", max_length=200, pattern=r"^/[A-Za-z0-9_./-]*$")
     models: list[OnDemandModel] = Field(default_factory=list, max_length=MAX_MODELS_ON_DEMAND)
 
 

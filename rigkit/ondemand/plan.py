@@ -66,6 +66,7 @@ def front_config(rig: RigConfig, with_api_key: bool) -> str:
         "project": project_name(m),
         "gpus": list(m.spec.gpus),
         "swap": m.on_demand.swap,
+        "checkpoint_tool": rig.spec.on_demand.cuda_checkpoint if m.on_demand.swap == "checkpoint" else "",
         "sleep_level": SLEEP_LEVEL,
         "idle_park_s": m.on_demand.idle_park_s,
         "conflicts": sorted(clash[m.name]),

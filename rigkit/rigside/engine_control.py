@@ -26,7 +26,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from . import atomic
+from . import atomic, gpu_checkpoint
+from .gpu_checkpoint import CheckpointError
 from .keyfile import api_key as key_of
 from .probe import NoAnswer, complete_at
 
@@ -49,8 +50,10 @@ class EngineError(Exception):
 @dataclass
 class Engine:
     """How to reach and drive one model's engine. `swap`: "sleep" (vLLM's sleep mode, level
-    `sleep_level`) or "stop" (the container is stopped and started again, warm from its compile cache).
-    `stop` and `start`: the commands that stop and start its container (Compose's, built by rigkit)."""
+    `sleep_level`), "checkpoint" (its CUDA processes parked by cuda-checkpoint, rigside.gpu_checkpoint: the
+    tool at `checkpoint_tool`, the container's processes as `pids` prints them) or "stop" (the container is
+    stopped and started again, warm from its compile cache). `stop` and `start`: the commands that stop and
+    start its container (Compose's, built by rigkit)."""
 
     name: str
     served_name: str
@@ -80,6 +83,8 @@ class Engine:
     proof_file: str | None = None
     config_file: str | None = None
     models: dict | None = None  # the engine's /v1/models answer, from its last proven start or wake
+    checkpoint_tool: str = ""  # cuda-checkpoint, for swap "checkpoint"
+    pids: list[str] = field(default_factory=list)  # prints the container's processes' PIDs (docker top), one a line
 
     # -- the proof, kept across restarts of the program ------------------------------------------------------
     def load_proof(self) -> bool:
@@ -136,12 +141,15 @@ class Engine:
         return key_of(self.key_settings) if self.key_settings else self.api_key
 
     def is_sleeping(self) -> bool | None:
-        """True or False as vLLM says; None when the engine cannot be reached (stopped, starting)."""
+        """True or False as vLLM says (for swap "checkpoint": whether its processes are checkpointed); None
+        when the engine cannot be reached (stopped, starting)."""
+        if self.swap == "checkpoint" and self.checkpointed():
+            return True
         try:
             status, answer = self.call("GET", "/is_sleeping", timeout_s=5)
         except OSError:
             return None
-        if status == 404 and self.swap == "stop":  # no development routes: an engine that never sleeps
+        if status == 404 and self.swap in ("stop", "checkpoint"):  # no development routes: an engine that never sleeps
             return False
         if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("is_sleeping"), bool):
             raise EngineError(f"{self.name}: /is_sleeping answered {status} {str(answer)[:200]}")
@@ -178,15 +186,26 @@ class Engine:
         return None
 
     # -- park and wake ----------------------------------------------------------------------------------------
-    def park(self, deep: bool = False) -> tuple[str, bool]:
-        """Free the model's GPUs: (what was done, in words; whether the container was stopped, so that nothing
-        of it stays on its GPUs, where asleep its CUDA context does). `deep`: stop the container even where it could sleep,
-        so nothing stays on its GPUs: a sleeping engine keeps its CUDA context, which keeps a GPU out of its
-        empty idle (121.5 W against 78.8 W on an H200, docs/on-demand.md)."""
-        if deep:
-            run(self.stop, f"{self.name}: stopping its container", 120)
-            return "stopped", True
+    def park(self, deep: bool = False) -> tuple[str, str]:
+        """Free the model's GPUs: (what was done, in words; how it is parked: "asleep", where its CUDA context
+        stays on its GPUs, or "checkpointed" or "stopped", where nothing of it does). `deep`: nothing may stay,
+        so a model that would sleep is stopped: a sleeping engine keeps its CUDA context, which keeps a GPU out
+        of its empty idle (121.5 W against 78.8 W on an H200, docs/on-demand.md); a checkpoint leaves nothing."""
         why = ""
+        if self.swap == "checkpoint":  # nothing stays on its GPUs: the same when idle (deep) as for a swap
+            if self.checkpointed():
+                return "checkpointed already", "checkpointed"
+            try:
+                before = self.memory_used()
+                parked = gpu_checkpoint.checkpoint(self.checkpoint_tool, self.container_pids())
+                why = self.memory_not_freed(before, "checkpointed", allowed_mib=0)
+                if not why:
+                    return f"checkpointed ({len(parked)} CUDA process{'es' if len(parked) > 1 else ''})", "checkpointed"
+            except (CheckpointError, EngineError) as error:
+                why = f"cuda-checkpoint failed: {error}"
+        elif deep:
+            run(self.stop, f"{self.name}: stopping its container", 120)
+            return "stopped", "stopped"
         if self.swap == "sleep":
             try:
                 before = self.memory_used()
@@ -194,14 +213,14 @@ class Engine:
                 if status == 200 and self.is_sleeping() is True:
                     why = self.memory_not_freed(before)
                     if not why:
-                        return f"asleep (level {self.sleep_level})", False
+                        return f"asleep (level {self.sleep_level})", "asleep"
                 else:
                     why = f"/sleep answered {status} {str(answer)[:200]} and /is_sleeping does not say asleep"
             except (OSError, EngineError) as error:
                 why = f"/sleep failed: {error}"
         # a sleep that did not take may hold the GPUs still: the container is stopped instead
         run(self.stop, f"{self.name}: stopping its container" + (f" ({why})" if why else ""), 120)
-        return (f"stopped ({why})" if why else "stopped"), True
+        return (f"stopped ({why})" if why else "stopped"), "stopped"
 
     def memory_used(self) -> int | None:
         """MiB used on the model's GPUs, all together, as memory_probe prints it; None without a probe."""
@@ -217,17 +236,40 @@ class Engine:
                               f"{(done.stderr or done.stdout).strip()[-200:]}")
         return sum(values)
 
-    def memory_not_freed(self, before: int | None) -> str:
-        """Why the sleep did not free the model's memory (it says asleep, but the GPUs say otherwise); ""."""
+    def memory_not_freed(self, before: int | None, said: str = "asleep", allowed_mib: int | None = None) -> str:
+        """Why the park did not free the model's memory (it says `said`, but the GPUs say otherwise); "". A
+        sleep may leave its CUDA context (LEFT_AFTER_SLEEP_*); a checkpoint leaves nothing (`allowed_mib` 0,
+        with a margin for what the GPUs' other users allocate meanwhile: 1% of what it held)."""
         if before is None or not self.held_mib:
             return ""
         after = self.memory_used()
         left = self.held_mib - (before - after)
-        allowed = max(LEFT_AFTER_SLEEP_MIB, round(self.held_mib * LEFT_AFTER_SLEEP_SHARE))
+        allowed = (max(LEFT_AFTER_SLEEP_MIB, round(self.held_mib * LEFT_AFTER_SLEEP_SHARE)) if allowed_mib is None
+                   else allowed_mib + round(self.held_mib * 0.01))
         if left > allowed:
-            return (f"it says asleep but freed {before - after} MiB of the {self.held_mib} MiB it held: {left} MiB "
+            return (f"it says {said} but freed {before - after} MiB of the {self.held_mib} MiB it held: {left} MiB "
                     f"left on its GPUs, more than {allowed}")
         return ""
+
+    def container_pids(self) -> list[int]:
+        """The container's processes (host PIDs, as `pids` prints them); [] where it runs none."""
+        if not self.pids:
+            raise EngineError(f"{self.name}: no command to list its container's processes")
+        try:
+            done = subprocess.run(self.pids, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise EngineError(f"{self.name}: its container's processes could not be listed: {error}") from None
+        if done.returncode:
+            return []  # no such container, or not running
+        return [int(word) for word in done.stdout.split()[:4096] if word.isascii() and word.isdigit()]
+
+    def checkpointed(self) -> bool:
+        """Whether a CUDA process of the container is checkpointed (swap "checkpoint")."""
+        try:
+            states = gpu_checkpoint.cuda_states(self.checkpoint_tool, self.container_pids())
+        except (CheckpointError, EngineError):
+            return False
+        return "checkpointed" in states.values()
 
     def wake(self) -> str:
         """Bring the model back and prove it; a wake the canary refuses is followed by a cold restart. What
@@ -248,10 +290,17 @@ class Engine:
         elif sleeping:
             if self.canary is None:  # nothing to prove a wake against: a start rigkit proves is the reference
                 return self.cold_restart("no canary recorded yet to prove a wake against")
-            status, answer = self.call("POST", "/wake_up", timeout_s=120)
-            if status != 200 or self.is_sleeping() is not False:
-                return self.cold_restart(f"/wake_up answered {status} {str(answer)[:200]}")
-            how = "woken"
+            if self.swap == "checkpoint":
+                try:
+                    gpu_checkpoint.restore(self.checkpoint_tool, self.container_pids())
+                except (CheckpointError, EngineError) as error:
+                    return self.cold_restart(f"its restore from the checkpoint failed: {error}")
+                how = "restored from its checkpoint"
+            else:
+                status, answer = self.call("POST", "/wake_up", timeout_s=120)
+                if status != 200 or self.is_sleeping() is not False:
+                    return self.cold_restart(f"/wake_up answered {status} {str(answer)[:200]}")
+                how = "woken"
         else:
             how = "already awake"
         differs = self.canary_differs()

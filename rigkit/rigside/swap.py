@@ -32,7 +32,7 @@ class Slot:
     conflicts: set = field(default_factory=set)  # models that cannot be loaded beside this one
     idle_park_s: float = 600.0
     state: str = "unknown"  # awake, parked, failed
-    stopped: bool = False  # parked with its container stopped: nothing of it on its GPUs, not even a context
+    parked_as: str = ""  # asleep (its CUDA context stays), checkpointed or stopped (nothing of it on its GPUs)
     in_flight: int = 0
     waiting: list = field(default_factory=list)  # arrival times of held requests
     closed: bool = False  # no new requests admitted: another model waits for these GPUs
@@ -136,7 +136,7 @@ class Scheduler:
                 return "wake", name
         for name, slot in self.slots.items():  # stopped after their idle time, awake or asleep
             idle = not slot.in_flight and not slot.waiting and now - slot.last_used >= slot.idle_park_s
-            if idle and (slot.state == "awake" or (slot.state == "parked" and not slot.stopped)):
+            if idle and (slot.state == "awake" or (slot.state == "parked" and slot.parked_as == "asleep")):
                 slot.closed = True
                 return "stop", name
         return None
@@ -149,16 +149,16 @@ class Scheduler:
             if verb == "wake":
                 if self.clocks:  # the policy's clock lock back before the model's first token
                     self.clocks.before_load(name)
-                done, state, stopped = slot.engine.wake(), "awake", False
+                done, state, parked_as = slot.engine.wake(), "awake", ""
             else:
-                (done, stopped), state = slot.engine.park(deep=verb == "stop"), "parked"
+                (done, parked_as), state = slot.engine.park(deep=verb == "stop"), "parked"
                 if verb == "stop":
                     done = f"idle {slot.idle_park_s:g} s: {done}"
             failure = ""
         except EngineError as error:
-            done, state, stopped, failure = f"failed: {error}", "failed", False, str(error)
+            done, state, parked_as, failure = f"failed: {error}", "failed", "", str(error)
         except Exception as error:  # anything else is said and kept too: the swap thread must not end unseen
-            done, state, stopped = f"failed: {type(error).__name__}: {error}", "failed", False
+            done, state, parked_as = f"failed: {type(error).__name__}: {error}", "failed", ""
             failure = f"{type(error).__name__}: {error}"
         seconds = time.monotonic() - started
         self.log(f"rigkit-ondemand: {name}: {done} ({seconds:.2f} s)")
@@ -166,7 +166,7 @@ class Scheduler:
             self.swaps.append((name, done, round(seconds, 3)))
             del self.swaps[:-100]
             slot.state, slot.failure, slot.closed = state, failure, False
-            slot.stopped = stopped
+            slot.parked_as = parked_as
             if state == "awake":
                 slot.awake_since = slot.last_used = time.monotonic()
             if state == "failed":

@@ -97,6 +97,7 @@ def collect(rig: RigConfig, status_dir: Path, inventory: str, results_dir: Path)
         {"host": probe_host(gateway), "port": gateway.port,
          "cert": GATEWAY_TLS_CERT_PATH, "issued_by_rigkit": gateway.tls == "rigkit"},
         models=[{"name": m.name, "project": project_name(m), "port": m.spec.port, "served_model_name": served_name(m),
+                 "on_demand": bool(m.on_demand),
                  "image": m.spec.image, "volume": volume_name(m) if m.spec.weights.storage == "volume" else None}
                 for m in rig.models],
     )

@@ -320,7 +320,7 @@ def ondemand_state(found: dict | None, name: str) -> str:
     if model.get("state") == "awake":
         return "loaded"
     if model.get("state") == "parked":
-        return "stopped" if model.get("stopped") else "asleep"
+        return model.get("parked_as") if model.get("parked_as") in ("asleep", "checkpointed", "stopped") else "parked"
     if model.get("state") == "failed":
         return f"failed ({model.get('failure')})"
     return str(model.get("state"))

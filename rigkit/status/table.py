@@ -59,7 +59,8 @@ def status_table(doc: dict) -> str:
         lines += _rows(["stack", "running", "restarts", "watchdog/h", "ready", "last start", "image", "compose"],
                        [[s["model"], _running(s), s["restarts_since_deploy"],
                          s["watchdog_restarts_last_hour"] if s["watchdog_restarts_last_hour"] is not None else "-",
-                         f"yes {s['ready_s']:.2f} s" if s["ready"] else "NO", _start(s.get("last_start")),
+                         f"yes {s['ready_s']:.2f} s" if s["ready"] else "parked" if s["ready"] is None and
+                         s.get("on_demand") not in (None, "loaded") else "NO", _start(s.get("last_start")),
                          f"{s['image']} {(s['image_id'] or '')[:19]}",
                          "as rendered" if s["compose_as_rendered"] else {"held": "HELD for the gate",
                          "refused": "REFUSED, old serves"}.get(s.get("gate"), "DIFFERS")] for s in doc["stacks"]])

@@ -157,6 +157,14 @@ def held_candidate(path):
     return text if is_sha256(text) else None
 
 
+def parked(args, name):
+    """Whether rigkit-ondemand's state says the model is parked (its engine is not asked then)."""
+    state = load_json(args["ondemand_state"]) if args.get("ondemand_state") else None
+    models = state.get("models") if isinstance(state, dict) else None
+    entry = models.get(name) if isinstance(models, dict) else None
+    return isinstance(entry, dict) and entry.get("state") == "parked"
+
+
 def stack(args, model):
     folder = os.path.join(args["stacks_dir"], model["name"])
     settings = load_json(os.path.join(folder, PROVEN_SETTINGS_FILE))
@@ -167,7 +175,11 @@ def stack(args, model):
     found["catalog_image"] = image(model["image"])
     port = (settings or {}).get("port", model["port"])
     served = (settings or {}).get("served_model_name", model["served_model_name"])
-    found["ready"] = ready(port, served, keyfile.api_key(settings), args["deadline_s"])
+    if model.get("on_demand") and parked(args, model["name"]):
+        # asked at its engine's port, a checkpointed engine would hold the completion until the deadline
+        found["ready"] = {"ok": None, "seconds": 0.0, "error": "parked by rigkit-ondemand: not asked"}
+    else:
+        found["ready"] = ready(port, served, keyfile.api_key(settings), args["deadline_s"])
     found["ready"]["port"] = port
     found["startup"] = last_start(folder, found["containers"] or [])
     return found

@@ -30,6 +30,7 @@ from tests.simrig.weights import SIM_MODELS
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("RIGKIT_STATE", REPO_ROOT / ".state"))
 NVIDIA_SMI = Path(__file__).with_name("nvidia-smi")
+CUDA_CHECKPOINT = Path(__file__).with_name("cuda-checkpoint")  # NVIDIA's tool, played on the stand-ins
 LSPCI = Path(__file__).with_name("lspci")  # prints gpus.json's topology.lspci (ACS of the bridges)
 FAKE_NVML = Path(__file__).with_name("pynvml.py")
 FAKE_POWERSHELL = Path(__file__).with_name("powershell.exe")
@@ -150,6 +151,7 @@ class SimRig:
             "/sys/fs/cgroup": ("/sys/fs/cgroup", "ro"),
             "/var/run/docker.sock": ("/run/docker.sock", "rw"),
             str(NVIDIA_SMI): ("/usr/bin/nvidia-smi", "ro"),
+            str(CUDA_CHECKPOINT): ("/usr/local/bin/cuda-checkpoint", "ro"),
             str(LSPCI): ("/usr/bin/lspci", "ro"),
             str(NFT): ("/usr/sbin/nft", "ro"),
             str(FAKE_NVML): ("/usr/lib/python3/dist-packages/pynvml.py", "ro"),

@@ -127,6 +127,12 @@ What it fakes, and the traps it reproduces:
   4090's 24564 MiB, the simulated rig's card), STANDIN_SLEEP_LEFT_MIB (default 512: the CUDA context) asleep; the fault `leaky_sleep` leaves 16384 MiB after a sleep (vllm#32714: 16 GB per GPU left
   after sleep on v0.14). The file outlives the process: a reader counts it only while PID runs, as
   nvidia-smi lists only live processes.
+- cuda-checkpoint (NVIDIA's tool, played by tests/simrig/cuda-checkpoint, which finds this process by its PID:
+  a container's through Docker, a local process through the file STANDIN_CHECKPOINT_REGISTRY/PID holding its
+  port): GET /standin/checkpoint -> {"state": "running"|"checkpointed"}; POST toggles. Checkpointed, it holds
+  0 MiB and a completion waits until it is restored (its CUDA calls wait, as in a checkpointed process); a
+  checkpoint takes STANDIN_CHECKPOINT_S (0.2), a restore STANDIN_RESTORE_S (0.1). With the fault `bad_wake` a
+  restore brings the weights back corrupted, as a bad wake does.
 - Greedy logprobs: a non-streamed completion asking for `logprobs` gets tokens and logprobs that are a
   function of the prompt alone (what a greedy decode of fixed weights gives), in vLLM's completions
   shape (`choices[0].logprobs`: tokens, token_logprobs, top_logprobs, text_offset).
@@ -316,6 +322,16 @@ class Engine:
         self.memory_mib = int(env.get("STANDIN_MEMORY_MIB") or args.gpu_memory_utilization * 24564)
         self.sleep_left_mib = 16384 if "leaky_sleep" in self.faults else int(env.get("STANDIN_SLEEP_LEFT_MIB", "512"))
         self.hold_memory(self.memory_mib)
+        # cuda-checkpoint (tests/simrig/cuda-checkpoint): checkpointed holds nothing on the GPU and its requests wait
+        self.checkpointed, self.running_again = threading.Event(), threading.Event()
+        self.running_again.set()
+        self.checkpoint_s = float(env.get("STANDIN_CHECKPOINT_S", "0.2"))
+        self.restore_s = float(env.get("STANDIN_RESTORE_S", "0.1"))
+        registry = env.get("STANDIN_CHECKPOINT_REGISTRY")
+        if registry:  # where the stand-in tool finds a local process by its PID (a container is found by Docker)
+            os.makedirs(registry, exist_ok=True)
+            with open(os.path.join(registry, str(os.getpid())), "w") as f:
+                f.write(str(args.port))
 
     def hold_memory(self, mib: int) -> None:
         self.held_mib = mib
@@ -566,6 +582,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"version": "standin"})
         elif self.path == "/standin/memory":
             self.send_json(200, {"mib": ENGINE.held_mib})
+        elif self.path == "/standin/checkpoint":
+            self.send_json(200, {"state": "checkpointed" if ENGINE.checkpointed.is_set() else "running"})
         elif self.path == "/is_sleeping" and ENGINE.dev_mode:
             self.send_json(200, {"is_sleeping": bool(ENGINE.sleeping_level)})
         elif self.path == "/standin/info":
@@ -579,6 +597,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"detail": "Not Found"})  # FastAPI's answer to an unknown route, as vLLM's
 
     def do_POST(self):
+        if self.path == "/standin/checkpoint":
+            return self.checkpoint_toggle()
         if self.path.startswith("/standin/"):
             return self.standin_control()
         if ENGINE.dev_mode and self.path.partition("?")[0] in ("/sleep", "/wake_up"):
@@ -605,6 +625,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(404, {"error": {  # tests/data/vllm-0.32/error-404-model.json
                 "message": f"The model `{body.get('model')}` does not exist. Valid aliases: {', '.join(ENGINE.names)}.",
                 "type": "NotFoundError", "param": "model", "code": 404}})
+        # checkpointed by cuda-checkpoint: the engine's CUDA calls wait until it is restored (bounded)
+        if ENGINE.checkpointed.is_set() and not ENGINE.running_again.wait(HANG_LIMIT_S):
+            return self.send_json(500, ENGINE_DEAD)
         if ENGINE.sleeping_level:
             return self.send_json(503, {"error": {"message": "The model is sleeping: wake it up (POST /wake_up) first.",
                                                   "type": "ServiceUnavailableError", "param": None, "code": 503}})
@@ -641,6 +664,27 @@ class Handler(BaseHTTPRequestHandler):
             ENGINE.sleeping_level = 0
             ENGINE.hold_memory(ENGINE.memory_mib)
         self.send_json(200, {"status": "awake"})
+
+    def checkpoint_toggle(self):
+        """What `cuda-checkpoint --toggle` does to this process (tests/simrig/cuda-checkpoint asks it): its GPU
+        memory to host memory and back, in STANDIN_CHECKPOINT_S and STANDIN_RESTORE_S."""
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if ENGINE.checkpointed.is_set():
+            time.sleep(ENGINE.restore_s)
+            with ENGINE.lock:
+                if "bad_wake" in ENGINE.faults:
+                    ENGINE.wakes += 1  # a restore that brings the weights back wrong, as a bad wake does
+                ENGINE.hold_memory(ENGINE.held_before_checkpoint)
+                ENGINE.checkpointed.clear()
+                ENGINE.running_again.set()
+            return self.send_json(200, {"state": "running"})
+        time.sleep(ENGINE.checkpoint_s)
+        with ENGINE.lock:
+            ENGINE.running_again.clear()
+            ENGINE.checkpointed.set()
+            ENGINE.held_before_checkpoint = ENGINE.held_mib
+            ENGINE.hold_memory(0)
+        self.send_json(200, {"state": "checkpointed"})
 
     def standin_control(self):
         """Test-only switches: POST /standin/wedge, /standin/long_prefill?seconds=S, /standin/normal."""
