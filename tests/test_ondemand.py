@@ -131,6 +131,8 @@ def test_the_deploy_parks_both_models_behind_their_fronts_and_a_second_deploy_ch
     assert '"--port", "28141"' in compose and '"--enable-sleep-mode"' in compose and 'restart: "no"' in compose
     again = run_deploy(rig, rig_file, catalog=folder / "models", verify=False)
     assert again.returncode == 0 and again.changed_operations() == 0, again.output[-4000:]
+    # the rig's host RAM as rigkit-ondemand reads it (a park's copy must fit there): the simulated rig's 128 GiB
+    assert rig.exec("grep MemTotal /proc/meminfo")[1].split()[1] == str(128 * 1024 * 1024)
 
 
 def test_two_models_that_cannot_both_be_loaded_alternate_under_four_clients_with_no_failed_request(deployed):

@@ -40,9 +40,11 @@ CUDA_CHECKPOINT = os.path.join(os.path.dirname(__file__), "simrig", "cuda-checkp
 @pytest.fixture
 def rig(tmp_path, monkeypatch):
     """Start engines and fronts as asked: rig(names, env_of={name: {...}}, hold_s=..., idle_park_s=...)
-    -> (front URLs, engine URLs, scheduler, log lines)."""
+    -> (front URLs, engine URLs, scheduler, log lines). Simulated beside the GPUs: the host's memory (512 GiB)."""
     specs, fronts, schedulers = [], [], []
     registry = tmp_path / "cuda-processes"  # where the stand-in cuda-checkpoint finds a local engine by its PID
+    meminfo = tmp_path / "meminfo"  # the host's memory, as a rig with 512 GiB reports it (a test may change it)
+    meminfo.write_text("MemTotal:       536870912 kB\nMemAvailable:   520093696 kB\n")
     monkeypatch.setenv("CUDA_CHECKPOINT_STANDIN_REGISTRY", str(registry))
 
     def build(names=("alpha", "beta"), env_of=None, hold_s=60.0, idle_park_s=600.0, conflicting=True, swap="sleep"):
@@ -61,7 +63,8 @@ def rig(tmp_path, monkeypatch):
                             restart=ondemand_engines.command("restart", spec), ready_timeout_s=30,
                             held_mib=int((env_of or {}).get(name, {}).get("STANDIN_MEMORY_MIB", "0")),
                             memory_probe=ondemand_engines.command("memory", spec),
-                            checkpoint_tool=CUDA_CHECKPOINT, pids=ondemand_engines.command("pids", spec))
+                            checkpoint_tool=CUDA_CHECKPOINT, pids=ondemand_engines.command("pids", spec),
+                            meminfo=str(meminfo))
             others = {n for n in names if n != name} if conflicting else set()
             slots[name] = Slot(engine=engine, conflicts=others, idle_park_s=idle_park_s)
         # as rigkit-ondemand starts: every model's canary recorded from its start, the first left loaded
@@ -384,3 +387,22 @@ def test_an_idle_model_parked_by_checkpoint_stays_checkpointed_not_stopped_and_i
     assert complete(urls["alpha"], "alpha", stream=True)["completion_tokens"] == 8
     assert [s[1] for s in scheduler.swaps if s[0] == "alpha"][-1] == "restored from its checkpoint, canary equal"
 
+
+
+def test_a_park_that_would_copy_more_than_host_ram_can_take_stops_the_model_instead(rig, tmp_path):
+    """Simulated: the host's memory (a meminfo file with 6 GiB available). A level-1 sleep copies the weights to
+    host RAM, up to the 14000 MiB the model holds on its GPU: with 4 GiB to stay free it does not fit, so the
+    model is stopped instead, and the log says why; with enough, it sleeps."""
+    mib = {"STANDIN_MEMORY_MIB": "14000"}
+    urls, engines, scheduler, log = rig(env_of={"alpha": mib, "beta": mib})
+    short = tmp_path / "meminfo"
+    short.write_text("MemTotal:       65536000 kB\nMemFree:         1000000 kB\nMemAvailable:    6291456 kB\n")
+    scheduler.slots["alpha"].engine.meminfo = str(short)
+    assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8  # alpha parks for beta
+    [park] = [s for s in scheduler.swaps if s[0] == "alpha"]
+    assert park[1] == ("stopped (host RAM: 6144 MiB available, and a level-1 sleep copies its weights there, up to "
+                       "the 14000 MiB it holds on its GPUs, with 4096 MiB to stay free)"), park
+    assert scheduler.slots["alpha"].parked_as == "stopped" and sleeping(engines["alpha"]) is None
+    short.write_text("MemAvailable:   67108864 kB\n")  # 64 GiB
+    assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8  # beta parks for alpha
+    assert [s[1] for s in scheduler.swaps if s[0] == "beta"][-1] == "asleep (level 1)"

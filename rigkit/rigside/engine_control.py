@@ -41,6 +41,11 @@ CREATE_TIMEOUT_S = 1800  # rigkit-stack's bound on `compose up`, which may pull 
 # 0.14 once kept 16 GB per GPU after a sleep, vllm#32714; a context is a few hundred MiB).
 LEFT_AFTER_SLEEP_MIB = 2048
 LEFT_AFTER_SLEEP_SHARE = 0.10
+# A level-1 sleep copies the weights, a checkpoint all the process's GPU memory, to host RAM: at most what the model
+# holds on its GPUs. So much must be available, and this much more stay free for the rig itself; else the model is
+# stopped instead (level 2 would discard the weights, which vLLM must then be given again through development RPC
+# routes before a wake serves right: not done, docs/on-demand.md).
+HOST_RAM_RESERVE_MIB = 4096
 
 
 class EngineError(Exception):
@@ -84,6 +89,7 @@ class Engine:
     config_file: str | None = None
     models: dict | None = None  # the engine's /v1/models answer, from its last proven start or wake
     checkpoint_tool: str = ""  # cuda-checkpoint, for swap "checkpoint"
+    meminfo: str = "/proc/meminfo"  # the host's memory (MemAvailable): a park that copies to host RAM must fit
     pids: list[str] = field(default_factory=list)  # prints the container's processes' PIDs (docker top), one a line
 
     # -- the proof, kept across restarts of the program ------------------------------------------------------
@@ -195,30 +201,32 @@ class Engine:
         if self.swap == "checkpoint":  # nothing stays on its GPUs: the same when idle (deep) as for a swap
             if self.checkpointed():
                 return "checkpointed already", "checkpointed"
-            try:
-                before = self.memory_used()
-                parked = gpu_checkpoint.checkpoint(self.checkpoint_tool, self.container_pids())
-                why = self.memory_not_freed(before, "checkpointed", allowed_mib=0)
-                if not why:
-                    return f"checkpointed ({len(parked)} CUDA process{'es' if len(parked) > 1 else ''})", "checkpointed"
-            except (CheckpointError, EngineError) as error:
-                why = f"cuda-checkpoint failed: {error}"
-        elif deep:
-            run(self.stop, f"{self.name}: stopping its container", 120)
-            return "stopped", "stopped"
-        if self.swap == "sleep":
-            try:
-                before = self.memory_used()
-                status, answer = self.call("POST", f"/sleep?level={self.sleep_level}", timeout_s=120)
-                if status == 200 and self.is_sleeping() is True:
-                    why = self.memory_not_freed(before)
+            why = self.host_ram_short("a checkpoint copies its process's GPU memory")
+            if not why:
+                try:
+                    before = self.memory_used()
+                    parked = gpu_checkpoint.checkpoint(self.checkpoint_tool, self.container_pids())
+                    why = self.memory_not_freed(before, "checkpointed", allowed_mib=0)
                     if not why:
-                        return f"asleep (level {self.sleep_level})", "asleep"
-                else:
-                    why = f"/sleep answered {status} {str(answer)[:200]} and /is_sleeping does not say asleep"
-            except (OSError, EngineError) as error:
-                why = f"/sleep failed: {error}"
-        # a sleep that did not take may hold the GPUs still: the container is stopped instead
+                        return f"checkpointed ({len(parked)} CUDA process{'es' if len(parked) > 1 else ''})", "checkpointed"
+                except (CheckpointError, EngineError) as error:
+                    why = f"cuda-checkpoint failed: {error}"
+        elif self.swap == "sleep" and not deep:
+            why = self.host_ram_short("a level-1 sleep copies its weights")
+            if not why:
+                try:
+                    before = self.memory_used()
+                    status, answer = self.call("POST", f"/sleep?level={self.sleep_level}", timeout_s=120)
+                    if status == 200 and self.is_sleeping() is True:
+                        why = self.memory_not_freed(before)
+                        if not why:
+                            return f"asleep (level {self.sleep_level})", "asleep"
+                    else:
+                        why = f"/sleep answered {status} {str(answer)[:200]} and /is_sleeping does not say asleep"
+                except (OSError, EngineError) as error:
+                    why = f"/sleep failed: {error}"
+        # The rest is stopped: the "stop" swap, an idle model that would sleep, and a park that did not take (a
+        # sleep or checkpoint that failed may hold the GPUs still: never left running beside the next model).
         run(self.stop, f"{self.name}: stopping its container" + (f" ({why})" if why else ""), 120)
         return (f"stopped ({why})" if why else "stopped"), "stopped"
 
@@ -250,6 +258,22 @@ class Engine:
             return (f"it says {said} but freed {before - after} MiB of the {self.held_mib} MiB it held: {left} MiB "
                     f"left on its GPUs, more than {allowed}")
         return ""
+
+    def host_ram_short(self, copy: str) -> str:
+        """Why host RAM cannot take what parking would copy there (up to what the model holds on its GPUs, with
+        HOST_RAM_RESERVE_MIB left free); "" where it can, or where either is not known."""
+        if not self.held_mib:
+            return ""
+        try:
+            with open(self.meminfo) as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            available = int(fields["MemAvailable"].split()[0]) // 1024
+        except (OSError, KeyError, ValueError, IndexError):
+            return ""
+        if available >= self.held_mib + HOST_RAM_RESERVE_MIB:
+            return ""
+        return (f"host RAM: {available} MiB available, and {copy} there, up to the {self.held_mib} MiB it holds on "
+                f"its GPUs, with {HOST_RAM_RESERVE_MIB} MiB to stay free")
 
     def container_pids(self) -> list[int]:
         """The container's processes (host PIDs, as `pids` prints them); [] where it runs none."""

@@ -90,6 +90,9 @@ class SimRig:
     # root sees it on a real rig whose engine is local. False: not there, as for a user the folder
     # refuses or an engine in a VM (Docker Desktop); rigkit then reaches volumes through containers.
     engine_volumes: bool = True
+    # The rig's memory as its /proc/meminfo says (a file mounted over it: runc allows that file, as LXCFS does):
+    # a rig's host RAM, not this machine's, for what reads it (rigkit-ondemand: does a park's copy fit there)
+    host_ram_gib: int = 128
 
     @property
     def state_dir(self) -> Path:
@@ -142,6 +145,7 @@ class SimRig:
         # `C:\...` paths as Docker Desktop does (tests/simrig/docker.exe); a fresh rig, a fresh disk.
         shutil.rmtree(self.windows_drive, ignore_errors=True)
         self.windows_drive.mkdir(parents=True)
+        (self.state_dir / "meminfo").write_text(simulated_meminfo(self.host_ram_gib))
         (self.state_dir / "windows.json").write_text(json.dumps({
             "drive_c": str(self.windows_drive), "nvml": str(FAKE_NVML), "gpus_json": str(self.state_dir / "gpus.json"),
         }))
@@ -160,6 +164,7 @@ class SimRig:
             str(FAKE_DOCKER_EXE): ("/usr/local/bin/docker.exe", "ro"),
             str(self.state_dir / "windows.json"): ("/etc/rigkit-sim/windows.json", "ro"),
             str(self.state_dir / "gpus.json"): ("/etc/rigkit-sim/gpus.json", "ro"),
+            str(self.state_dir / "meminfo"): ("/proc/meminfo", "ro"),
             str(self.state_dir / "sshd.conf"): ("/etc/ssh/sshd_config.d/rigkit-sim.conf", "ro"),
             str(authorized): ("/root/.ssh/authorized_keys", "ro"),
         }
@@ -268,3 +273,14 @@ def ssh_keypair() -> Path:
         public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
         Path(f"{key}.pub").write_bytes(public + b" rigkit-simrig\n")
     return key
+
+
+def simulated_meminfo(total_gib: int) -> str:
+    """This machine's /proc/meminfo with the totals of a rig of `total_gib` GiB, 90% of it available."""
+    total_kb = total_gib * 1024 * 1024
+    said = {"MemTotal": total_kb, "MemFree": total_kb * 85 // 100, "MemAvailable": total_kb * 90 // 100}
+    lines = []
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key = line.split(":", 1)[0]
+        lines.append(f"{key + ':':<16}{said[key]:>8} kB" if key in said else line)
+    return "\n".join(lines) + "\n"
