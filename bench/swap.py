@@ -9,9 +9,10 @@ front and scheduler (rigkit/rigside: front, swap, engine_control), from one run.
    other model must sleep first.
 2. NVIDIA's cuda-checkpoint (swap: checkpoint), on the same stand-ins with the stand-in tool
    (tests/simrig/cuda-checkpoint). Its times are this project's H200 measurement (tests/gpu/test_park_gpu.py:
-   checkpoint 3.81 s, restore 1.17 s for a process using 6756 MiB) scaled linearly to the 59.6 GiB of a 32B
-   model in bfloat16 (9.03 x: checkpoint 34.4 s, restore 10.6 s): an extrapolation, since both copy the
-   process's GPU memory through host memory.
+   checkpoint 3.81 s, restore 1.17 s for a process using 6756 MiB) scaled linearly to what a 32B model's
+   process holds on an 80 GB card at gpu_memory_utilization 0.9, 72 GiB (its weights and its KV cache: a
+   checkpoint copies all of it, where a level-1 sleep copies the weights alone): 10.9 x, checkpoint 41.6 s,
+   restore 12.8 s. An extrapolation: both copy the process's GPU memory through host memory.
 3. Stop and start (engines without sleep mode: vLLM's CPU build refuses --enable-sleep-mode), on the real
    engine here: the demo's model from the compose file rigkit renders (bench/startup.py's), its compile cache
    on a volume of this bench's own. A cold start (empty cache, new container) against a swap back in (the
@@ -48,7 +49,7 @@ from tests.standin import free_port  # noqa: E402
 SCALE_32B = 59.6 / 22  # GiB a 32B bf16 model backs up / GiB the measured 8B backed up (vllm#48337)
 SLEEP_S = {1: round(10.57 * SCALE_32B, 2)}
 WAKE_S = {1: round(2.19 * SCALE_32B, 2)}
-SCALE_CHECKPOINT_32B = 59.6 * 1024 / 6756  # GiB of a 32B bf16 model / MiB the H200's parked process used
+SCALE_CHECKPOINT_32B = 72 * 1024 / 6756  # MiB a 32B model's process holds at 0.9 of 80 GB / MiB of the H200's one
 CHECKPOINT_S, RESTORE_S = round(3.81 * SCALE_CHECKPOINT_32B, 2), round(1.17 * SCALE_CHECKPOINT_32B, 2)
 CUDA_CHECKPOINT = str(REPO / "tests" / "simrig" / "cuda-checkpoint")
 

@@ -406,3 +406,35 @@ def test_a_park_that_would_copy_more_than_host_ram_can_take_stops_the_model_inst
     short.write_text("MemAvailable:   67108864 kB\n")  # 64 GiB
     assert complete(urls["alpha"], "alpha", stream=False)["completion_tokens"] == 8  # beta parks for alpha
     assert [s[1] for s in scheduler.swaps if s[0] == "beta"][-1] == "asleep (level 1)"
+
+
+def test_a_process_left_locked_by_a_cut_off_toggle_is_restarted_cold_not_taken_as_awake(rig):
+    """A toggle cut off between its lock and its checkpoint (rigkit-ondemand restarted during it) leaves the
+    process locked: it serves nothing, and a restore cannot go on from there. The next request restarts the
+    model cold instead of sending it a canary it would hold."""
+    urls, engines, scheduler, log = rig(swap="checkpoint")
+    beta = scheduler.slots["beta"].engine
+    assert checkpoint_state(beta) == "checkpointed"
+    httpx.post(f"{engines['beta']}/standin/checkpoint_locked", timeout=5)
+    assert checkpoint_state(beta) == "locked" and beta.is_sleeping() is True
+    assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8
+    [load] = [s for s in scheduler.swaps if s[0] == "beta"]
+    assert load[1].startswith("cold restart (its restore from the checkpoint failed: processes {") and \
+        "'locked'} are neither running nor checkpointed), canary equal" in load[1], load
+
+
+def test_a_model_that_cannot_be_loaded_proven_is_stopped_and_its_requests_told_why(rig):
+    """Simulated: a canary recorded wrong, so no wake or cold restart of alpha proves equal. The model is failed,
+    its container stopped (never left holding its GPUs beside the next model), and its request gets 503 with
+    the reason."""
+    urls, engines, scheduler, log = rig()
+    alpha = scheduler.slots["alpha"].engine
+    alpha.canary = {"tokens": ["never"] * 8, "token_logprobs": [0.0] * 8}
+    assert complete(urls["beta"], "beta", stream=False)["completion_tokens"] == 8  # alpha sleeps for beta
+    response = httpx.post(f"{urls['alpha']}/v1/completions", json={"model": "alpha", "prompt": "x", "max_tokens": 2},
+                          timeout=60)
+    assert response.status_code == 503, response.text
+    assert "model alpha could not be loaded" in response.json()["error"]["message"], response.text
+    [failed] = [s for s in scheduler.swaps if s[0] == "alpha" and s[1].startswith("failed")]
+    assert failed[1].endswith("; its container stopped"), failed
+    assert sleeping(engines["alpha"]) is None  # no process: nothing of it on its GPU

@@ -72,10 +72,18 @@ def checkpoint(tool: str, pids: list[int]) -> list[int]:
     return running
 
 
+PARKED_STATES = ("checkpointed", "locked", "failed")  # not running: a toggle done, or cut off between its steps
+
+
 def restore(tool: str, pids: list[int]) -> list[int]:
     """Restore every checkpointed CUDA process among `pids`; the ones restored. Raises CheckpointError where one
-    does not end running (the caller restarts the container cold then)."""
-    parked = [pid for pid, value in cuda_states(tool, pids).items() if value == "checkpointed"]
+    does not end running, or one is locked or failed (a toggle cut off between its steps, e.g. by a restart of
+    rigkit-ondemand, or a restore the driver could not finish): the caller restarts the container cold then."""
+    states = cuda_states(tool, pids)
+    stuck = {pid: value for pid, value in states.items() if value in ("locked", "failed")}
+    if stuck:
+        raise CheckpointError(f"processes {stuck} are neither running nor checkpointed")
+    parked = [pid for pid, value in states.items() if value == "checkpointed"]
     for pid in parked:
         _toggle_to(tool, pid, "running")
     return parked

@@ -1,8 +1,9 @@
 """Which on-demand model holds the GPUs, and when that changes: requests for a model that is not loaded are
 held, never refused, while the models in its way finish what they serve and are parked; the model is then
 woken and proven (rigside.engine_control), and the held requests go on. A model nobody asked for in its
-idle time is stopped, asleep or not: a sleeping engine keeps its CUDA context, and with it its GPUs out of
-their empty idle; sleep is for swaps, where the next wake comes soon. Standard library only (it runs in
+idle time is stopped, asleep or not (checkpointed, where its swap is a checkpoint): a sleeping engine keeps
+its CUDA context, and with it its GPUs out of their empty idle; sleep is for swaps, where the next wake comes
+soon. A model that could not be loaded proven is failed and its container stopped. Standard library only (it runs in
 rigkit-ondemand on the rig). docs/on-demand.md.
 
 One thread (run) does every park and wake, so two swaps never race; request threads only wait (enter) and
@@ -160,6 +161,9 @@ class Scheduler:
         except Exception as error:  # anything else is said and kept too: the swap thread must not end unseen
             done, state, parked_as = f"failed: {type(error).__name__}: {error}", "failed", ""
             failure = f"{type(error).__name__}: {error}"
+        if state == "failed" and verb == "wake":
+            # not proven, but maybe holding its GPUs: never left beside the next model the scheduler loads there
+            done += f"; {slot.engine.halt()}"
         seconds = time.monotonic() - started
         self.log(f"rigkit-ondemand: {name}: {done} ({seconds:.2f} s)")
         with self.cond:

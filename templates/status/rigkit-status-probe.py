@@ -162,7 +162,9 @@ def parked(args, name):
     state = load_json(args["ondemand_state"]) if args.get("ondemand_state") else None
     models = state.get("models") if isinstance(state, dict) else None
     entry = models.get(name) if isinstance(models, dict) else None
-    return isinstance(entry, dict) and entry.get("state") == "parked"
+    written = state.get("written_at") if isinstance(state, dict) else None
+    fresh = isinstance(written, (int, float)) and time.time() - written <= 30  # the program writes it every 2 s
+    return fresh and isinstance(entry, dict) and entry.get("state") == "parked"
 
 
 def stack(args, model):

@@ -132,7 +132,9 @@ What it fakes, and the traps it reproduces:
   port): GET /standin/checkpoint -> {"state": "running"|"checkpointed"}; POST toggles. Checkpointed, it holds
   0 MiB and a completion waits until it is restored (its CUDA calls wait, as in a checkpointed process); a
   checkpoint takes STANDIN_CHECKPOINT_S (0.2), a restore STANDIN_RESTORE_S (0.1). With the fault `bad_wake` a
-  restore brings the weights back corrupted, as a bad wake does.
+  restore brings the weights back corrupted, as a bad wake does. POST /standin/checkpoint_locked (a test's
+  switch) leaves it as a toggle cut off after its lock leaves a process: `locked`, its requests waiting, and a
+  toggle refused.
 - Greedy logprobs: a non-streamed completion asking for `logprobs` gets tokens and logprobs that are a
   function of the prompt alone (what a greedy decode of fixed weights gives), in vLLM's completions
   shape (`choices[0].logprobs`: tokens, token_logprobs, top_logprobs, text_offset).
@@ -325,6 +327,7 @@ class Engine:
         # cuda-checkpoint (tests/simrig/cuda-checkpoint): checkpointed holds nothing on the GPU and its requests wait
         self.checkpointed, self.running_again = threading.Event(), threading.Event()
         self.running_again.set()
+        self.locked_only = False  # locked by a toggle cut off (POST /standin/checkpoint_locked)
         self.checkpoint_s = float(env.get("STANDIN_CHECKPOINT_S", "0.2"))
         self.restore_s = float(env.get("STANDIN_RESTORE_S", "0.1"))
         registry = env.get("STANDIN_CHECKPOINT_REGISTRY")
@@ -332,6 +335,9 @@ class Engine:
             os.makedirs(registry, exist_ok=True)
             with open(os.path.join(registry, str(os.getpid())), "w") as f:
                 f.write(str(args.port))
+
+    def checkpoint_state(self) -> str:
+        return "locked" if self.locked_only else "checkpointed" if self.checkpointed.is_set() else "running"
 
     def hold_memory(self, mib: int) -> None:
         self.held_mib = mib
@@ -583,7 +589,7 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/standin/memory":
             self.send_json(200, {"mib": ENGINE.held_mib})
         elif self.path == "/standin/checkpoint":
-            self.send_json(200, {"state": "checkpointed" if ENGINE.checkpointed.is_set() else "running"})
+            self.send_json(200, {"state": ENGINE.checkpoint_state()})
         elif self.path == "/is_sleeping" and ENGINE.dev_mode:
             self.send_json(200, {"is_sleeping": bool(ENGINE.sleeping_level)})
         elif self.path == "/standin/info":
@@ -599,6 +605,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if self.path == "/standin/checkpoint":
             return self.checkpoint_toggle()
+        if self.path == "/standin/checkpoint_locked":  # a test's switch: a toggle cut off after its lock
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with ENGINE.lock:
+                ENGINE.running_again.clear()
+                ENGINE.checkpointed.set()
+                ENGINE.locked_only = True
+            return self.send_json(200, {"state": "locked"})
         if self.path.startswith("/standin/"):
             return self.standin_control()
         if ENGINE.dev_mode and self.path.partition("?")[0] in ("/sleep", "/wake_up"):
@@ -669,6 +682,8 @@ class Handler(BaseHTTPRequestHandler):
         """What `cuda-checkpoint --toggle` does to this process (tests/simrig/cuda-checkpoint asks it): its GPU
         memory to host memory and back, in STANDIN_CHECKPOINT_S and STANDIN_RESTORE_S."""
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if ENGINE.locked_only:  # cuda-checkpoint's toggle of a locked process fails: it is neither state
+            return self.send_json(409, {"state": "locked"})
         if ENGINE.checkpointed.is_set():
             time.sleep(ENGINE.restore_s)
             with ENGINE.lock:
