@@ -10,10 +10,12 @@ its settings, and systemd runs enabled units again.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import socket
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,9 +212,22 @@ class SimRig:
             pass
 
     def exec(self, command: str, user: str = "root") -> tuple[int, str]:
-        """Run a shell command in the rig directly (not over SSH): the independent read."""
-        result = self._client().containers.get(self.name).exec_run(["/bin/sh", "-c", command], user=user)
-        return result.exit_code, result.output.decode()
+        """Run a shell command in the rig directly (not over SSH): the independent read. Its output (stdout and
+        stderr) goes to a file on the rig's root filesystem, read back through the engine's archive API: a
+        `docker exec` stream on a loaded machine came back with the right exit code and no output at all (a
+        refusal's message, a script's text: three tests of one fresh clone), which a file cannot lose."""
+        container = self._client().containers.get(self.name)
+        path = f"/var/tmp/rigkit-exec-{os.urandom(8).hex()}"  # not /tmp: a tmpfs, which the archive API cannot read
+        result = container.exec_run(["/bin/sh", "-c", f"( {command}\n) > {path} 2>&1"], user=user)
+        try:
+            stream, _ = container.get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+                member = archive.extractfile(archive.getmembers()[0])
+                output = member.read() if member else b""
+        except docker.errors.NotFound:  # the shell could not create it (it failed before the command ran)
+            output = result.output or b""
+        container.exec_run(["rm", "-f", path])
+        return result.exit_code, output.decode(errors="replace")
 
     def system_state(self) -> str:
         return self.exec("systemctl is-system-running")[1].strip()
