@@ -133,7 +133,7 @@ def test_a_key_with_dollars_quotes_hashes_and_spaces_survives_compose_byte_for_b
     env_file = tmp_path / "vllm-api-key.env"
     env_file.write_bytes(api_key_env_file(key))
     compose = render("serving/compose.yml.j2", **{
-        "model_file": "m.yml", "project": "rigkit-k", "image": "busybox:1", "command": ["x"],
+        "model_file": "m.yml", "project": "rigkit-k", "engine_service": "vllm", "image": "busybox:1", "command": ["x"],
         "environment": {"E": "\U0001f600 $x"}, "env_files": [{"path": str(env_file), "format": "raw"}],
         "mounts": [], "volumes": {}, "device_ids": ["0"], "windows_mount": False, "published": [], "memory_limit": None,
         "secrets": {}, "secret_mounts": [], "on_demand": False,

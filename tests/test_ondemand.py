@@ -315,4 +315,4 @@ def test_models_parked_by_checkpoint_leave_nothing_on_the_gpu_and_each_restore_i
     assert used == int(0.6 * 24564), used  # od-alpha's share only: nothing of od-beta on GPU 0
     _, text, report = run_status(rig, path, tmp_path, timeout=180, catalog=catalog)
     states = {s["model"]: s["on_demand"] for s in report["rigs"][0]["stacks"] if s["on_demand"]}
-    assert states == {"od-alpha": "loaded", "od-beta": "checkpointed"}, states
+    assert states == {"od-alpha": "loaded", "od-beta": "checkpointed"}, (states, journal(rig)[-3000:])

@@ -149,11 +149,13 @@ class Engine:
     def key(self) -> str | None:
         return key_of(self.key_settings) if self.key_settings else self.api_key
 
-    def is_sleeping(self) -> bool | None:
-        """True or False as vLLM says (for swap "checkpoint": whether its processes are checkpointed); None
-        when the engine cannot be reached (stopped, starting)."""
-        if self.swap == "checkpoint" and self.checkpointed():
-            return True
+    def is_sleeping(self, cuda_states: dict[int, str] | None = None) -> bool | None:
+        """True or False as vLLM says (for swap "checkpoint": whether its processes are checkpointed, from
+        `cuda_states` where the caller read them already); None when the engine cannot be reached (stopped,
+        starting)."""
+        if self.swap == "checkpoint":
+            if gpu_checkpoint.is_parked(self.cuda_states() if cuda_states is None else cuda_states):
+                return True
         try:
             status, answer = self.call("GET", "/is_sleeping", timeout_s=5)
         except OSError:
@@ -202,13 +204,14 @@ class Engine:
         of its empty idle (121.5 W against 78.8 W on an H200, docs/on-demand.md); a checkpoint leaves nothing."""
         why = ""
         if self.swap == "checkpoint":  # nothing stays on its GPUs: the same when idle (deep) as for a swap
-            if self.checkpointed():
+            states = self.cuda_states()
+            if gpu_checkpoint.is_parked(states):
                 return "checkpointed already", "checkpointed"
             why = self.host_ram_short("a checkpoint copies its process's GPU memory")
             if not why:
                 try:
                     before = self.memory_used()
-                    parked = gpu_checkpoint.checkpoint(self.checkpoint_tool, self.container_pids())
+                    parked = gpu_checkpoint.checkpoint(self.checkpoint_tool, states)
                     why = self.memory_not_freed(before, "checkpointed", allowed_mib=LEFT_AFTER_CHECKPOINT_MIB)
                     if not why:
                         return f"checkpointed ({len(parked)} CUDA process{'es' if len(parked) > 1 else ''})", "checkpointed"
@@ -291,14 +294,13 @@ class Engine:
             return []  # no such container, or not running
         return [int(word) for word in done.stdout.split()[:4096] if word.isascii() and word.isdigit()]
 
-    def checkpointed(self) -> bool:
-        """Whether a CUDA process of the container is not running: checkpointed, or locked or failed (a toggle cut
-        off between its steps), which its engine cannot serve from either (swap "checkpoint")."""
+    def cuda_states(self) -> dict[int, str]:
+        """{pid: CUDA state} of the container's CUDA processes (swap "checkpoint"), read once for a park or a
+        wake; {} where they cannot be read (no container, the tool failing): nothing to restore then."""
         try:
-            states = gpu_checkpoint.cuda_states(self.checkpoint_tool, self.container_pids())
+            return gpu_checkpoint.cuda_states(self.checkpoint_tool, self.container_pids())
         except (CheckpointError, EngineError):
-            return False
-        return any(value in gpu_checkpoint.PARKED_STATES for value in states.values())
+            return {}
 
     def halt(self) -> str:
         """Stop the container, whatever it holds: a model that could not be brought back proven must not hold its
@@ -312,7 +314,8 @@ class Engine:
     def wake(self) -> str:
         """Bring the model back and prove it; a wake the canary refuses is followed by a cold restart. What
         was done, in words. Raises EngineError when the model cannot be brought back proven."""
-        sleeping = self.is_sleeping()
+        states = self.cuda_states() if self.swap == "checkpoint" else None
+        sleeping = self.is_sleeping(states)
         if sleeping is None:  # stopped (the "stop" swap, or a container gone): a warm start
             how = "started"
             try:
@@ -330,7 +333,7 @@ class Engine:
                 return self.cold_restart("no canary recorded yet to prove a wake against")
             if self.swap == "checkpoint":
                 try:
-                    gpu_checkpoint.restore(self.checkpoint_tool, self.container_pids())
+                    gpu_checkpoint.restore(self.checkpoint_tool, states)
                 except (CheckpointError, EngineError) as error:
                     return self.cold_restart(f"its restore from the checkpoint failed: {error}")
                 how = "restored from its checkpoint"

@@ -61,12 +61,13 @@ def _toggle_to(tool: str, pid: int, wanted: str) -> None:
                               f"its state is now {now or 'unknown'}, not {wanted}")
 
 
-def checkpoint(tool: str, pids: list[int]) -> list[int]:
-    """Checkpoint every running CUDA process among `pids`; the ones checkpointed. Raises CheckpointError where
-    there is none, or one does not end checkpointed (the caller stops the container then)."""
-    running = [pid for pid, value in cuda_states(tool, pids).items() if value == "running"]
+def checkpoint(tool: str, states: dict[int, str]) -> list[int]:
+    """Checkpoint every running CUDA process of `states` (cuda_states, as the caller just read them: one
+    --get-state per process, not two); the ones checkpointed. Raises CheckpointError where there is none, or one
+    does not end checkpointed (the caller stops the container then)."""
+    running = [pid for pid, value in states.items() if value == "running"]
     if not running:
-        raise CheckpointError(f"no running CUDA process among the container's processes {sorted(pids)[:16]}")
+        raise CheckpointError(f"no running CUDA process among the container's: {dict(sorted(states.items())[:16])}")
     for pid in running:
         _toggle_to(tool, pid, "checkpointed")
     return running
@@ -75,11 +76,16 @@ def checkpoint(tool: str, pids: list[int]) -> list[int]:
 PARKED_STATES = ("checkpointed", "locked", "failed")  # not running: a toggle done, or cut off between its steps
 
 
-def restore(tool: str, pids: list[int]) -> list[int]:
-    """Restore every checkpointed CUDA process among `pids`; the ones restored. Raises CheckpointError where one
-    does not end running, or one is locked or failed (a toggle cut off between its steps, e.g. by a restart of
-    rigkit-ondemand, or a restore the driver could not finish): the caller restarts the container cold then."""
-    states = cuda_states(tool, pids)
+def is_parked(states: dict[int, str]) -> bool:
+    """Whether a CUDA process of `states` is not running: its engine cannot serve from any of PARKED_STATES."""
+    return any(value in PARKED_STATES for value in states.values())
+
+
+def restore(tool: str, states: dict[int, str]) -> list[int]:
+    """Restore every checkpointed CUDA process of `states` (cuda_states, as the caller just read them); the ones
+    restored. Raises CheckpointError where one does not end running, or one is locked or failed (a toggle cut
+    off between its steps, e.g. by a restart of rigkit-ondemand, or a restore the driver could not finish): the
+    caller restarts the container cold then."""
     stuck = {pid: value for pid, value in states.items() if value in ("locked", "failed")}
     if stuck:
         raise CheckpointError(f"processes {stuck} are neither running nor checkpointed")

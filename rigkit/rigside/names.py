@@ -31,6 +31,14 @@ ACCEPTED_KEYS_FILE = f"{SECRETS_DIR}/vllm-api-keys.yaml"
 ACCEPTED_KEYS_ENV = "RIGKIT_VLLM_API_KEYS"
 STACK_HELPER_PATH = f"{SBIN_DIR}/rigkit-stack"
 PROJECT_PREFIX = "rigkit-"
+ENGINE_SERVICE = "vllm"  # the one service of each model's compose file (templates/serving/compose.yml.j2)
+
+
+def engine_container(project: str) -> str:
+    """Compose's name for the one container of a model's stack: `docker top`, `docker logs` take it."""
+    return f"{project}-{ENGINE_SERVICE}-1"
+
+
 # What is in a stack's folder, and rigkit-stack's command line: its contract, rigkit/rigside/stack.py
 
 # The watchdog

@@ -18,7 +18,6 @@ import time
 
 from . import atomic, keyfile, names
 
-SERVICE = "vllm"  # the compose file's one service (templates/serving/compose.yml.j2)
 INSPECT_TIMEOUT_S = 60  # docker image inspect, docker rm
 PULL_TIMEOUT_S = 1800  # an image of many GB, pulled before the probe's own clock starts
 # In the container: keep the script in /tmp, then run it with the image's python3.
@@ -49,7 +48,8 @@ def ensure_image(project, compose_file, say):
     for image in images.stdout.split():
         if _run(["docker", "image", "inspect", image], INSPECT_TIMEOUT_S, "`docker image inspect`").returncode != 0:
             say(f"pulling {image} for the P2P check (up to {PULL_TIMEOUT_S} s)")
-            pulled = _run([*_compose(project, compose_file), "pull", SERVICE], PULL_TIMEOUT_S, f"pulling {image}")
+            pulled = _run([*_compose(project, compose_file), "pull", names.ENGINE_SERVICE], PULL_TIMEOUT_S,
+                          f"pulling {image}")
             if pulled.returncode != 0:
                 raise ProbeFailed(f"pulling {image} failed: {(pulled.stderr or pulled.stdout).strip()}")
 
@@ -80,7 +80,7 @@ def probe(project, compose_file, script_path, gpus, timeout_s, say):
     name = f"{project}-p2p-check"
     _run(["docker", "rm", "-f", name], INSPECT_TIMEOUT_S, f"removing a leftover {name}")
     command = [*_compose(project, compose_file), "run", "--rm", "-T", "--no-deps", "--name", name,
-               "--entrypoint", "sh", SERVICE, "-c", BOOTSTRAP, "rigkit-p2p-probe",
+               "--entrypoint", "sh", names.ENGINE_SERVICE, "-c", BOOTSTRAP, "rigkit-p2p-probe",
                "--gpus", ",".join(map(str, gpus)), "--step-timeout-s", str(max(1.0, timeout_s / 2))]
     say(f"P2P check of GPUs {', '.join(map(str, gpus))} in {name} (at most {timeout_s} s)")
     started = time.monotonic()

@@ -48,6 +48,7 @@ class Scheduler:
         """`clocks`: rigside.parked_clocks.ParkedClocks, or None to leave clock locks alone."""
         self.slots, self.hold_s, self.log, self.clocks = slots, hold_s, log, clocks
         self.cond = threading.Condition()
+        self.changed = threading.Event()  # set at each swap's end: its state written at once, not up to 2 s later
         self.stopping = False
         self.swaps = []  # (model, what was done, seconds): what `rigkit status` and tests read
         self.doing = ""  # the swap in progress, in words (a held request's error names it)
@@ -177,6 +178,7 @@ class Scheduler:
                 slot.failed_at = time.monotonic()
             self.doing = ""
             self.cond.notify_all()
+            self.changed.set()
             # busy: loaded, or wanted now (its GPUs' locks would only be put back at once)
             busy = {n for n, s in self.slots.items() if s.state == "awake" or s.waiting}
         if self.clocks:  # a GPU no awake model uses gives its clock lock back

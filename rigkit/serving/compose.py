@@ -10,7 +10,9 @@ import re
 from rigkit.config.paths import is_windows_path
 from rigkit.config.schema import ModelConfig
 from rigkit.plumbing.render import render
-from rigkit.rigside.names import ACCEPTED_KEYS_ENV, SECRETS_ENV_FILE, compile_cache_volume, project_name, served_name, volume_name
+from rigkit.rigside.names import (
+    ACCEPTED_KEYS_ENV, ENGINE_SERVICE, SECRETS_ENV_FILE, compile_cache_volume, project_name, served_name, volume_name,
+)
 
 MODELS_MOUNT = "/models"
 
@@ -129,6 +131,7 @@ def render_compose(model: ModelConfig, with_api_key: bool, env_file: str = SECRE
         "serving/compose.yml.j2",
         model_file=comment_text(str(model.file)),
         project=project_name(model),
+        engine_service=ENGINE_SERVICE,
         image=spec.image,
         on_demand=bool(model.on_demand),
         command=vllm_args(model, "0.0.0.0" if publish else host, topology_args)

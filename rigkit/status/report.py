@@ -303,7 +303,7 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             drift(f"stack {name}", "on the rig", "absent (not in the rig file)", commands.deploy)
 
 
-ONDEMAND_STATE_STALE_S = 30  # rigkit-ondemand writes its state every 2 s
+ONDEMAND_STATE_STALE_S = 30  # rigkit-ondemand writes its state at each swap and every 2 s
 
 
 def ondemand_state(found: dict | None, name: str) -> str:

@@ -157,9 +157,9 @@ def held_candidate(path):
     return text if is_sha256(text) else None
 
 
-def parked(args, name):
-    """Whether rigkit-ondemand's state says the model is parked (its engine is not asked then)."""
-    state = load_json(args["ondemand_state"]) if args.get("ondemand_state") else None
+def parked(state, name):
+    """Whether rigkit-ondemand's state (its file, read once per probe) says the model is parked (its engine is not
+    asked then)."""
     models = state.get("models") if isinstance(state, dict) else None
     entry = models.get(name) if isinstance(models, dict) else None
     written = state.get("written_at") if isinstance(state, dict) else None
@@ -167,7 +167,7 @@ def parked(args, name):
     return fresh and isinstance(entry, dict) and entry.get("state") == "parked"
 
 
-def stack(args, model):
+def stack(args, model, ondemand):
     folder = os.path.join(args["stacks_dir"], model["name"])
     settings = load_json(os.path.join(folder, PROVEN_SETTINGS_FILE))
     found = {"deployed": os.path.isdir(folder),
@@ -177,7 +177,7 @@ def stack(args, model):
     found["catalog_image"] = image(model["image"])
     port = (settings or {}).get("port", model["port"])
     served = (settings or {}).get("served_model_name", model["served_model_name"])
-    if model.get("on_demand") and parked(args, model["name"]):
+    if model.get("on_demand") and parked(ondemand, model["name"]):
         # asked at its engine's port, a checkpointed engine would hold the completion until the deadline
         found["ready"] = {"ok": None, "seconds": 0.0, "error": "parked by rigkit-ondemand: not asked"}
     else:
@@ -369,8 +369,10 @@ def existing_stacks(stacks_dir):
 def main(argv):
     args = json.loads(argv[1])
     models = args["models"]
+    ondemand = load_json(args["ondemand_state"]) if args.get("ondemand_state") else None
+    ondemand_read_at = time.time()  # its age is told against when it was read, not when the probe ends
     with ThreadPoolExecutor(max_workers=max(4, len(models) * 2)) as pool:
-        stacks = {m["name"]: pool.submit(stack, args, m) for m in models}
+        stacks = {m["name"]: pool.submit(stack, args, m, ondemand) for m in models}
         volumes = {m["volume"]: pool.submit(volume, m["volume"]) for m in models if m.get("volume")}
         version = pool.submit(driver_version)
         gpu_unit = pool.submit(unit, args["gpu_unit"])
@@ -397,7 +399,7 @@ def main(argv):
             report["gpu_keeper"] = {"unit": keeper.result(), "state": state,
                                     "state_unreadable": state is None and os.path.lexists(args["gpu_keeper_state"])}
         if args.get("ondemand_state"):  # rigkit-ondemand's models (loaded, asleep, stopped) and the GPUs it parked
-            report["ondemand"] = {"state": load_json(args["ondemand_state"]), "now": time.time(),
+            report["ondemand"] = {"state": ondemand, "now": ondemand_read_at,
                                   "gpus_parked": read_lines(args["gpus_parked"])}
         if args.get("idle_energy"):  # the keeper's idle-energy ledger (rigside.idle_energy), read as it is
             report["idle_energy"] = load_json(args["idle_energy"])

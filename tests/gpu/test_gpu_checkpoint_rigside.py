@@ -58,14 +58,14 @@ def test_rigkits_checkpoint_and_restore_park_only_the_cuda_process_and_bring_it_
         assert gpu_checkpoint.cuda_states(tool, pids) == {holder.pid: "running"}
         assert held_mib(handle, holder.pid) >= 2048
 
-        assert gpu_checkpoint.checkpoint(tool, pids) == [holder.pid]
+        assert gpu_checkpoint.checkpoint(tool, gpu_checkpoint.cuda_states(tool, pids)) == [holder.pid]
         capture["get_state_checkpointed"] = printed(tool, "--get-state", "--pid", str(holder.pid))
         assert gpu_checkpoint.state(tool, holder.pid) == "checkpointed"
         assert held_mib(handle, holder.pid) == 0
         with pytest.raises(gpu_checkpoint.CheckpointError, match="no running CUDA process"):
-            gpu_checkpoint.checkpoint(tool, pids)  # nothing left to park
+            gpu_checkpoint.checkpoint(tool, gpu_checkpoint.cuda_states(tool, pids))  # nothing left to park
 
-        assert gpu_checkpoint.restore(tool, pids) == [holder.pid]
+        assert gpu_checkpoint.restore(tool, gpu_checkpoint.cuda_states(tool, pids)) == [holder.pid]
         assert gpu_checkpoint.state(tool, holder.pid) == "running"
         holder.stdin.write("go\n")
         holder.stdin.flush()
