@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import docker
 import httpx
+import yaml
 import pytest
 
 from tests.conftest import DATA, REPO, STATE_ROOT, run_deploy, wait_for
@@ -713,3 +714,28 @@ def test_the_models_key_rotates_under_load_with_no_failed_request(fleet):
     print(f"models' key rotation under {load.workers} streams: {len(load.results)} requests, 0 failed; {len(during)} "
           f"during the rotation, which took {ended - began:.1f} s (three rollouts; the new key sent after "
           f"{swapped_at - began:.1f} s)")
+
+
+def test_a_changed_gateway_config_recreates_the_proxy_which_then_serves_it(fleet):
+    """A setting that lives in LiteLLM's config (num_retries, inline in the compose file): the deploy recreates
+    the proxy (Compose alone would not: it leaves inline configs out of its hash, docker/compose#13045), and
+    the proxy serves with the new config; a deploy of the same config leaves it running. Last in the module:
+    it restarts the proxy."""
+    client = docker.from_env()
+    first = fleet.deploy()
+    assert first.returncode == 0, first.output[-6000:]
+    before = client.containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"]
+    fleet.hosts[0][1]["gateway"]["num_retries"] = 3
+    fleet.inventory.write_text(f"rigs = {fleet.hosts!r}\n")
+    changed = fleet.deploy()
+    assert changed.returncode == 0, changed.output[-6000:]
+    container = client.containers.get("rigkit-gateway-litellm-1")
+    recreated = container.attrs["State"]["StartedAt"]
+    assert recreated != before, gateway_container()
+    code, served = container.exec_run(["cat", "/etc/litellm/config.yaml"])
+    assert code == 0 and yaml.safe_load(served)["router_settings"]["num_retries"] == 3, served[-2000:]
+    with gateway_client() as http:
+        assert chat(http)["ok"]
+    again = fleet.deploy()  # the same config: the proxy left running
+    assert again.returncode == 0, again.output[-4000:]
+    assert client.containers.get("rigkit-gateway-litellm-1").attrs["State"]["StartedAt"] == recreated

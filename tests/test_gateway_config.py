@@ -371,3 +371,48 @@ def test_the_gateways_own_rig_on_every_interface_for_no_one_else_is_refused_with
     assert "Serve on 127.0.0.1, or list the other hosts" in str(refused.value)
     (tmp_path / "rig.yml").write_text(RIG.replace("MODELS", "") + f"api_key_file: {key}\nserve_address: 0.0.0.0\n")
     assert surface_plan("rig-a", load_rig(tmp_path / "rig.yml", catalog), ()) is None  # no models: nothing to close
+
+
+def compose_hash(compose_text: str, folder: Path) -> str:
+    """Compose's own config hash of the proxy's service (`docker compose config --hash`, what `up -d` compares
+    with the running container's label to decide a recreate). The env file is a stand-in path here."""
+    env = folder.parent / "gateway.env"  # one path for all: it is in the hash
+    env.write_text("LITELLM_MASTER_KEY=sk-x\n")
+    folder.mkdir()
+    (folder / "compose.yml").write_text(compose_text.replace("/etc/rigkit/secrets/gateway.env", str(env)))
+    done = subprocess.run(["docker", "compose", "-f", str(folder / "compose.yml"), "config", "--hash", "litellm"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()[-1]
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI and its Compose plugin")
+def test_a_changed_litellm_config_or_certificate_changes_composes_hash_so_up_recreates_the_proxy(fleet, tmp_path):
+    """Compose leaves inline configs' content out of its config hash (docker/compose#13045): a changed config
+    would be written to the rig and never served. The service's label of their SHA-256 puts it in. Through the
+    real Compose CLI (no engine needed for `config`)."""
+    from rigkit.config.schema import GatewaySpec
+    from rigkit.gateway.stack import CONFIGS_LABEL, render_compose
+    from rigkit.gateway.plan import RigView, plan as make_plan
+
+    text = fleet.read_text()
+    catalog = Path(text.split('"catalog_dir": "')[1].split('"')[0])
+    rig_a, rig_b = (load_rig(Path(text.split('"rig_file": "')[n].split('"')[0]), catalog) for n in (1, 2))
+
+    def rendered(address: str, chain: bytes | None = None) -> str:
+        return render_compose(make_plan([RigView("rig-a", rig_a, "127.0.0.1", gateway=GatewaySpec(master_key_file="/x")),
+                                         RigView("rig-b", rig_b, address)]), chain)
+
+    base = rendered("10.1.2.3")
+    moved, renewed = rendered("10.1.2.4"), rendered("10.1.2.3", b"-----BEGIN CERTIFICATE-----\nMIIB\n")
+    labels = [yaml.safe_load(t)["services"]["litellm"]["labels"][CONFIGS_LABEL] for t in (base, moved)]
+    assert labels[0] != labels[1] and all(len(label) == 64 for label in labels), labels
+    hashes = [compose_hash(t, tmp_path / name) for t, name in ((base, "base"), (base, "again"), (moved, "moved"),
+                                                                (renewed, "renewed"))]
+    assert hashes[0] == hashes[1]  # the same files: no recreate (a second deploy changes nothing)
+    assert len({hashes[0], hashes[2], hashes[3]}) == 3, hashes  # a moved replica, a new certificate: recreated
+    unlabelled = [yaml.safe_load(t) for t in (base, moved)]
+    for document in unlabelled:
+        del document["services"]["litellm"]["labels"]
+    without = [compose_hash(json.dumps(d), tmp_path / f"without-{n}") for n, d in enumerate(unlabelled)]
+    assert without[0] == without[1]  # what Compose does alone: the reason for the label

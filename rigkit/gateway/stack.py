@@ -35,6 +35,7 @@ BACKEND_KEYS_FILE = f"{CONTAINER_DIR}/backend_keys.json"  # the rigs' keys rigki
 # this environment variable (set by the helper from the root-only key file) and copies into the
 # container as /run/secrets/<name>, readable by root only.
 TLS_KEY_SECRET = "gateway_tls_key"
+CONFIGS_LABEL = "rigkit.configs-sha256"  # the inline configs' content, in the service's config hash
 TLS_KEY_ENV = "RIGKIT_GATEWAY_TLS_KEY"
 
 
@@ -109,6 +110,11 @@ def render_compose(plan: GatewayPlan, tls_chain: bytes | None, image: str | None
         service["secrets"] = [{"source": TLS_KEY_SECRET, "target": TLS_KEY_SECRET, "mode": 0o400}]
         document["configs"]["tls_cert"] = {"content": tls_chain.decode("ascii")}
         document["secrets"] = {TLS_KEY_SECRET: {"environment": TLS_KEY_ENV}}
+    # Compose's config hash, on which `up -d` recreates a container, leaves out the content of inline configs
+    # (docker/compose#13045): without this label a changed LiteLLM config, drain filter or certificate would be
+    # written and never served. No secret is hashed: the TLS key changes only with its certificate.
+    contents = json.dumps(document["configs"], sort_keys=True).encode()
+    document["services"]["litellm"]["labels"] = {CONFIGS_LABEL: hashlib.sha256(contents).hexdigest()}
     header = "# Rendered by rigkit from the inventory's gateway entry (docs/gateway.md); edits are overwritten.\n"
     return header + json.dumps(_dollars(document), indent=2) + "\n"
 
