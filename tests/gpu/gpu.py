@@ -30,6 +30,22 @@ def have_gpu() -> bool:
     return count > 0 and torch.cuda.is_available()
 
 
+def settings(handle) -> dict:
+    """What must not change: every setting rigkit could touch, read through NVML (initialized by the caller)."""
+    import pynvml
+
+    def read(call, *args):
+        try:
+            return call(handle, *args)
+        except pynvml.NVMLError as exc:
+            return f"unreadable: {exc}"
+    return {"power_limit_mw": read(pynvml.nvmlDeviceGetPowerManagementLimit),
+            "enforced_limit_mw": read(pynvml.nvmlDeviceGetEnforcedPowerLimit),
+            "persistence": read(pynvml.nvmlDeviceGetPersistenceMode),
+            "app_clock_sm": read(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_SM),
+            "app_clock_mem": read(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_MEM)}
+
+
 @contextlib.contextmanager
 def llm_server():
     """Start llm_server.py on a free loopback port; yield its URL once /health answers."""

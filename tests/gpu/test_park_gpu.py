@@ -27,7 +27,7 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 pytest.importorskip("torch")
 
-from tests.gpu.gpu import have_gpu  # noqa: E402
+from tests.gpu.gpu import have_gpu, settings  # noqa: E402
 
 HOLD_GIB = 6  # at least 5 GiB, as the issue asks
 WINDOW_S = 6.0  # a draw is read as the median of this long a window once it has settled
@@ -54,20 +54,6 @@ pytestmark = pytest.mark.skipif(not have_gpu(), reason="no NVIDIA GPU with NVML 
 def cuda_checkpoint() -> str | None:
     found = os.environ.get("RIGKIT_CUDA_CHECKPOINT") or shutil.which("cuda-checkpoint")
     return found if found and os.access(found, os.X_OK) else None
-
-
-def settings(handle) -> dict:
-    """What must not change: every setting rigkit could touch, read through NVML."""
-    def read(call, *args):
-        try:
-            return call(handle, *args)
-        except pynvml.NVMLError as exc:
-            return f"unreadable: {exc}"
-    return {"power_limit_mw": read(pynvml.nvmlDeviceGetPowerManagementLimit),
-            "enforced_limit_mw": read(pynvml.nvmlDeviceGetEnforcedPowerLimit),
-            "persistence": read(pynvml.nvmlDeviceGetPersistenceMode),
-            "app_clock_sm": read(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_SM),
-            "app_clock_mem": read(pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_MEM)}
 
 
 def settled_draw_w(handle) -> tuple[float, float]:
