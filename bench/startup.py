@@ -30,6 +30,7 @@ import yaml  # noqa: E402
 
 from rigkit.config.loader import load_model  # noqa: E402
 from rigkit.config.schema import ModelConfig  # noqa: E402
+from rigkit.rigside.names import ENGINE_SERVICE  # noqa: E402
 from rigkit.rigside.probe import NoAnswer, one_token  # noqa: E402
 from rigkit.rigside.startup import stamp, startup, table  # noqa: E402
 from rigkit.serving.compose import render_compose  # noqa: E402
@@ -46,7 +47,7 @@ def compose_file(folder: Path, extra_env: dict[str, str]) -> Path:
     model = ModelConfig(model.name, model.spec.model_copy(update={"port": PORT}), model.file)
     document = yaml.safe_load(render_compose(model, with_api_key=False))
     document["name"] = PROJECT
-    service = document["services"]["vllm"]
+    service = document["services"][ENGINE_SERVICE]
     service["volumes"][0] = {"type": "bind", "source": str(ensure_engine_model(log=lambda m: None)),
                              "target": service["volumes"][0]["target"], "read_only": True}
     service["environment"].update(extra_env)

@@ -56,7 +56,8 @@ def wd(tmp_path):
 
 
 def model(url, **settings):
-    return {"name": "m", "project": "rigkit-m", "port": urlparse(url).port, "served_model_name": "m",
+    return {"name": "m", "project": "rigkit-m", "container": "rigkit-m-vllm-1", "port": urlparse(url).port,
+            "served_model_name": "m",
             "interval_s": 1, "wedged_after_s": 2, "max_restarts_per_hour": 3, "probe_timeout_s": 1,
             "ready_timeout_s": 30, **settings}
 

@@ -204,10 +204,13 @@ class Engine:
         of its empty idle (121.5 W against 78.8 W on an H200, docs/on-demand.md); a checkpoint leaves nothing."""
         why = ""
         if self.swap == "checkpoint":  # nothing stays on its GPUs: the same when idle (deep) as for a swap
-            states = self.cuda_states()
+            try:
+                states = gpu_checkpoint.cuda_states(self.checkpoint_tool, self.container_pids())
+            except (CheckpointError, EngineError) as error:
+                states, why = {}, f"its CUDA processes could not be read: {error}"
             if gpu_checkpoint.is_parked(states):
                 return "checkpointed already", "checkpointed"
-            why = self.host_ram_short("a checkpoint copies its process's GPU memory")
+            why = why or self.host_ram_short("a checkpoint copies its process's GPU memory")
             if not why:
                 try:
                     before = self.memory_used()
@@ -295,8 +298,8 @@ class Engine:
         return [int(word) for word in done.stdout.split()[:4096] if word.isascii() and word.isdigit()]
 
     def cuda_states(self) -> dict[int, str]:
-        """{pid: CUDA state} of the container's CUDA processes (swap "checkpoint"), read once for a park or a
-        wake; {} where they cannot be read (no container, the tool failing): nothing to restore then."""
+        """{pid: CUDA state} of the container's CUDA processes (swap "checkpoint"), read once for a wake; {}
+        where they cannot be read (no container, the tool failing): then vLLM is asked, and the canary judges."""
         try:
             return gpu_checkpoint.cuda_states(self.checkpoint_tool, self.container_pids())
         except (CheckpointError, EngineError):

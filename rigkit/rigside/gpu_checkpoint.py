@@ -90,6 +90,8 @@ def restore(tool: str, states: dict[int, str]) -> list[int]:
     if stuck:
         raise CheckpointError(f"processes {stuck} are neither running nor checkpointed")
     parked = [pid for pid, value in states.items() if value == "checkpointed"]
+    if not parked:
+        raise CheckpointError(f"no checkpointed CUDA process among the container's: {dict(sorted(states.items())[:16])}")
     for pid in parked:
         _toggle_to(tool, pid, "running")
     return parked

@@ -53,6 +53,7 @@ ONDEMAND_PATH = f"{SBIN_DIR}/rigkit-ondemand"
 ONDEMAND_CONFIG_PATH = f"{ETC_DIR}/ondemand.json"
 ONDEMAND_SERVICE = "rigkit-ondemand.service"
 ONDEMAND_STATE_PATH = f"{RUN_DIR}/ondemand.json"  # each model's state and the last swaps, written by the program
+ONDEMAND_STATE_STALE_S = 30  # older, the program is taken as not running (it writes at each swap and every 2 s)
 # One JSON file per model: its canary and /v1/models answer, for the config they were proven with (engine_control)
 ONDEMAND_PROOF_DIR = "/var/lib/rigkit/ondemand"
 

@@ -15,6 +15,7 @@ from rigkit.rigside.names import (
     WATCHDOG_PATH,
     WATCHDOG_SERVICE,
     WATCHDOG_STATE_DIR,
+    engine_container,
     project_name,
     served_name,
 )
@@ -35,6 +36,7 @@ def watchdog_config(rig: RigConfig, with_api_key: bool, api_key_env_file: str = 
         models.append({
             "name": model.name,
             "project": project_name(model),
+            "container": engine_container(project_name(model)),  # for `docker logs` in what it says
             "port": model.spec.port,
             "served_model_name": served_name(model),
             "interval_s": w.interval_s,

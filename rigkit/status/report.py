@@ -21,7 +21,7 @@ from rigkit.rigside.names import GPU_KEEPER_STATE_PATH, GPU_KEEPER_UNIT
 from rigkit.gpu.nvsmi import GpuReport, timed_out
 from rigkit.gpu.policy import wanted_limits_w
 from rigkit.rigside.idle_energy import last_day
-from rigkit.rigside.names import GPU_POLICY_UNIT, volume_name
+from rigkit.rigside.names import GPU_POLICY_UNIT, ONDEMAND_STATE_STALE_S, volume_name
 from rigkit.rigside.stack import FAILED_COMPOSE_FILE, PROVEN_COMPOSE_FILE, rollout_command
 from rigkit.rigside.startup import slowest_phase
 from rigkit.status.surface import judge_gateway_tls, judge_surface
@@ -303,7 +303,6 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             drift(f"stack {name}", "on the rig", "absent (not in the rig file)", commands.deploy)
 
 
-ONDEMAND_STATE_STALE_S = 30  # rigkit-ondemand writes its state at each swap and every 2 s
 
 
 def ondemand_state(found: dict | None, name: str) -> str:

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.environ.get("RIGKIT_LIB_DIR", "/usr/local/lib/rigkit"))
 sys.dont_write_bytecode = True  # no __pycache__ beside the shipped files (the deploy owns that folder)
 try:
-    from rigside import atomic, keyfile, startup
+    from rigside import atomic, keyfile, names, startup
     from rigside.probe import NoAnswer, one_token
     from rigside.stack import GATE_PENDING_FILE, PROVEN_SETTINGS_FILE, STACK_FILES, STARTUP_FILE, is_sha256
 except ImportError as exc:  # a rig rigkit has not deployed yet
@@ -163,7 +163,7 @@ def parked(state, name):
     models = state.get("models") if isinstance(state, dict) else None
     entry = models.get(name) if isinstance(models, dict) else None
     written = state.get("written_at") if isinstance(state, dict) else None
-    fresh = isinstance(written, (int, float)) and time.time() - written <= 30  # the program writes it every 2 s
+    fresh = isinstance(written, (int, float)) and time.time() - written <= names.ONDEMAND_STATE_STALE_S
     return fresh and isinstance(entry, dict) and entry.get("state") == "parked"
 
 

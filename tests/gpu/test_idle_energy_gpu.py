@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -74,7 +75,8 @@ def test_the_keepers_ledger_counts_idle_energy_as_nvml_reports_it_and_not_work(t
     idle = phase(handle, tmp_path / "idle.json")
     load = subprocess.Popen([sys.executable, "-c", LOAD, str(PHASE_S + BUSY_WAIT_S)], stdout=subprocess.PIPE, text=True)
     try:
-        assert load.stdout.readline().strip() == "busy"
+        started, _, _ = select.select([load.stdout], [], [], BUSY_WAIT_S)
+        assert started and load.stdout.readline().strip() == "busy", f"the load did not start within {BUSY_WAIT_S:g} s"
         deadline = time.monotonic() + BUSY_WAIT_S
         while pynvml.nvmlDeviceGetUtilizationRates(handle).gpu == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
