@@ -153,9 +153,9 @@ class Engine:
         """True or False as vLLM says (for swap "checkpoint": whether its processes are checkpointed, from
         `cuda_states` where the caller read them already); None when the engine cannot be reached (stopped,
         starting)."""
-        if self.swap == "checkpoint":
-            if gpu_checkpoint.is_parked(self.cuda_states() if cuda_states is None else cuda_states):
-                return True
+        if self.swap == "checkpoint" and gpu_checkpoint.is_parked(
+                self.cuda_states() if cuda_states is None else cuda_states):
+            return True
         try:
             status, answer = self.call("GET", "/is_sleeping", timeout_s=5)
         except OSError:

@@ -303,8 +303,6 @@ def _stacks(doc, rig, probe, wanted_files, commands, drift, failure, recreate):
             drift(f"stack {name}", "on the rig", "absent (not in the rig file)", commands.deploy)
 
 
-
-
 def ondemand_state(found: dict | None, name: str) -> str:
     """An on-demand model as rigkit-ondemand says it is: loaded, asleep, stopped, failed (why), or unknown
     where the program's state file is missing or stale (the program is not running)."""
