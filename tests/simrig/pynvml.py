@@ -337,8 +337,11 @@ def nvmlDeviceGetTotalEnergyConsumption(handle):
     """mJ: the draw read now times the time since the rig booted. It agrees with the power samples while
     the draw holds (steady load, or an idle GPU whose memory stays as it is); a GPU whose draw changed
     (listed idle, or not, since) jumps once, as a counter the ledger does not believe (rigside.idle_energy
-    then takes the power readings)."""
-    return int(_draw_w(handle) * _seconds_since_boot() * 1000)
+    then takes the power readings). The time is read first, as a real counter answers for the moment of the
+    call: _draw_w of an idle GPU may run the simulated nvidia-smi, which takes a few hundred ms on a loaded
+    machine, and a reading that late made the ledger's idle draw 24.9 W for 24.5 W."""
+    seconds = _seconds_since_boot()
+    return int(_draw_w(handle) * seconds * 1000)
 
 
 def nvmlDeviceGetFieldValues(handle, field_ids):
