@@ -154,6 +154,9 @@ def test_a_slower_config_accepted_past_the_gate_is_recorded_and_flagged_as_a_reg
     assert '"STANDIN_DECODE_TOK_S": "51"' in rig.exec("cat /etc/rigkit/stacks/test-beta/compose.yml")[1]  # promoted
 
 
+DOCKER_STAMP_LAG_S = 0.05
+
+
 def test_a_start_over_its_ready_budget_fails_time_to_ready_naming_the_slow_phase(rig, tmp_path):
     """The catalog's ready_budget_s against the start the deploy caused: weights that take 4 s to load (the
     stand-in's STANDIN_LOAD_S) in a budget of 1 s. The config is as fast as the proven one, so the gate
@@ -167,7 +170,9 @@ def test_a_start_over_its_ready_budget_fails_time_to_ready_naming_the_slow_phase
     latest = json.loads(runs("test-alpha")[-1].read_text())
     [check] = [c for c in latest["checks"] if c["name"] == "time_to_ready"]
     phases = {p["phase"]: p["s"] for p in latest["startup"]["phases"]}
-    assert phases["weights load"] >= 4.0, latest["startup"]
+    # Docker stamps a line when it reads it from the container's output, not when it was written: a line read a
+    # few ms late shortens the phase after it (a fresh clone measured the 4 s load as 3.998 s on a loaded machine).
+    assert phases["weights load"] >= 4.0 - DOCKER_STAMP_LAG_S, latest["startup"]
     engine = [p for p in latest["startup"]["phases"] if not p["phase"].startswith("waiting for rigkit")]
     slowest = max(engine, key=lambda p: p["s"])
     assert not check["passed"] and "over the budget of 1 s" in check["message"], check
